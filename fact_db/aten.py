@@ -1,0 +1,148 @@
+"""ATen operator names as rules write them (`aten.mm`, `aten.gelu.default`) and what they mean.
+
+Rules name operators by their ATen packet (`aten.addmm`) or a specific overload
+(`aten.add.Tensor`). This module resolves those names against the installed torch,
+classifies the ops the matcher looks through (views, dropout at p=0), and knows the
+GEMM semantics of the matmul family so discovery can read M, N, K and batch off a node.
+"""
+from __future__ import annotations
+
+import difflib
+from functools import lru_cache
+
+import torch
+
+# Ops that move no data or only re-describe it. The matcher may look through them between
+# two pattern nodes, and they count as part of the region that consumes them.
+VIEW_OPS = frozenset({
+    "aten.view", "aten.reshape", "aten._unsafe_view", "aten.t", "aten.transpose",
+    "aten.permute", "aten.expand", "aten.contiguous", "aten.clone", "aten.alias",
+    "aten.squeeze", "aten.unsqueeze", "aten.flatten", "aten.detach", "aten.lift_fresh_copy",
+    "aten.slice",
+})
+# Identity at inference when their probability is 0 or train is False.
+DROPOUT_OPS = frozenset({"aten.dropout", "aten.native_dropout", "aten.feature_dropout"})
+
+# Ops whose first two operands commute: a pattern `add(a, b)` also matches `add(b, a)`.
+COMMUTATIVE_OPS = frozenset({"aten.add", "aten.mul", "aten.maximum", "aten.minimum"})
+
+# GEMM-like ops: the argument positions of the two multiplied operands.
+GEMM_OPERANDS = {
+    "aten.mm": (0, 1), "aten.bmm": (0, 1), "aten.matmul": (0, 1),
+    "aten.addmm": (1, 2), "aten.baddbmm": (1, 2), "aten.linear": (0, 1),
+}
+
+
+def split_name(name: str) -> tuple[str, str | None]:
+    """`aten.add.Tensor` -> (`aten.add`, `Tensor`); `aten.mm` -> (`aten.mm`, None)."""
+    parts = name.split(".")
+    if len(parts) == 3:
+        return ".".join(parts[:2]), parts[2]
+    return name, None
+
+
+@lru_cache(maxsize=None)
+def _packet_names() -> tuple[str, ...]:
+    return tuple(sorted(f"aten.{n}" for n in dir(torch.ops.aten) if not n.startswith("__")))
+
+
+def resolve(name: str) -> tuple[str, str | None]:
+    """Check that `name` is a real ATen op (packet or overload) of the installed torch.
+
+    >>> resolve("aten.gelu")
+    ('aten.gelu', None)
+
+    Raises KeyError with a did-you-mean message when it is not.
+    """
+    packet, overload = split_name(name)
+    ns, _, op = packet.partition(".")
+    if ns != "aten" or not op:
+        raise KeyError(f"`{name}` is not an ATen op name; write it as `aten.<op>` or `aten.<op>.<overload>`")
+    try:
+        pk = getattr(torch.ops.aten, op)
+        names = [n for n in pk.overloads()]
+    except (AttributeError, RuntimeError):
+        guess = difflib.get_close_matches(packet, _packet_names(), n=1)
+        hint = f"; did you mean `{guess[0]}`?" if guess else ""
+        raise KeyError(f"unknown ATen op `{packet}`{hint}") from None
+    if overload is not None and overload not in names:
+        raise KeyError(f"`{packet}` has no overload `{overload}`; it has {', '.join(sorted(names))}")
+    return packet, overload
+
+
+def target_name(target) -> tuple[str, str]:
+    """The (packet, overload) of an FX node target, e.g. (`aten.linear`, `default`)."""
+    if isinstance(target, torch._ops.OpOverload):
+        return f"aten.{target._opname}" if target.namespace == "aten" else f"{target.namespace}.{target._opname}", target._overloadname
+    name = getattr(target, "__name__", str(target))
+    return f"python.{name}", "default"
+
+
+def schema_args(target) -> list[tuple[str, object, bool]]:
+    """(name, default, is_tensor) for each argument in the op's schema, in order."""
+    if not isinstance(target, torch._ops.OpOverload):
+        return []
+    out = []
+    for a in target._schema.arguments:
+        default = a.default_value if a.has_default_value() else None
+        is_tensor = "Tensor" in str(a.type)
+        out.append((a.name, default, is_tensor))
+    return out
+
+
+def is_transparent(node) -> bool:
+    """True for a view-like node, or dropout that is the identity (p == 0 or not training)."""
+    if node.op in VIEW_OPS:
+        return True
+    if node.op in DROPOUT_OPS and node.op != "aten.native_dropout":
+        p, train = node.arg("p", 0.0), node.arg("train", True)
+        return p == 0 or train is False
+    return False
+
+
+def layout(node) -> str:
+    """`row` if the last dim is contiguous, `col` if the second to last is, else `strided`."""
+    if not node.stride or len(node.stride) < 2:
+        return "row"
+    if node.stride[-1] == 1 or node.shape[-1] == 1:
+        return "row"
+    if node.stride[-2] == 1 or node.shape[-2] == 1:
+        return "col"
+    return "strided"
+
+
+def gemm_problem(node) -> dict | None:
+    """M, N, K, batch and operand layouts of a GEMM-like node, or None for other ops.
+
+    Layouts are of the logical operands A (M x K) and B (K x N): nn.Linear's weight is
+    stored N x K row-major, which is B in column-major.
+    """
+    if node.op not in GEMM_OPERANDS:
+        return None
+    ia, ib = GEMM_OPERANDS[node.op]
+    a, b = node.args[ia], node.args[ib]
+    if not (hasattr(a, "shape") and hasattr(b, "shape")) or a.shape is None or b.shape is None or node.shape is None:
+        return None
+    out = node.shape
+    if len(a.shape) < 1 or len(b.shape) < 1:
+        return None
+    K = a.shape[-1]
+    if node.op == "aten.linear":
+        N = b.shape[0]
+        M = 1
+        for s in a.shape[:-1]:
+            M *= s
+        return {"M": M, "N": N, "K": K, "batch": 1, "layout_a": layout(a),
+                "layout_b": {"row": "col", "col": "row"}.get(layout(b), "strided")}
+    N = b.shape[-1] if len(b.shape) >= 2 else 1
+    if len(b.shape) <= 2:
+        M = 1
+        for s in a.shape[:-1]:
+            M *= s
+        batch = 1
+    else:
+        M = a.shape[-2] if len(a.shape) >= 2 else 1
+        batch = 1
+        for s in out[:-2]:
+            batch *= s
+    return {"M": M, "N": N, "K": K, "batch": batch, "layout_a": layout(a), "layout_b": layout(b)}

@@ -1,0 +1,166 @@
+"""Discover: trace a model, match the rules, estimate what each region would gain.
+
+>>> report = discover_problem("benchmarks/problems/mingpt_block.py", arch="sm90", policy="fp32")
+>>> [r.rule for r in report.regions]
+['layernorm', 'gemm-bias', 'attention-causal', 'gemm-residual', ...]
+
+or, from Python, on a module you already have:
+
+>>> report = fact_db.discover(model, (x,))
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from . import aten, roofline
+from .match import NoMatch, match_all, select
+from .rules import RuleSet, load_rules
+from .trace import Graph, load_problem, trace_module, trace_problem
+
+HEAVY_OPS = frozenset(aten.GEMM_OPERANDS) | {"aten.scaled_dot_product_attention", "aten.convolution", "aten.conv2d"}
+
+
+@dataclass
+class Region:
+    rule: str
+    title: str
+    template: str
+    form: str  # which alternative of the pattern matched
+    nodes: list  # graph node names
+    output: str
+    problem: dict  # M, N, K, batch or attention dims, for the registry key
+    shape: str  # human form of the problem
+    dtypes: list
+    layouts: dict
+    estimate: roofline.Estimate
+    share: float  # of the whole model's estimated eager time
+    registry: str  # hit / near / miss
+    source: str | None
+    assumptions: list = field(default_factory=list)
+    subsumes: list = field(default_factory=list)  # rules whose smaller matches this region won over
+
+    def as_dict(self) -> dict:
+        d = {k: v for k, v in self.__dict__.items() if k != "estimate"}
+        d["estimate"] = self.estimate.as_dict()
+        return d
+
+
+@dataclass
+class Report:
+    problem: str
+    arch: str
+    gpu: str
+    policy: str
+    regions: list
+    misses: dict  # rule id -> NoMatch, for rules that matched nowhere
+    uncovered: list  # (node name, op, reason) for heavy ops no region covers
+    eager_s: float
+    trace_s: float
+    match_s: float
+    partial: bool = False
+    note: str = ""
+    n_ops: int = 0
+
+    def as_dict(self) -> dict:
+        return {
+            "problem": self.problem, "arch": self.arch, "gpu": self.gpu, "policy": self.policy,
+            "partial": self.partial, "note": self.note, "ops": self.n_ops,
+            "est_eager_s": self.eager_s, "trace_s": self.trace_s, "match_s": self.match_s,
+            "regions": [r.as_dict() for r in self.regions],
+            "uncovered": [{"node": n, "op": op, "reason": why} for n, op, why in self.uncovered],
+            "misses": {rid: {"reason": m.reason, "nearest": m.node.name if m and m.node is not None else None,
+                             "source": m.node.source if m and m.node is not None else None}
+                       for rid, m in self.misses.items()},
+        }
+
+
+def _problem_dims(m) -> tuple:
+    """(problem dict, human shape, layouts) of a region, read off its main node."""
+    for n in m.compute_nodes:
+        dims = aten.gemm_problem(n)
+        if dims:
+            prob = {k: dims[k] for k in ("M", "N", "K", "batch")}
+            shape = f"{dims['M']}x{dims['N']}x{dims['K']}" + (f" (batch {dims['batch']})" if dims["batch"] > 1 else "")
+            if m.rule.id.startswith("attention") or m.rule.realize.get("template", "").startswith("fmha"):
+                q, v = m.captures.get("q"), m.captures.get("v")
+                if q is not None and v is not None and q.shape:
+                    return _attn(q.shape, m.captures.get("kt").shape[-1], v.shape[-1])
+            return prob, shape, {"a": dims["layout_a"], "b": dims["layout_b"]}
+        if n.op == "aten.scaled_dot_product_attention":
+            q, k, v = n.args[0], n.args[1], n.args[2]
+            return _attn(q.shape, k.shape[-2], v.shape[-1])
+    out = m.output
+    return {"shape": list(out.shape or ())}, "x".join(map(str, out.shape or ())), {}
+
+
+def _attn(qshape, lk, dv) -> tuple:
+    bh = 1
+    for s in qshape[:-2]:
+        bh *= s
+    prob = {"batch_heads": bh, "Lq": qshape[-2], "Lk": lk, "D": qshape[-1], "Dv": dv}
+    return prob, f"{'x'.join(map(str, qshape[:-2]))} heads, {qshape[-2]}x{lk}, d={qshape[-1]}", {}
+
+
+def _skip_fraction(m) -> float:
+    if "causal_mask" not in (m.rule.realize.get("epilogue") or []):
+        return 0.0
+    for n in m.compute_nodes:
+        if n.op == "aten.scaled_dot_product_attention":
+            return 0.5 if n.arg("is_causal") else 0.0
+    return 0.5
+
+
+def analyse(graph: Graph, rules: RuleSet, *, arch: str = "sm90", gpu: str | None = None, policy: str = "fp32",
+            trace_s: float = 0.0) -> Report:
+    """Match `rules` on a traced graph and build the report."""
+    if policy not in roofline.POLICIES:
+        raise ValueError(f"unknown precision policy `{policy}`; use one of {', '.join(roofline.POLICIES)}")
+    dev = roofline.DEVICES[(gpu or roofline.DEFAULT_DEVICE.get(arch, "h100")).lower()]
+    t0 = time.perf_counter()
+    matches, misses = match_all(rules, graph, arch)
+    chosen, beaten = select(matches)
+    match_s = time.perf_counter() - t0
+    total = roofline.graph_eager_time(graph, dev, policy)
+    regions = []
+    for m in sorted(chosen, key=lambda m: graph.nodes.index(m.output)):
+        est = roofline.estimate(m, dev, policy, _skip_fraction(m))
+        prob, shape, layouts = _problem_dims(m)
+        lost = sorted({b.rule.id for b in matches if beaten.get(id(b)) is m})
+        regions.append(Region(
+            m.rule.id, m.rule.title, m.rule.realize.get("template", ""), m.pattern.label,
+            [n.name for n in m.nodes], m.output.name, prob, shape,
+            sorted({n.dtype for n in m.compute_nodes if n.dtype}), layouts, est,
+            est.eager_s / total if total else 0.0, "miss", m.output.source, m.assumptions, lost))
+    covered = {n for r in regions for n in r.nodes}
+    all_dtypes = {d for r in rules for p in r.patterns for d in p.dtypes}
+    uncovered = []
+    for n in graph.calls():
+        if n.op in HEAVY_OPS and n.name not in covered:
+            if n.dtype not in all_dtypes:
+                why = f"dtype {n.dtype} is not covered by any rule (rules cover {', '.join(sorted(all_dtypes))}); it stays in eager PyTorch"
+            else:
+                why = "no rule matched it; run with --explain to see each rule's reason"
+            uncovered.append((n.name, n.op, why))
+    return Report(graph.name, arch, dev.name, policy, regions, misses, uncovered, total, trace_s, match_s,
+                  graph.partial, graph.note, len(graph.calls()))
+
+
+def discover_problem(spec: str, *, arch: str = "sm90", gpu: str | None = None, policy: str = "fp32",
+                     rules: RuleSet | None = None) -> Report:
+    """Discover on a KernelBench-format file or an import spec (see trace.load_problem)."""
+    rules = rules or load_rules()
+    t0 = time.perf_counter()
+    graph = trace_problem(load_problem(spec))
+    return analyse(graph, rules, arch=arch, gpu=gpu, policy=policy, trace_s=time.perf_counter() - t0)
+
+
+def discover(module, example_inputs, *, arch: str = "sm90", gpu: str | None = None, policy: str = "fp32",
+             rules: RuleSet | None = None) -> Report:
+    """Discover on a module you already have. Inputs may be real, fake or meta tensors;
+    the model is traced on fake tensors and never run at full size.
+    """
+    rules = rules or load_rules()
+    t0 = time.perf_counter()
+    graph = trace_module(module, example_inputs, name=type(module).__name__)
+    return analyse(graph, rules, arch=arch, gpu=gpu, policy=policy, trace_s=time.perf_counter() - t0)

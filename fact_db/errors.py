@@ -1,0 +1,54 @@
+"""Exceptions fact-db raises for user errors.
+
+Every exception here carries one sentence a user can act on; the CLI turns them into a
+`click.ClickException` and shows the traceback only with `--debug`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class FactError(Exception):
+    """Base class: a user-facing error with a one-sentence message."""
+
+
+class ExprError(FactError):
+    """An expression in a rule (a `where` constraint) does not parse or uses a forbidden construct."""
+
+
+class ProblemError(FactError):
+    """A problem file or import spec cannot be loaded (missing file, missing `Model`, raising `__init__`)."""
+
+
+class TraceError(FactError):
+    """torch.export could not trace the model. `partial` holds what did trace, if anything."""
+
+    def __init__(self, message: str, partial=None):
+        super().__init__(message)
+        self.partial = partial
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One problem found in a rule file: where it is, which field, what is wrong and how to fix it."""
+
+    path: str
+    line: int | None
+    field: str
+    message: str
+    fix: str = ""
+
+    def __str__(self) -> str:
+        where = f"{self.path}:{self.line}" if self.line else self.path
+        text = f"{where}: {self.field}: {self.message}" if self.field else f"{where}: {self.message}"
+        return f"{text} ({self.fix})" if self.fix else text
+
+
+class RuleError(FactError):
+    """Rule files failed validation; `faults` lists every problem found."""
+
+    def __init__(self, faults: list[Fault]):
+        self.faults = list(faults)
+        first = str(self.faults[0]) if self.faults else "no faults"
+        more = f" (and {len(self.faults) - 1} more)" if len(self.faults) > 1 else ""
+        super().__init__(f"invalid rules: {first}{more}; run `factdb rules validate` for all of them")

@@ -1,0 +1,148 @@
+"""A small, safe expression language for rule constraints.
+
+Rules are data and are never executed. A `where` constraint such as
+`K >= 8 * max(M, N)` or `scores.shape[-1] == scores.shape[-2]` is parsed with Python's
+`ast` module in "eval" mode, checked against a whitelist of node types, names and
+functions, and then interpreted by walking the tree: there is no `eval`, no attribute
+access beyond a fixed set of tensor properties, and no way to call arbitrary code.
+
+>>> Expr.parse("K >= 8 * max(M, N)").evaluate({"M": 256, "N": 256, "K": 524288})
+True
+"""
+from __future__ import annotations
+
+import ast
+import math
+import operator
+from dataclasses import dataclass
+
+from .errors import ExprError
+
+# Properties an expression may read off a bound tensor (see match.TensorView).
+ATTRIBUTES = frozenset({"shape", "stride", "rank", "dtype", "numel", "kind", "contiguous", "value_known", "args"})
+
+
+def _prod(xs):
+    return math.prod(xs)
+
+
+FUNCTIONS = {
+    "min": min, "max": max, "abs": abs, "len": len, "prod": _prod, "all": all, "any": any,
+    "is_tril": None,  # resolved by the caller's environment (needs tensor values)
+    "isclose": lambda a, b, rtol=1e-4: math.isclose(a, b, rel_tol=rtol),
+}
+
+_BINOPS = {
+    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow,
+}
+_CMPOPS = {
+    ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
+    ast.Gt: operator.gt, ast.GtE: operator.ge, ast.In: lambda a, b: a in b, ast.NotIn: lambda a, b: a not in b,
+}
+_UNARY = {ast.USub: operator.neg, ast.UAdd: operator.pos, ast.Not: operator.not_}
+
+
+@dataclass(frozen=True)
+class Expr:
+    """A parsed constraint. `names` lists the free names it reads."""
+
+    source: str
+    tree: ast.Expression
+    names: frozenset
+
+    @classmethod
+    def parse(cls, source: str) -> "Expr":
+        if not isinstance(source, str) or not source.strip():
+            raise ExprError("an expression must be a non-empty string")
+        try:
+            tree = ast.parse(source.strip(), mode="eval")
+        except SyntaxError as e:
+            raise ExprError(f"syntax error at column {e.offset}: {e.msg} in `{source}`") from None
+        names = set()
+        for node in ast.walk(tree):
+            _check_node(node, source)
+            if isinstance(node, ast.Name) and node.id not in FUNCTIONS:
+                names.add(node.id)
+        return cls(source.strip(), tree, frozenset(names))
+
+    def evaluate(self, env: dict):
+        return _eval(self.tree.body, env, self.source)
+
+
+_ALLOWED = (
+    ast.Expression, ast.BoolOp, ast.BinOp, ast.UnaryOp, ast.Compare, ast.Call, ast.Name, ast.Load,
+    ast.Constant, ast.Attribute, ast.Subscript, ast.Slice, ast.Tuple, ast.List, ast.IfExp,
+    ast.And, ast.Or, *_BINOPS, *_CMPOPS, *_UNARY,
+)
+
+
+def _check_node(node, source):
+    if not isinstance(node, _ALLOWED):
+        raise ExprError(f"`{type(node).__name__}` is not allowed in a rule expression: `{source}`")
+    if isinstance(node, ast.Attribute) and node.attr not in ATTRIBUTES:
+        raise ExprError(f"attribute `.{node.attr}` is not allowed in `{source}`; use one of {sorted(ATTRIBUTES)}")
+    if isinstance(node, ast.Call):
+        if not isinstance(node.func, ast.Name) or node.func.id not in FUNCTIONS:
+            fn = node.func.id if isinstance(node.func, ast.Name) else ast.unparse(node.func)
+            raise ExprError(f"function `{fn}` is not allowed in `{source}`; use one of {sorted(FUNCTIONS)}")
+        if any(not isinstance(k.arg, str) for k in node.keywords):
+            raise ExprError(f"`**` arguments are not allowed in `{source}`")
+    if isinstance(node, ast.Constant) and not isinstance(node.value, (int, float, str, bool, type(None))):
+        raise ExprError(f"constant {node.value!r} is not allowed in `{source}`")
+
+
+class Unknown:
+    """A value the trace could not know (a buffer's contents on the meta device)."""
+
+    def __bool__(self):
+        raise ExprError("value unknown at trace time")
+
+
+def _eval(node, env, source):
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.Name):
+        if node.id in env:
+            return env[node.id]
+        if node.id in FUNCTIONS:
+            return FUNCTIONS[node.id]
+        raise ExprError(f"unknown name `{node.id}` in `{source}`; known: {', '.join(sorted(env))}")
+    if isinstance(node, ast.BinOp):
+        return _BINOPS[type(node.op)](_eval(node.left, env, source), _eval(node.right, env, source))
+    if isinstance(node, ast.UnaryOp):
+        return _UNARY[type(node.op)](_eval(node.operand, env, source))
+    if isinstance(node, ast.BoolOp):
+        if isinstance(node.op, ast.And):
+            return all(_eval(v, env, source) for v in node.values)
+        return any(_eval(v, env, source) for v in node.values)
+    if isinstance(node, ast.Compare):
+        left = _eval(node.left, env, source)
+        for op, comp in zip(node.ops, node.comparators):
+            right = _eval(comp, env, source)
+            if not _CMPOPS[type(op)](left, right):
+                return False
+            left = right
+        return True
+    if isinstance(node, ast.IfExp):
+        return _eval(node.body if _eval(node.test, env, source) else node.orelse, env, source)
+    if isinstance(node, (ast.Tuple, ast.List)):
+        return tuple(_eval(e, env, source) for e in node.elts)
+    if isinstance(node, ast.Attribute):
+        return getattr(_eval(node.value, env, source), node.attr)
+    if isinstance(node, ast.Subscript):
+        base = _eval(node.value, env, source)
+        if isinstance(node.slice, ast.Slice):
+            s = node.slice
+            idx = slice(*(None if p is None else _eval(p, env, source) for p in (s.lower, s.upper, s.step)))
+        else:
+            idx = _eval(node.slice, env, source)
+        return base[idx]
+    if isinstance(node, ast.Call):
+        fn = _eval(node.func, env, source)
+        if fn is None:
+            raise ExprError(f"function `{node.func.id}` is not available here")
+        args = [_eval(a, env, source) for a in node.args]
+        kwargs = {k.arg: _eval(k.value, env, source) for k in node.keywords}
+        return fn(*args, **kwargs)
+    raise ExprError(f"cannot evaluate `{ast.unparse(node)}` in `{source}`")

@@ -1,0 +1,383 @@
+"""Match: find where a rule's patterns occur in a traced graph.
+
+A successful match is a `Match` (rule, graph nodes of the region, bindings); a failed
+one is a falsy `NoMatch` that carries its reason, so `factdb discover --explain` can say
+why a rule did not apply (after torch.fx's and Inductor's `FailedMatch`). Overlapping
+matches resolve to the larger fusion.
+
+>>> found, nearest = match_rule(rules.get("gemm-bias"), graph)
+>>> regions = select(all_matches)      # non-overlapping, larger fusions first
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from . import aten
+from .errors import ExprError
+from .expr import Unknown
+from .pattern import Capture, Const, Pattern, Ref, Wildcard
+from .trace import Graph, Node
+
+
+@dataclass(eq=False)
+class Match:
+    rule: object
+    pattern: Pattern
+    output: Node
+    nodes: list  # every graph node in the region, graph order
+    bindings: dict  # pattern node name -> Node
+    captures: dict  # capture name -> Node or constant
+    assumptions: list = field(default_factory=list)
+
+    def __bool__(self):
+        return True
+
+    @property
+    def compute_nodes(self) -> list:
+        return [n for n in self.nodes if not aten.is_transparent(n)]
+
+    @property
+    def inputs(self) -> list:
+        """External tensors the region reads (captures and inputs of region nodes from outside)."""
+        inside = {id(n) for n in self.nodes}
+        seen, out = set(), []
+        for n in self.nodes:
+            for a in n.tensor_inputs():
+                if id(a) not in inside and id(a) not in seen:
+                    seen.add(id(a))
+                    out.append(a)
+        return out
+
+
+@dataclass
+class NoMatch:
+    """Why a rule did not match; `node` is the nearest candidate region's root, if any."""
+
+    reason: str
+    node: Node | None = None
+    depth: int = -1
+
+    def __bool__(self):
+        return False
+
+    def __str__(self):
+        return self.reason
+
+
+class _Tracker:
+    """Keeps the deepest failure seen, which is the most useful one to explain."""
+
+    def __init__(self):
+        self.best = NoMatch("no node has the pattern's output op")
+
+    def fail(self, depth: int, msg: str, root: Node | None):
+        if depth >= self.best.depth:
+            self.best = NoMatch(msg, root, depth)
+
+
+@dataclass(frozen=True)
+class _State:
+    bound: tuple = ()  # ((pattern name, Node), ...)
+    caps: tuple = ()  # ((capture name, value), ...)
+    through: tuple = ()  # looked-through view/dropout nodes
+
+    def get(self, name):
+        for k, v in self.bound:
+            if k == name:
+                return v
+        return None
+
+    def cap(self, name):
+        for k, v in self.caps:
+            if k == name:
+                return True, v
+        return False, None
+
+
+def _op_ok(pn, g: Node) -> bool:
+    return any(g.op == p and (o is None or g.overload == o) for p, o in pn.ops)
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, Node) or isinstance(b, Node):
+        return a is b
+    return a == b
+
+
+class _Matcher:
+    def __init__(self, pattern: Pattern, root: Node, tracker: _Tracker):
+        self.p, self.root, self.t = pattern, root, tracker
+
+    def fail(self, st: _State, msg: str):
+        self.t.fail(len(st.bound), msg, self.root)
+
+    def node(self, pname: str, g: Node, st: _State):
+        pn = self.p.nodes[pname]
+        prev = st.get(pname)
+        if prev is not None:
+            if prev is g:
+                yield st
+            else:
+                self.fail(st, f"pattern node `{pname}` would be both `{prev.name}` and `{g.name}`")
+            return
+        if not _op_ok(pn, g):
+            self.fail(st, f"`{g.name}` is {g.op}, not {pn.op_text()} (pattern node `{pname}`)")
+            return
+        if any(v is g for _, v in st.bound):
+            self.fail(st, f"`{g.name}` is already matched by another pattern node")
+            return
+        if pn.dtypes and g.dtype not in pn.dtypes:
+            self.fail(st, f"`{g.name}` ({g.op}) has dtype {g.dtype}, not one of {list(pn.dtypes)}")
+            return
+        if pn.ranks and (g.shape is None or len(g.shape) not in pn.ranks):
+            self.fail(st, f"`{g.name}` ({g.op}) has rank {len(g.shape or ())}, not {list(pn.ranks)}")
+            return
+        for name, c in pn.args:
+            if name not in g.arg_names:
+                self.fail(st, f"`{g.name}` ({g.op}) has no argument `{name}`")
+                return
+            v = g.arg(name)
+            if not c.accepts(v):
+                self.fail(st, f"`{g.name}` ({g.op}) has {name}={v!r}, the rule needs {c}")
+                return
+        st = _State(st.bound + ((pname, g),), st.caps, st.through)
+        orders = [list(range(len(pn.inputs)))]
+        if g.op in aten.COMMUTATIVE_OPS and len(pn.inputs) >= 2:
+            orders.append([1, 0] + list(range(2, len(pn.inputs))))
+        for order in orders:
+            yield from self.inputs(pn, g, st, order, 0)
+
+    def inputs(self, pn, g: Node, st: _State, order, i: int):
+        if i == len(pn.inputs):
+            yield st
+            return
+        spec = pn.inputs[i]
+        pos = order[i]
+        if pos >= len(g.args):
+            self.fail(st, f"`{g.name}` ({g.op}) has only {len(g.args)} operands, the pattern needs {len(pn.inputs)}")
+            return
+        actual = g.args[pos]
+        argname = g.arg_names[pos] if pos < len(g.arg_names) else f"#{pos}"
+        if isinstance(spec, Wildcard):
+            yield from self.inputs(pn, g, st, order, i + 1)
+        elif isinstance(spec, Const):
+            if isinstance(actual, Node):
+                self.fail(st, f"`{g.name}` ({g.op}) operand `{argname}` is the tensor `{actual.name}`, the rule needs the constant {spec}")
+            elif spec.accepts(actual):
+                yield from self.inputs(pn, g, st, order, i + 1)
+            else:
+                self.fail(st, f"`{g.name}` ({g.op}) operand `{argname}` is {actual!r}, the rule needs {spec}")
+        elif isinstance(spec, Capture):
+            if not isinstance(actual, Node):
+                self.fail(st, f"`{g.name}` ({g.op}) operand `{argname}` is {actual!r}, the rule needs a tensor (${spec.name})")
+                return
+            have, v = st.cap(spec.name)
+            if have:
+                if _same(v, actual):
+                    yield from self.inputs(pn, g, st, order, i + 1)
+                else:
+                    self.fail(st, f"${spec.name} would be both `{getattr(v, 'name', v)}` and `{actual.name}`")
+                return
+            st2 = _State(st.bound, st.caps + ((spec.name, actual),), st.through)
+            yield from self.inputs(pn, g, st2, order, i + 1)
+        elif isinstance(spec, Ref):
+            if not isinstance(actual, Node):
+                self.fail(st, f"`{g.name}` ({g.op}) operand `{argname}` is {actual!r}, the rule needs the result of `{spec.node}`")
+                return
+            chain = [actual]
+            while aten.is_transparent(chain[-1]) and chain[-1].args and isinstance(chain[-1].args[0], Node):
+                chain.append(chain[-1].args[0])
+            for k, cand in enumerate(chain):
+                st2 = _State(st.bound, st.caps, st.through + tuple(chain[:k]))
+                for st3 in self.node(spec.node, cand, st2):
+                    yield from self.inputs(pn, g, st3, order, i + 1)
+
+
+class TensorView:
+    """What a `where` expression may read about a bound value."""
+
+    def __init__(self, v):
+        self._v = v
+
+    @property
+    def shape(self):
+        return tuple(self._v.shape) if isinstance(self._v, Node) and self._v.shape is not None else ()
+
+    @property
+    def stride(self):
+        return tuple(self._v.stride or ()) if isinstance(self._v, Node) else ()
+
+    @property
+    def rank(self):
+        return len(self.shape)
+
+    @property
+    def dtype(self):
+        return self._v.dtype if isinstance(self._v, Node) else type(self._v).__name__
+
+    @property
+    def numel(self):
+        return self._v.numel if isinstance(self._v, Node) else 1
+
+    @property
+    def kind(self):
+        return self._v.op if isinstance(self._v, Node) else "constant"
+
+    @property
+    def contiguous(self):
+        return aten.layout(self._v) == "row" if isinstance(self._v, Node) else True
+
+    @property
+    def args(self):
+        return dict(zip(self._v.arg_names, self._v.args)) if isinstance(self._v, Node) else {}
+
+    @property
+    def value_known(self):
+        return _source_value(self._v) is not None
+
+
+def _source_value(v):
+    """The known contents behind a chain of views (e.g. slices of a registered buffer)."""
+    while isinstance(v, Node) and v.value is None and aten.is_transparent(v) and v.args and isinstance(v.args[0], Node):
+        v = v.args[0]
+    return v.value if isinstance(v, Node) else None
+
+
+def _post_checks(p: Pattern, st: _State, root: Node, rule) -> tuple:
+    """(region nodes, assumptions) or a failure message."""
+    bound = dict(st.bound)
+    region = list(bound.values()) + list(st.through)
+    ids = {id(n) for n in region}
+    if p.dtypes:
+        for name, n in bound.items():
+            if n.dtype not in p.dtypes and not p.nodes[name].dtypes:
+                return None, f"`{n.name}` ({n.op}) has dtype {n.dtype}; rule `{rule.id}` covers {list(p.dtypes)}"
+    for n in region:
+        if n is root:
+            continue
+        outside = [u for u in n.users if id(u) not in ids]
+        if outside:
+            return None, (f"`{n.name}` ({n.op}) is also used by `{outside[0].name}` outside the region, "
+                          f"so it cannot stay inside a fused kernel")
+    assumptions = []
+    if p.where:
+        env = {}
+        for name, n in bound.items():
+            if "/" not in name:
+                env[name] = TensorView(n)
+        for name, v in st.caps:
+            if "/" not in name:
+                env[name] = TensorView(v)
+        for name, n in bound.items():
+            dims = aten.gemm_problem(n)
+            if dims:
+                env.update({k: v for k, v in dims.items() if k in ("M", "N", "K", "batch")})
+                break
+
+        def is_tril(view):
+            val = _source_value(view._v)
+            if val is None:
+                assumptions.append(f"mask `{getattr(view._v, 'name', view._v)}` has no known values at trace time "
+                                   "(built on meta); assumed lower-triangular, checked when the kernel is verified")
+                return True
+            import torch
+            m = val.reshape(-1, *val.shape[-2:])[0] if val.dim() >= 2 else val
+            return bool(torch.equal(m != 0, torch.tril(torch.ones_like(m, dtype=torch.bool))))
+        env["is_tril"] = is_tril
+        for w in p.where:
+            try:
+                ok = w.evaluate(env)
+            except ExprError as e:
+                return None, f"constraint `{w.source}` could not be checked: {e}"
+            except (TypeError, ValueError, IndexError, ZeroDivisionError, AttributeError) as e:
+                return None, f"constraint `{w.source}` could not be checked: {type(e).__name__}: {e}"
+            if not ok:
+                shown = {k: v for k, v in env.items() if k in w.names and isinstance(v, (int, float))}
+                vals = ", ".join(f"{k}={v}" for k, v in sorted(shown.items()))
+                return None, f"`{w.source}` is false" + (f" ({vals})" if vals else "")
+    order = {id(n): i for i, n in enumerate(_graph_order(root))}
+    return (sorted(set(region), key=lambda n: order.get(id(n), 0)), assumptions), None
+
+
+def _graph_order(root: Node) -> list:
+    out, seen, stack = [], set(), [root]
+    while stack:
+        n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        out.append(n)
+        stack.extend(n.tensor_inputs())
+    return list(reversed(out))
+
+
+def match_pattern(rule, p: Pattern, g: Node, tracker: _Tracker | None = None) -> Match | NoMatch:
+    """The first match of pattern `p` with its output at graph node `g`."""
+    t = tracker or _Tracker()
+    m = _Matcher(p, g, t)
+    for st in m.node(p.output, g, _State()):
+        res, err = _post_checks(p, st, g, rule)
+        if err:
+            t.fail(len(st.bound) + 1, err, g)
+            continue
+        region, assumptions = res
+        return Match(rule, p, g, region, dict(st.bound), dict(st.caps), assumptions)
+    return t.best if tracker is None else NoMatch(t.best.reason, g, t.best.depth)
+
+
+def match_rule(rule, graph: Graph, arch: str | None = None) -> tuple:
+    """(matches, nearest NoMatch or None) of one rule over a whole graph, one match per output node."""
+    if arch and not arch_ok(rule, arch):
+        return [], NoMatch(f"rule `{rule.id}` targets {', '.join(rule.arch)}, not {arch}")
+    if rule.status == "deprecated":
+        return [], NoMatch(f"rule `{rule.id}` is deprecated")
+    t = _Tracker()
+    found = []
+    for g in graph.calls():
+        for p in rule.patterns:
+            if not _op_ok(p.nodes[p.output], g):
+                continue
+            res = match_pattern(rule, p, g, t)
+            if res:
+                found.append(res)
+                break
+    nearest = None if found else t.best
+    if nearest is not None and nearest.node is None:
+        want = sorted({pn.op_text() for p in rule.patterns for pn in [p.nodes[p.output]]})
+        nearest = NoMatch(f"no {' or '.join(want)} in the graph", None, -1)
+    return found, nearest
+
+
+def arch_ok(rule, arch: str) -> bool:
+    arch = arch.rstrip("a")
+    return any(a.rstrip("a") == arch for a in rule.arch)
+
+
+def match_all(rules, graph: Graph, arch: str | None = None) -> tuple:
+    """(all matches, {rule id: NoMatch} for rules that matched nowhere)."""
+    matches, misses = [], {}
+    for r in rules:
+        found, nearest = match_rule(r, graph, arch)
+        matches.extend(found)
+        if not found:
+            misses[r.id] = nearest
+    return matches, misses
+
+
+def select(matches: list) -> tuple:
+    """Resolve overlaps: larger fusions (more compute nodes) first, then rule priority.
+
+    Returns (chosen, {id(match): the chosen match that subsumed it}).
+    """
+    ranked = sorted(matches, key=lambda m: (-len(m.compute_nodes), -m.rule.priority, m.rule.id))
+    taken: dict = {}
+    chosen, beaten = [], {}
+    for m in ranked:
+        clash = next((taken[id(n)] for n in m.compute_nodes if id(n) in taken), None)
+        if clash is not None:
+            beaten[id(m)] = clash
+            continue
+        chosen.append(m)
+        for n in m.nodes:
+            taken.setdefault(id(n), m)
+    return chosen, beaten

@@ -1,0 +1,356 @@
+"""Rules: the declarative YAML optimization rules, loaded and validated.
+
+One rule per file, `rules/<family>/<id>.yaml`, with a fixture module `<id>.py` beside
+it; reusable sub-patterns live in `rules/fragments/<name>.yaml`. A rule file is data:
+it is parsed with `yaml.safe_load`, checked against `rules.schema.json`, and its
+constraints are interpreted by `fact_db.expr`, never executed.
+
+>>> rs = load_rules()                      # the shipped rules, raises RuleError if any is broken
+>>> rs.get("gemm-bias-gelu-tanh").realize["template"]
+'gemm_sm90'
+>>> faults = validate([Path("rules/gemm/gemm.yaml")])   # every fault, not just the first
+"""
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+import jsonschema
+import yaml
+
+from . import paths
+from .errors import ExprError, Fault, RuleError
+from .pattern import Fragment, Pattern, PatternError, build_patterns, expand
+
+FRAGMENTS_DIR = "fragments"
+
+
+@dataclass
+class Rule:
+    id: str
+    title: str
+    description: str
+    status: str
+    arch: list
+    family: str
+    match: dict
+    realize: dict
+    benefit: str
+    references: list
+    fixture: str
+    path: Path
+    priority: int = 0
+    patterns: list = field(default_factory=list)
+
+    @property
+    def fixture_path(self) -> Path:
+        return self.path.parent / self.fixture
+
+    def summary(self) -> dict:
+        return {"id": self.id, "family": self.family, "status": self.status, "arch": self.arch,
+                "title": self.title, "template": self.realize.get("template"), "path": str(self.path)}
+
+
+@dataclass
+class RuleSet:
+    rules: list
+    fragments: dict
+
+    def get(self, rule_id: str) -> Rule:
+        for r in self.rules:
+            if r.id == rule_id:
+                return r
+        guess = difflib.get_close_matches(rule_id, [r.id for r in self.rules], n=1)
+        hint = f"; did you mean `{guess[0]}`?" if guess else "; `factdb rules list` shows them"
+        raise KeyError(f"no rule `{rule_id}`{hint}")
+
+    def __iter__(self):
+        return iter(self.rules)
+
+    def __len__(self):
+        return len(self.rules)
+
+
+# ---------------------------------------------------------------- YAML with line numbers
+
+def _line_map(node, path=(), out=None) -> dict:
+    out = {} if out is None else out
+    out[path] = node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode):
+        for k, v in node.value:
+            key = k.value
+            out[path + (key,)] = k.start_mark.line + 1
+            _line_map(v, path + (key,), out)
+            out[path + (key,)] = k.start_mark.line + 1
+    elif isinstance(node, yaml.SequenceNode):
+        for i, v in enumerate(node.value):
+            _line_map(v, path + (i,), out)
+    return out
+
+
+def load_yaml(path: Path):
+    """(data, lines) of a YAML file, or raise a Fault-carrying RuleError for a syntax error."""
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise RuleError([Fault(str(path), None, "", f"cannot read file: {e.strerror}", "check the path")]) from None
+    try:
+        data = yaml.safe_load(text)
+        node = yaml.compose(text)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        line, col = (mark.line + 1, mark.column + 1) if mark else (None, None)
+        what = f"{e.problem}" + (f" ({e.context})" if e.context else "")
+        raise RuleError([Fault(str(path), line, "", f"YAML syntax error at line {line}, column {col}: {what}",
+                               "fix the YAML syntax (indentation, a missing colon, an unclosed bracket or quote)")]) from None
+    return data, (_line_map(node) if node is not None else {})
+
+
+def _path_keys(field_path: str) -> tuple:
+    keys = []
+    for part in re.findall(r"[^.\[\]]+|\[\d+\]", field_path):
+        keys.append(int(part[1:-1]) if part.startswith("[") else part)
+    return tuple(keys)
+
+
+def _line(lines: dict, keys: tuple):
+    for n in range(len(keys), -1, -1):
+        if keys[:n] in lines:
+            return lines[keys[:n]]
+    return None
+
+
+def _dotted(keys) -> str:
+    out = ""
+    for k in keys:
+        out += f"[{k}]" if isinstance(k, int) else (f".{k}" if out else str(k))
+    return out
+
+
+# ---------------------------------------------------------------- schema
+
+@lru_cache(maxsize=1)
+def schema() -> dict:
+    return json.loads(paths.schema_path().read_text())
+
+
+def _validator(kind: str):
+    s = schema()
+    if kind == "fragment":
+        s = {"$schema": s["$schema"], "$ref": "#/$defs/fragment", "$defs": s["$defs"]}
+    return jsonschema.Draft202012Validator(s)
+
+
+def _schema_faults(path: Path, data, lines: dict, kind: str) -> list:
+    faults = []
+    for err in sorted(_validator(kind).iter_errors(data), key=lambda e: list(map(str, e.absolute_path))):
+        keys = tuple(err.absolute_path)
+        fieldname = _dotted(keys)
+        fix = ""
+        if err.validator == "required":
+            missing = re.search(r"'([^']+)' is a required property", err.message)
+            name = missing.group(1) if missing else "?"
+            desc = _describe(err.schema.get("properties", {}).get(name, {}))
+            msg, fix = f"missing required field `{name}`", f"add `{name}:`" + (f" — {desc}" if desc else "")
+            fieldname = _dotted(keys + (name,))
+        elif err.validator == "additionalProperties":
+            extra = re.findall(r"'([^']+)'", err.message.split("(")[-1])
+            known = list(err.schema.get("properties", {}))
+            name = extra[0] if extra else "?"
+            guess = difflib.get_close_matches(name, known, n=1)
+            msg = f"unknown field `{name}`"
+            fix = f"did you mean `{guess[0]}`?" if guess else f"allowed fields: {', '.join(known)}"
+            fieldname = _dotted(keys + (name,))
+            keys = keys + (name,)
+        elif err.validator == "enum":
+            msg = f"{err.instance!r} is not allowed"
+            fix = f"use one of {', '.join(map(str, err.validator_value))}"
+        elif err.validator == "type":
+            msg = f"expected {err.validator_value}, got {type(err.instance).__name__} {err.instance!r}"
+            fix = _describe(err.schema) or f"write a {err.validator_value}"
+        elif err.validator == "pattern":
+            msg = f"{err.instance!r} does not match the required form"
+            fix = _describe(err.schema) or f"match /{err.validator_value}/"
+        else:
+            msg = err.message
+            fix = _describe(err.schema)
+        faults.append(Fault(str(path), _line(lines, keys), fieldname or "(file)", msg, fix))
+    return faults
+
+
+def _describe(sub: dict) -> str:
+    d = (sub or {}).get("description", "")
+    return d.split(". ")[0].rstrip(".") if d else ""
+
+
+# ---------------------------------------------------------------- loading
+
+def _yaml_files(items) -> list:
+    files = []
+    for p in items:
+        p = Path(p)
+        if p.is_dir():
+            files.extend(sorted(p.rglob("*.yaml")) + sorted(p.rglob("*.yml")))
+        else:
+            files.append(p)
+    return files
+
+
+def _is_fragment(path: Path) -> bool:
+    return path.parent.name == FRAGMENTS_DIR
+
+
+def _load_fragment(path: Path, data: dict) -> Fragment:
+    alts = data.get("either") or [{"name": "", "nodes": data.get("nodes"), "output": data.get("output")}]
+    return Fragment(data["fragment"], list(data.get("params") or []),
+                    [(a.get("name", str(i)), a.get("nodes") or {}, a.get("output")) for i, a in enumerate(alts)], str(path))
+
+
+def _templates() -> list:
+    return sorted(p.name[:-len(".cu.j2")] for p in paths.templates_dir().glob("*.cu.j2"))
+
+
+def _read(files, faults) -> list:
+    """(path, data, lines) for each file that parses as a YAML mapping; faults for the rest."""
+    out = []
+    for f in files:
+        if not f.exists():
+            faults.append(Fault(str(f), None, "", "file does not exist", "check the path"))
+            continue
+        try:
+            data, lines = load_yaml(f)
+        except RuleError as e:
+            faults.extend(e.faults)
+            continue
+        if not isinstance(data, dict):
+            faults.append(Fault(str(f), 1, "(file)", f"a rule file must hold a YAML mapping, got {type(data).__name__}",
+                                "start with `id: <rule-id>` (see rules.schema.json)"))
+            continue
+        out.append((f, data, lines))
+    return out
+
+
+def _collect(files) -> tuple:
+    """Parse files and check each: returns (rules, fragments, faults)."""
+    faults: list = []
+    parsed = _read(files, faults)
+    fragments, rules, ids = {}, [], []
+    shipped_frag_dir = paths.rules_dir() / FRAGMENTS_DIR
+    # Shipped fragments are always available to the rules being checked.
+    extra = [p for p in _yaml_files([shipped_frag_dir]) if p.resolve() not in {f.resolve() for f, _, _ in parsed}] if shipped_frag_dir.is_dir() else []
+    for f, data, lines in _read(extra, []) + parsed:
+        if not _is_fragment(f):
+            continue
+        fs = _schema_faults(f, data, lines, "fragment")
+        if fs:
+            faults.extend(fs) if f in files else None
+            continue
+        fragments[data["fragment"]] = _load_fragment(f, data)
+        if f.stem != data["fragment"]:
+            faults.append(Fault(str(f), _line(lines, ("fragment",)), "fragment",
+                                f"file name `{f.name}` does not match fragment name `{data['fragment']}`",
+                                f"rename the file to `{data['fragment']}.yaml` or the fragment to `{f.stem}`"))
+    for f, data, lines in parsed:
+        if _is_fragment(f):
+            try:
+                expand({"either": [{"name": a[0], "nodes": a[1], "output": a[2]} for a in fragments[data["fragment"]].alternatives]}, fragments, "")
+            except PatternError as e:
+                faults.append(Fault(str(f), _line(lines, _path_keys(e.where.replace("either", "either", 1))), e.where.lstrip("."), e.message, e.fix))
+            except KeyError:
+                pass
+            continue
+        fs = _schema_faults(f, data, lines, "rule")
+        if fs:
+            faults.extend(fs)
+            continue
+        rule_faults = []
+        rid = data["id"]
+        ids.append((rid, f, _line(lines, ("id",))))
+        if f.stem != rid:
+            rule_faults.append(Fault(str(f), _line(lines, ("id",)), "id", f"file name `{f.name}` does not match id `{rid}`",
+                                     f"rename the file to `{rid}.yaml` or set `id: {f.stem}`"))
+        tmpl = data["realize"]["template"]
+        known = _templates()
+        if tmpl not in known:
+            guess = difflib.get_close_matches(tmpl, known, n=1)
+            rule_faults.append(Fault(str(f), _line(lines, ("realize", "template")), "realize.template",
+                                     f"template `{tmpl}` does not exist in kernels_cpp/ (no kernels_cpp/{tmpl}.cu.j2)",
+                                     f"did you mean `{guess[0]}`?" if guess else f"use one of: {', '.join(known)}"))
+        ex_dir = paths.cutlass_examples_dir()
+        for i, ref in enumerate(data["references"]):
+            if isinstance(ref, str) and ref.startswith("examples/"):
+                name = ref.split("/")[1]
+                if ex_dir is None:
+                    rule_faults.append(Fault(str(f), _line(lines, ("references", i)), f"references[{i}]",
+                                             f"cannot check `{ref}`: the nvidia-cutlass package is not installed",
+                                             "pip install nvidia-cutlass==4.2.0.0"))
+                elif not (ex_dir / name).is_dir():
+                    have = sorted(p.name for p in ex_dir.iterdir() if p.is_dir())
+                    guess = difflib.get_close_matches(name, have, n=1, cutoff=0.5)
+                    rule_faults.append(Fault(str(f), _line(lines, ("references", i)), f"references[{i}]",
+                                             f"CUTLASS example directory `{ref}` is not in the installed nvidia-cutlass package",
+                                             f"did you mean `examples/{guess[0]}`?" if guess else "list the directory as it appears under cutlass_library/source/examples"))
+        fixture = f.parent / data["fixture"]
+        if not fixture.is_file():
+            rule_faults.append(Fault(str(f), _line(lines, ("fixture",)), "fixture", f"fixture `{fixture}` is missing",
+                                     f"add {fixture.name} beside the rule with `# match: {rid}` and `# no-match: {rid}` cases"))
+        patterns = []
+        try:
+            patterns = build_patterns(data["match"], fragments)
+        except PatternError as e:
+            where = e.where if e.where.startswith("match") else f"match ({e.where})"
+            rule_faults.append(Fault(str(f), _line(lines, _path_keys(e.where)), where, e.message, e.fix))
+        except ExprError as e:
+            rule_faults.append(Fault(str(f), _line(lines, ("match", "where")), "match.where", str(e),
+                                     "use names of pattern nodes, captures and M, N, K, batch; see fact_db/expr.py"))
+        faults.extend(rule_faults)
+        if not rule_faults:
+            rules.append(Rule(rid, data["title"], data["description"].strip(), data["status"], list(data["arch"]),
+                              f.parent.name, data["match"], data["realize"], data["benefit"].strip(),
+                              list(data["references"]), data["fixture"], f, int(data.get("priority", 0)), patterns))
+    seen: dict = {}
+    for rid, f, line in ids:
+        if rid in seen:
+            faults.append(Fault(str(f), line, "id", f"duplicate id `{rid}`, also used by {seen[rid]}", "give each rule a unique id"))
+        else:
+            seen[rid] = f
+    return rules, fragments, faults
+
+
+def validate(items=None) -> list:
+    """Every fault in the given rule files or directories (default: the shipped rules).
+
+    When single files are checked, their ids are also checked against the shipped rules.
+    """
+    files = _yaml_files(items or [paths.rules_dir()])
+    rules, _, faults = _collect(files)
+    if items:
+        checked = {f.resolve() for f in files}
+        shipped = [p for p in _yaml_files([paths.rules_dir()]) if p.resolve() not in checked and not _is_fragment(p)]
+        others = {}
+        for p in shipped:
+            try:
+                d, _ = load_yaml(p)
+                if isinstance(d, dict) and "id" in d:
+                    others[d["id"]] = p
+            except RuleError:
+                pass
+        for r in rules:
+            if r.id in others:
+                faults.append(Fault(str(r.path), 1, "id", f"duplicate id `{r.id}`, also used by {others[r.id]}", "give each rule a unique id"))
+    return faults
+
+
+def load_rules(root=None) -> RuleSet:
+    """Load and check all rules under `root` (default: `FACTDB_RULES` or the shipped `rules/`)."""
+    root = Path(root) if root else paths.rules_dir()
+    if not root.is_dir():
+        raise RuleError([Fault(str(root), None, "", "rules directory does not exist", "set FACTDB_RULES to a directory of rules")])
+    rules, fragments, faults = _collect(_yaml_files([root]))
+    if faults:
+        raise RuleError(faults)
+    return RuleSet(sorted(rules, key=lambda r: (r.family, r.id)), fragments)
