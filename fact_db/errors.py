@@ -39,9 +39,19 @@ class Fault:
     fix: str = ""
 
     def __str__(self) -> str:
-        where = f"{self.path}:{self.line}" if self.line else self.path
+        where = f"{_rel(self.path)}:{self.line}" if self.line else _rel(self.path)
         text = f"{where}: {self.field}: {self.message}" if self.field else f"{where}: {self.message}"
         return f"{text} ({self.fix})" if self.fix else text
+
+
+def _rel(path: str) -> str:
+    """A path relative to the working directory when it is under it (shorter messages)."""
+    import os
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        return path
+    return path if rel.startswith("..") else rel
 
 
 class RuleError(FactError):

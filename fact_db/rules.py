@@ -23,7 +23,7 @@ import jsonschema
 import yaml
 
 from . import paths
-from .errors import ExprError, Fault, RuleError
+from .errors import ExprError, Fault, RuleError, _rel
 from .pattern import Fragment, Pattern, PatternError, build_patterns, expand
 
 FRAGMENTS_DIR = "fragments"
@@ -183,8 +183,9 @@ def _schema_faults(path: Path, data, lines: dict, kind: str) -> list:
 
 
 def _describe(sub: dict) -> str:
+    """The first sentence of a schema description ("e.g. x" does not end one)."""
     d = (sub or {}).get("description", "")
-    return d.split(". ")[0].rstrip(".") if d else ""
+    return re.split(r"(?<![.]g)\.\s+(?=[A-Z])", d)[0].rstrip(".") if d else ""
 
 
 # ---------------------------------------------------------------- loading
@@ -296,7 +297,7 @@ def _collect(files) -> tuple:
                                              f"did you mean `examples/{guess[0]}`?" if guess else "list the directory as it appears under cutlass_library/source/examples"))
         fixture = f.parent / data["fixture"]
         if not fixture.is_file():
-            rule_faults.append(Fault(str(f), _line(lines, ("fixture",)), "fixture", f"fixture `{fixture}` is missing",
+            rule_faults.append(Fault(str(f), _line(lines, ("fixture",)), "fixture", f"fixture `{_rel(str(fixture))}` is missing",
                                      f"add {fixture.name} beside the rule with `# match: {rid}` and `# no-match: {rid}` cases"))
         patterns = []
         try:

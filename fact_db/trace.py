@@ -300,12 +300,16 @@ def trace_module(model: torch.nn.Module, example_inputs, *, name: str = "model",
 def _quiet():
     import logging
     import warnings
-    loggers = [logging.getLogger(n) for n in ("torch._dynamo", "torch.export", "torch._export", "torch.fx.experimental.symbolic_shapes")]
+    loggers = [logging.getLogger(n) for n in ("torch._dynamo", "torch.export", "torch._export", "torch.fx.experimental.symbolic_shapes",
+                                               "torch._subclasses.fake_tensor", "torch._functorch", "torch._inductor")]
     levels = [lg.level for lg in loggers]
     for lg in loggers:
-        lg.setLevel(logging.ERROR)
+        lg.setLevel(logging.CRITICAL)
+    import contextlib
+    import io
     try:
-        with warnings.catch_warnings():
+        # torch prints the partial graph of a failed export to stdout; the user gets our one sentence instead.
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             warnings.simplefilter("ignore")
             yield
     finally:

@@ -1,0 +1,103 @@
+"""`factdb discover PROBLEM`: what fact-db would build for a model, and why."""
+from __future__ import annotations
+
+import json
+import time
+
+import click
+
+from fact_db import discover as disc, roofline
+from fact_db.errors import TraceError
+from fact_db.rules import load_rules
+from fact_db.trace import load_problem, trace_problem
+from .main import cli, handle_errors
+
+
+def _t(s: float) -> str:
+    if s >= 1e-3:
+        return f"{s * 1e3:.2f} ms"
+    return f"{s * 1e6:.1f} us"
+
+
+def _table(report) -> str:
+    rows = [("#", "RULE", "PROBLEM", "DTYPE", "EST FUSED", "EST EAGER", "GAIN", "SHARE", "BOUND", "REGISTRY", "SOURCE")]
+    for i, r in enumerate(report.regions, 1):
+        e = r.estimate
+        rows.append((str(i), r.rule, r.shape, ",".join(r.dtypes), _t(e.fused_s), _t(e.eager_s), _t(max(e.gain_s, 0.0)),
+                     f"{r.share * 100:.0f}%", e.bound, r.registry, r.source or ""))
+    widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
+
+
+def _print(report, explain: bool):
+    head = (f"{report.problem}: {report.n_ops} ops, {len(report.regions)} regions on {report.gpu} ({report.arch}), "
+            f"policy {report.policy}; whole model est. eager {_t(report.eager_s)}")
+    click.echo(head + (" [PARTIAL]" if report.partial else ""))
+    if report.regions:
+        click.echo(_table(report))
+    else:
+        click.echo("no region matched any rule")
+    click.echo(f"registry: miss for every region (no registry yet); estimates are roofline floors, not measurements; "
+               f"trace {report.trace_s:.2f} s, match {report.match_s:.3f} s")
+    for r in report.regions:
+        for a in r.assumptions:
+            click.echo(f"note: {r.rule} at {r.output}: {a}")
+    for node, op, why in report.uncovered:
+        click.echo(f"uncovered: `{node}` ({op}): {why}")
+    if report.note:
+        click.echo(f"note: {report.note}")
+    if explain:
+        click.echo("")
+        click.echo("explain:")
+        for r in report.regions:
+            line = f"  {r.rule}: matched at `{r.output}` as {r.form or 'its single form'} over {len(r.nodes)} nodes"
+            if r.subsumes:
+                line += f"; won over {', '.join(r.subsumes)} (larger fusion)"
+            click.echo(line)
+        for rid, miss in sorted(report.misses.items()):
+            where = f" nearest candidate `{miss.node.name}`" + (f" ({miss.node.source})" if miss.node.source else "") if miss.node is not None else ""
+            click.echo(f"  {rid}: no match;{where} — {miss.reason}")
+
+
+@cli.command()
+@click.argument("problem")
+@click.option("--arch", type=click.Choice(["sm90", "sm80"]), default="sm90", show_default=True, help="Target architecture.")
+@click.option("--gpu", type=click.Choice(sorted(roofline.DEVICES)), help="GPU for the roofline (default: h100 for sm90, a100 for sm80).")
+@click.option("--policy", type=click.Choice(roofline.POLICIES), default="fp32", show_default=True,
+              help="Precision policy the kernels may use (see DESIGN.md); eager is estimated at the same policy.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--explain", is_flag=True, help="Say, for every rule that matched nowhere, the nearest candidate and why it missed.")
+@handle_errors
+def discover(problem, arch, gpu, policy, as_json, explain):
+    """Trace PROBLEM, match the rules and rank the regions worth building.
+
+    PROBLEM is a KernelBench-format file (Model, get_inputs, get_init_inputs), a module
+    `package.module` in that format, or `package.module:factory` where factory() returns
+    (module, example_inputs). The model is built and traced on the meta device: nothing
+    runs at full size and no GPU is needed.
+
+    \b
+    Example:
+      factdb discover benchmarks/problems/mingpt_block.py --policy tf32 --explain
+    """
+    rules = load_rules()
+    spec = load_problem(problem)
+    t0 = time.perf_counter()
+    try:
+        graph = trace_problem(spec)
+    except TraceError as e:
+        if e.partial is None:
+            raise
+        report = disc.analyse(e.partial, rules, arch=arch, gpu=gpu, policy=policy, trace_s=time.perf_counter() - t0)
+        if as_json:
+            d = report.as_dict()
+            d["error"] = str(e)
+            click.echo(json.dumps(d, indent=2))
+        else:
+            _print(report, explain)
+        raise click.ClickException(str(e))
+    report = disc.analyse(graph, rules, arch=arch, gpu=gpu, policy=policy, trace_s=time.perf_counter() - t0)
+    if as_json:
+        click.echo(json.dumps(report.as_dict(), indent=2, default=str))
+    else:
+        _print(report, explain)

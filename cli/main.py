@@ -1,0 +1,59 @@
+"""The `factdb` command: noun then verb (`factdb rules validate`), thin over fact_db."""
+from __future__ import annotations
+
+import functools
+import sys
+import traceback
+
+import click
+
+from fact_db.errors import FactError, RuleError
+
+
+class Ctx:
+    debug = False
+
+
+def handle_errors(fn):
+    """Turn fact-db's user errors into one-sentence ClickExceptions (tracebacks with --debug)."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (FactError, KeyError, ValueError) as e:
+            if Ctx.debug:
+                traceback.print_exc()
+            if isinstance(e, RuleError):
+                for f in e.faults:
+                    click.echo(str(f), err=True)
+            msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+            raise click.ClickException(msg) from None
+    return wrapper
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--debug", is_flag=True, help="Show full tracebacks for errors.")
+@click.version_option(package_name="fact-db")
+def cli(debug):
+    """fact-db: turn PyTorch modules into tuned CUTLASS kernels, and remember every kernel.
+
+    \b
+    Example:
+      factdb discover benchmarks/problems/mingpt_block.py --explain
+      factdb rules list
+    """
+    Ctx.debug = debug
+
+
+def main():
+    try:
+        cli(standalone_mode=True)
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        sys.exit(130)
+
+
+from . import discover as _discover, rules as _rules  # noqa: E402,F401  (registers the commands)
+
+if __name__ == "__main__":
+    main()

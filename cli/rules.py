@@ -1,0 +1,130 @@
+"""`factdb rules ...`: list, show, validate and test the declarative rules."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+import yaml
+
+from fact_db import fixture, rules as rules_mod
+from .main import cli, handle_errors
+
+
+@cli.group()
+def rules():
+    """List, show, validate and test optimization rules.
+
+    \b
+    Example:
+      factdb rules list --json
+    """
+
+
+@rules.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@click.option("--family", help="Only rules of this family (directory), e.g. gemm_epilogue.")
+@handle_errors
+def list_(as_json, family):
+    """List the shipped rules.
+
+    \b
+    Example:
+      factdb rules list --family attention
+    """
+    rs = [r for r in rules_mod.load_rules() if not family or r.family == family]
+    if as_json:
+        click.echo(json.dumps([r.summary() for r in rs], indent=2))
+        return
+    width = max((len(r.id) for r in rs), default=2)
+    click.echo(f"{'ID':{width}}  {'FAMILY':14} {'STATUS':10} {'TEMPLATE':18} TITLE")
+    for r in rs:
+        click.echo(f"{r.id:{width}}  {r.family:14} {r.status:10} {r.realize['template']:18} {r.title}")
+    click.echo(f"{len(rs)} rules", err=True)
+
+
+@rules.command()
+@click.argument("rule_id")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@handle_errors
+def show(rule_id, as_json):
+    """Show one rule: its YAML and how many pattern alternatives it expands to.
+
+    \b
+    Example:
+      factdb rules show gemm-bias-gelu-tanh
+    """
+    r = rules_mod.load_rules().get(rule_id)
+    if as_json:
+        data = yaml.safe_load(r.path.read_text())
+        data["_path"] = str(r.path)
+        data["_patterns"] = [p.label for p in r.patterns]
+        click.echo(json.dumps(data, indent=2, default=str))
+        return
+    click.echo(f"# {r.path}")
+    click.echo(r.path.read_text().rstrip())
+    click.echo(f"# expands to {len(r.patterns)} pattern(s): " + "; ".join(p.label or "(single)" for p in r.patterns))
+
+
+@rules.command()
+@click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the faults as JSON.")
+@handle_errors
+def validate(paths, as_json):
+    """Check rule files (default: all shipped rules) and report every fault.
+
+    Each fault names the file, the line, the field and the fix. Exit status is 1 when
+    any fault is found, 0 otherwise.
+
+    \b
+    Example:
+      factdb rules validate rules/gemm/gemm-bias.yaml
+    """
+    faults = rules_mod.validate(list(paths) or None)
+    if as_json:
+        click.echo(json.dumps([f.__dict__ for f in faults], indent=2))
+    else:
+        for f in faults:
+            click.echo(str(f))
+        n = len(rules_mod._yaml_files(list(paths) or [rules_mod.paths.rules_dir()]))
+        click.echo(f"{n} files checked, {len(faults)} faults", err=True)
+    raise SystemExit(1 if faults else 0)
+
+
+@rules.command("test")
+@click.argument("paths", nargs=-1, type=click.Path(exists=True, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the outcomes as JSON.")
+@click.option("-v", "--verbose", is_flag=True, help="Show passing cases too.")
+@handle_errors
+def test_(paths, as_json, verbose):
+    """Run rule fixtures: must-match cases match, must-not-match cases do not.
+
+    PATHS are rule files or directories (default: all rules). Exit status 1 on any failure.
+
+    \b
+    Example:
+      factdb rules test rules/attention
+    """
+    rs = rules_mod.load_rules()
+    selected = None
+    if paths:
+        wanted = {p.resolve() for p in rules_mod._yaml_files(paths)}
+        selected = [r for r in rs if r.path.resolve() in wanted]
+        if not selected:
+            raise click.ClickException(f"no rules among {', '.join(map(str, paths))}; pass rule .yaml files or directories")
+    from tqdm import tqdm
+    chosen = selected or list(rs)
+    outcomes = []
+    for r in tqdm(chosen, desc="fixtures", unit="rule", disable=as_json or None, leave=False):
+        outcomes.extend(fixture.run_rule_fixtures(rs, [r]))
+    failed = [o for o in outcomes if not o.ok]
+    if as_json:
+        click.echo(json.dumps([{"path": str(o.case.path), "line": o.case.line, "case": o.case.cls, "rule": o.case.rule,
+                                "expect": "match" if o.case.expect else "no-match", "ok": o.ok, "detail": o.detail}
+                               for o in outcomes], indent=2))
+    else:
+        for o in outcomes:
+            if verbose or not o.ok:
+                click.echo(str(o))
+        click.echo(f"{len(outcomes) - len(failed)} passed, {len(failed)} failed", err=True)
+    raise SystemExit(1 if failed else 0)

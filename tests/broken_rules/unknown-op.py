@@ -1,0 +1,1 @@
+"""Fixture placeholder: this broken rule is only ever validated, never tested."""

@@ -1,0 +1,76 @@
+"""The CLI: help with an example on every command, JSON output, clean errors."""
+import json
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from fact_db.cli.main import cli
+
+from conftest import BAD, PROBLEMS
+
+
+def all_commands(group=cli, prefix=()):
+    for name, cmd in group.commands.items():
+        yield prefix + (name,), cmd
+        if isinstance(cmd, click.Group):
+            yield from all_commands(cmd, prefix + (name,))
+
+
+@pytest.mark.parametrize("path", [p for p, _ in all_commands()] + [()], ids=lambda p: " ".join(p) or "factdb")
+def test_every_command_has_help_with_an_example(path):
+    res = CliRunner().invoke(cli, list(path) + ["--help"])
+    assert res.exit_code == 0
+    assert "Example:" in res.output and "factdb " in res.output.split("Example:")[1]
+
+
+def test_rules_list_and_show():
+    r = CliRunner().invoke(cli, ["rules", "list", "--json"])
+    assert r.exit_code == 0
+    data = json.loads(r.stdout)
+    assert {"gemm", "gemm-bias-gelu-tanh", "attention-causal"} <= {d["id"] for d in data}
+    s = CliRunner().invoke(cli, ["rules", "show", "gemm-bias-gelu-tanh"])
+    assert s.exit_code == 0 and "id: gemm-bias-gelu-tanh" in s.output and "decomposed" in s.output
+    miss = CliRunner().invoke(cli, ["rules", "show", "gemm-bias-gelu-tan"])
+    assert miss.exit_code == 1 and "did you mean `gemm-bias-gelu-tanh`?" in miss.output
+
+
+def test_discover_table_json_and_explain():
+    p = str(PROBLEMS / "mingpt_block.py")
+    r = CliRunner().invoke(cli, ["discover", p, "--explain"])
+    assert r.exit_code == 0, r.output
+    assert "gemm-bias-gelu-tanh" in r.output and "attention-causal" in r.output
+    assert "explain:" in r.output and "won over" in r.output
+    # a rule that matched nowhere, with its nearest candidate and reason
+    assert "gemm-large-k: no match; nearest candidate" in r.output
+    j = CliRunner().invoke(cli, ["discover", p, "--json", "--policy", "tf32", "--arch", "sm80"])
+    data = json.loads(j.stdout)
+    assert data["policy"] == "tf32" and data["gpu"] == "A100"
+    assert {r["rule"] for r in data["regions"]} >= {"gemm-residual", "attention-causal"}
+
+
+def test_explain_gives_the_reason_for_a_deliberate_mismatch():
+    # exact GELU: the tanh rule misses, and says it is the approximate= argument
+    r = CliRunner().invoke(cli, ["discover", str(PROBLEMS / "gemm_bias_gelu.py"), "--explain"])
+    line = next(l for l in r.output.splitlines() if l.strip().startswith("gemm-bias-gelu-tanh:"))
+    assert "approximate='none'" in line and "tanh" in line
+
+
+def test_user_errors_have_no_traceback_and_debug_shows_it():
+    r = CliRunner().invoke(cli, ["discover", str(BAD / "init_raises.py")])
+    assert r.exit_code == 1
+    assert "Error: building the model raised ValueError" in r.output and "Traceback" not in r.output
+    d = CliRunner().invoke(cli, ["--debug", "discover", str(BAD / "init_raises.py")])
+    assert d.exit_code == 1 and "Traceback" in d.output
+
+
+def test_partial_result_is_printed_with_the_error():
+    r = CliRunner().invoke(cli, ["discover", str(BAD / "data_dependent.py")])
+    assert r.exit_code == 1
+    assert "[PARTIAL]" in r.output and "gemm-bias-relu" in r.output
+    assert "data-dependent control flow" in r.output
+
+
+def test_missing_path():
+    r = CliRunner().invoke(cli, ["discover", "no/such/problem.py"])
+    assert r.exit_code == 1 and "does not exist" in r.output

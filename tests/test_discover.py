@@ -1,0 +1,178 @@
+"""Discovery on the benchmark problems: coverage targets, ranking, and bad inputs."""
+import pytest
+import torch
+from torch import nn
+
+import fact_db
+from fact_db.discover import analyse
+from fact_db.errors import ProblemError, TraceError
+from fact_db.trace import load_problem, trace_problem
+
+from conftest import BAD, PROBLEMS
+
+ALL_PROBLEMS = sorted(p.stem for p in PROBLEMS.glob("*.py"))
+
+
+def regions(report):
+    return [r.rule for r in report.regions]
+
+
+def test_mingpt_block_coverage(traced, ruleset):
+    rep = analyse(traced("mingpt_block"), ruleset, arch="sm90", policy="fp32")
+    got = regions(rep)
+    # four linears: QKV (gemm-bias), attention proj + residual, c_fc + tanh-GELU, MLP proj + residual
+    assert got.count("gemm-bias") == 1
+    assert got.count("gemm-residual") == 2
+    assert got.count("gemm-bias-gelu-tanh") == 1
+    assert got.count("attention-causal") == 1
+    assert got.count("layernorm") == 2
+    linears = [n.name for n in traced("mingpt_block").calls() if n.op == "aten.linear"]
+    covered = {n for r in rep.regions for n in r.nodes}
+    assert set(linears) <= covered
+    gelu = next(r for r in rep.regions if r.rule == "gemm-bias-gelu-tanh")
+    assert gelu.problem == {"M": 128 * 512, "N": 3072, "K": 768, "batch": 1}
+    assert len(gelu.nodes) == 9  # the linear and the eight ops of the hand-written GELU
+    attn = next(r for r in rep.regions if r.rule == "attention-causal")
+    assert attn.problem == {"batch_heads": 128 * 8, "Lq": 512, "Lk": 512, "D": 96, "Dv": 96}
+    assert not attn.assumptions  # the tril buffer's values were known and checked
+    assert rep.uncovered == []
+    assert all(r.registry == "miss" for r in rep.regions)
+
+
+def test_llama_block_coverage(traced, ruleset):
+    rep = analyse(traced("llama_block"), ruleset)
+    got = regions(rep)
+    assert got.count("rmsnorm") == 2
+    assert "sdpa-attention" in got and "dual-gemm-swiglu" in got
+    assert got.count("gemm-residual") == 2  # o_proj + residual, down_proj + residual
+    assert got.count("gemm") == 3  # q, k, v projections
+    assert rep.uncovered == []
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("square_gemm_fp32", ["gemm"]),
+    ("batched_gemm", ["batched-gemm"]),
+    ("large_k_gemm", ["gemm-large-k"]),
+    ("gemm_bias_relu", ["gemm-bias-relu"]),
+    ("gemm_bias_gelu", ["gemm-bias-gelu"]),
+    ("gemm_bias_gelu_tanh", ["gemm-bias-gelu-tanh"]),
+    ("gemm_bias_silu", ["gemm-bias-silu"]),
+    ("gemm_residual", ["gemm-residual"]),
+    ("gemm_softmax", ["gemm-softmax"]),
+    ("causal_attention", ["attention-causal"]),
+    ("sdpa_attention", ["sdpa-attention"]),
+    ("layernorm", ["layernorm"]),
+])
+def test_single_pattern_problems(traced, ruleset, name, expected):
+    rep = analyse(traced(name), ruleset)
+    assert regions(rep) == expected
+    assert rep.uncovered == []
+
+
+def test_every_benchmark_problem_is_fully_covered(traced, ruleset):
+    for name in ALL_PROBLEMS:
+        rep = analyse(traced(name), ruleset)
+        assert rep.regions, name
+        assert rep.uncovered == [], (name, rep.uncovered)
+
+
+def test_roofline_ranks_and_policies(traced, ruleset):
+    g = traced("square_gemm_fp32")
+    fp32 = analyse(g, ruleset, policy="fp32").regions[0].estimate
+    tf32 = analyse(g, ruleset, policy="tf32").regions[0].estimate
+    assert fp32.flops == 2 * 4096 ** 3
+    assert fp32.bound == "compute"
+    # 137 GFLOP at 51 TFLOP/s (fp32) vs 400 TFLOP/s (tf32) on the H100
+    assert fp32.fused_s == pytest.approx(2 * 4096 ** 3 / 51e12 + 3e-6, rel=1e-6)
+    assert tf32.fused_s < fp32.fused_s / 7
+    h200 = analyse(traced("layernorm"), ruleset, gpu="h200").regions[0].estimate
+    h100 = analyse(traced("layernorm"), ruleset, gpu="h100").regions[0].estimate
+    assert h200.bound == "memory" and h200.fused_s < h100.fused_s
+    with pytest.raises(ValueError, match="unknown precision policy"):
+        analyse(g, ruleset, policy="fp8")
+
+
+def test_fusion_saves_bytes(traced, ruleset):
+    r = analyse(traced("gemm_bias_gelu_tanh"), ruleset).regions[0]
+    out_bytes = 2048 * 16384 * 4
+    # eager moves the activation through eight elementwise kernels; fused it is written once
+    assert r.estimate.bytes_saved > 10 * out_bytes
+    assert r.estimate.gain_s > 0
+
+
+def test_python_api_on_a_real_module():
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 64))
+    rep = fact_db.discover(model, (torch.randn(32, 64),), arch="sm80")
+    assert regions(rep) == ["gemm-bias-relu", "gemm-bias"]
+    assert rep.gpu == "A100"
+
+
+def test_discovery_does_not_allocate_full_size(ruleset):
+    # 256 x 524288 fp32 inputs would be 512 MiB each; tracing builds them on meta.
+    g = trace_problem(load_problem(str(PROBLEMS / "large_k_gemm.py")))
+    assert [n.shape for n in g.nodes if n.op == "input"] == [(256, 524288), (524288, 256)]
+
+
+# ---------------------------------------------------------------- bad input
+
+def test_missing_file():
+    with pytest.raises(ProblemError, match="problem file `nope/missing.py` does not exist"):
+        load_problem("nope/missing.py")
+
+
+def test_missing_get_inputs():
+    with pytest.raises(ProblemError, match=r"defines no `get_inputs\(\)`"):
+        load_problem(str(BAD / "no_get_inputs.py"))
+
+
+def test_syntax_error():
+    with pytest.raises(ProblemError, match="syntax error at line 6"):
+        load_problem(str(BAD / "syntax_error.py"))
+
+
+def test_init_raises_names_the_line():
+    with pytest.raises(ProblemError) as e:
+        trace_problem(load_problem(str(BAD / "init_raises.py")))
+    assert "ValueError: width must be a multiple of 64, got 100 at init_raises.py:10" in str(e.value)
+
+
+def test_forward_raises_names_the_line():
+    with pytest.raises(TraceError) as e:
+        trace_problem(load_problem(str(BAD / "forward_raises.py")))
+    assert "RuntimeError" in str(e.value) and "forward_raises.py:8" in str(e.value)
+    assert e.value.partial is None
+
+
+def test_data_dependent_control_flow_gives_a_partial_result(ruleset):
+    with pytest.raises(TraceError) as e:
+        trace_problem(load_problem(str(BAD / "data_dependent.py")))
+    msg = str(e.value)
+    assert "data-dependent control flow at data_dependent.py:15" in msg and "partial result" in msg
+    part = e.value.partial
+    assert part is not None and part.partial
+    assert regions(analyse(part, ruleset)) == ["gemm-bias-relu"]
+
+
+@pytest.mark.parametrize("name, dtype", [("complex_gemm", "complex64"), ("int8_gemm", "int8")])
+def test_unsupported_dtypes_are_named(ruleset, name, dtype):
+    rep = analyse(trace_problem(load_problem(str(BAD / f"{name}.py"))), ruleset)
+    assert rep.regions == []
+    assert len(rep.uncovered) == 1
+    node, op, why = rep.uncovered[0]
+    assert op == "aten.matmul" and f"dtype {dtype} is not covered by any rule" in why
+
+
+def test_import_spec_factory(tmp_path, monkeypatch, ruleset):
+    (tmp_path / "mymodels.py").write_text(
+        "import torch\nfrom torch import nn\n"
+        "def make():\n    return nn.Sequential(nn.Linear(16, 16), nn.SiLU()), (torch.randn(4, 16),)\n"
+        "def bad():\n    return 3\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    g = trace_problem(load_problem("mymodels:make"))
+    assert regions(analyse(g, ruleset)) == ["gemm-bias-silu"]
+    with pytest.raises(ProblemError, match="must return"):
+        trace_problem(load_problem("mymodels:bad"))
+    with pytest.raises(ProblemError, match="has no callable `nothere`"):
+        load_problem("mymodels:nothere")
+    with pytest.raises(ProblemError, match="cannot import `no_such_pkg_xyz`"):
+        load_problem("no_such_pkg_xyz:make")
