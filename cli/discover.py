@@ -6,7 +6,8 @@ import time
 
 import click
 
-from fact_db import discover as disc, roofline
+from fact_db import roofline
+from fact_db.discover import analyse
 from fact_db.errors import TraceError
 from fact_db.rules import load_rules
 from fact_db.trace import load_problem, trace_problem
@@ -24,7 +25,7 @@ def _table(report) -> str:
     for i, r in enumerate(report.regions, 1):
         e = r.estimate
         rows.append((str(i), r.rule, r.shape, ",".join(r.dtypes), _t(e.fused_s), _t(e.eager_s), _t(max(e.gain_s, 0.0)),
-                     f"{r.share * 100:.0f}%", e.bound, r.registry, r.source or ""))
+                     (f"{r.share * 100:.0f}%" if r.share >= 0.01 else f"{r.share * 100:.1f}%"), e.bound, r.registry, r.source or ""))
     widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
 
@@ -55,8 +56,8 @@ def _print(report, explain: bool):
                 line += f"; won over {', '.join(r.subsumes)} (larger fusion)"
             click.echo(line)
         for rid, miss in sorted(report.misses.items()):
-            where = f" nearest candidate `{miss.node.name}`" + (f" ({miss.node.source})" if miss.node.source else "") if miss.node is not None else ""
-            click.echo(f"  {rid}: no match;{where} — {miss.reason}")
+            where = f" nearest candidate `{miss.node.name}`" + (f" ({miss.node.source})" if miss.node.source else "") + ":" if miss.node is not None else ""
+            click.echo(f"  {rid}: no match;{where} {miss.reason}")
 
 
 @cli.command()
@@ -88,7 +89,7 @@ def discover(problem, arch, gpu, policy, as_json, explain):
     except TraceError as e:
         if e.partial is None:
             raise
-        report = disc.analyse(e.partial, rules, arch=arch, gpu=gpu, policy=policy, trace_s=time.perf_counter() - t0)
+        report = analyse(e.partial, rules, arch=arch, gpu=gpu, policy=policy, trace_s=time.perf_counter() - t0)
         if as_json:
             d = report.as_dict()
             d["error"] = str(e)
@@ -96,7 +97,7 @@ def discover(problem, arch, gpu, policy, as_json, explain):
         else:
             _print(report, explain)
         raise click.ClickException(str(e))
-    report = disc.analyse(graph, rules, arch=arch, gpu=gpu, policy=policy, trace_s=time.perf_counter() - t0)
+    report = analyse(graph, rules, arch=arch, gpu=gpu, policy=policy, trace_s=time.perf_counter() - t0)
     if as_json:
         click.echo(json.dumps(report.as_dict(), indent=2, default=str))
     else:

@@ -100,6 +100,34 @@ def is_transparent(node) -> bool:
     return False
 
 
+# Ops that never change values or their logical layout: safe to look through anywhere.
+IDENTITY_OPS = frozenset({"aten.contiguous", "aten.clone", "aten.alias", "aten.detach", "aten.lift_fresh_copy"})
+# Reshapes: safe to look through only when the last dimension is unchanged, so that a
+# row-wise epilogue (a bias along N, a softmax over the last dim) still means the same.
+RESHAPE_OPS = frozenset({"aten.view", "aten.reshape", "aten._unsafe_view", "aten.squeeze", "aten.unsqueeze", "aten.flatten"})
+# Casts: safe when they do not change the dtype (x.float() on a float32 tensor).
+CAST_OPS = frozenset({"aten.to", "aten._to_copy", "aten.type_as"})
+
+
+def passes_through(node) -> bool:
+    """May the matcher look through `node` on an edge between two pattern nodes?
+
+    Identity-like ops and dropout at p=0 always; reshapes only when they keep the last
+    dimension; casts only when they keep the dtype. Transposes, permutes, slices and
+    expands never: they change which element a row-wise epilogue would touch.
+    """
+    src = node.args[0] if node.args else None
+    if not hasattr(src, "shape"):
+        return False
+    if node.op in IDENTITY_OPS or (node.op in DROPOUT_OPS and is_transparent(node)):
+        return True
+    if node.op in RESHAPE_OPS:
+        return bool(node.shape) and bool(src.shape) and node.shape[-1] == src.shape[-1]
+    if node.op in CAST_OPS:
+        return node.dtype == src.dtype and node.shape == src.shape
+    return False
+
+
 def layout(node) -> str:
     """`row` if the last dim is contiguous, `col` if the second to last is, else `strided`."""
     if not node.stride or len(node.stride) < 2:

@@ -130,7 +130,7 @@ def analyse(graph: Graph, rules: RuleSet, *, arch: str = "sm90", gpu: str | None
         regions.append(Region(
             m.rule.id, m.rule.title, m.rule.realize.get("template", ""), m.pattern.label,
             [n.name for n in m.nodes], m.output.name, prob, shape,
-            sorted({n.dtype for n in m.compute_nodes if n.dtype}), layouts, est,
+            sorted({n.dtype for n in m.compute_nodes if n.dtype and n.dtype != "bool"}), layouts, est,
             est.eager_s / total if total else 0.0, "miss", m.output.source, m.assumptions, lost))
     covered = {n for r in regions for n in r.nodes}
     all_dtypes = {d for r in rules for p in r.patterns for d in p.dtypes}

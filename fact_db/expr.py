@@ -39,6 +39,7 @@ _BINOPS = {
 _CMPOPS = {
     ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
     ast.Gt: operator.gt, ast.GtE: operator.ge, ast.In: lambda a, b: a in b, ast.NotIn: lambda a, b: a not in b,
+    ast.Is: operator.is_, ast.IsNot: operator.is_not,
 }
 _UNARY = {ast.USub: operator.neg, ast.UAdd: operator.pos, ast.Not: operator.not_}
 
@@ -88,6 +89,8 @@ def _check_node(node, source):
             raise ExprError(f"function `{fn}` is not allowed in `{source}`; use one of {sorted(FUNCTIONS)}")
         if any(not isinstance(k.arg, str) for k in node.keywords):
             raise ExprError(f"`**` arguments are not allowed in `{source}`")
+    if isinstance(node, (ast.Is, ast.IsNot)):
+        pass  # only meaningful against None: `bias is None or bias.rank == 1`
     if isinstance(node, ast.Constant) and not isinstance(node.value, (int, float, str, bool, type(None))):
         raise ExprError(f"constant {node.value!r} is not allowed in `{source}`")
 

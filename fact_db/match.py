@@ -99,8 +99,17 @@ def _op_ok(pn, g: Node) -> bool:
 
 
 def _same(a, b) -> bool:
+    """Same value: the same node, or the same view op applied to the same value twice
+    (x.view(-1, D) written in two places)."""
+    if isinstance(a, Node) and isinstance(b, Node):
+        if a is b:
+            return True
+        return (a.op in aten.VIEW_OPS and a.op == b.op and a.overload == b.overload and len(a.args) == len(b.args)
+                and all(_same(x, y) for x, y in zip(a.args, b.args)))
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
     if isinstance(a, Node) or isinstance(b, Node):
-        return a is b
+        return False
     return a == b
 
 
@@ -185,7 +194,7 @@ class _Matcher:
                 self.fail(st, f"`{g.name}` ({g.op}) operand `{argname}` is {actual!r}, the rule needs the result of `{spec.node}`")
                 return
             chain = [actual]
-            while aten.is_transparent(chain[-1]) and chain[-1].args and isinstance(chain[-1].args[0], Node):
+            while aten.passes_through(chain[-1]):
                 chain.append(chain[-1].args[0])
             for k, cand in enumerate(chain):
                 st2 = _State(st.bound, st.caps, st.through + tuple(chain[:k]))
@@ -237,10 +246,27 @@ class TensorView:
 
 
 def _source_value(v):
-    """The known contents behind a chain of views (e.g. slices of a registered buffer)."""
+    """The known contents of `v`: a buffer's value with the chain of views between it and
+    `v` (slices, reshapes) replayed on it, or None when not known at trace time."""
+    chain = []
+    while isinstance(v, Node) and v.value is None and aten.is_transparent(v) and v.args and isinstance(v.args[0], Node):
+        chain.append(v)
+        v = v.args[0]
+    if not isinstance(v, Node) or v.value is None:
+        return None
+    import torch
+    val = v.value
+    for n in reversed(chain):
+        op = getattr(getattr(torch.ops.aten, n.op.split(".", 1)[1]), n.overload or "default")
+        val = op(val, *n.args[1:])
+    return val
+
+
+def _mask_root(v):
+    """The node a mask comes from once views are stripped."""
     while isinstance(v, Node) and v.value is None and aten.is_transparent(v) and v.args and isinstance(v.args[0], Node):
         v = v.args[0]
-    return v.value if isinstance(v, Node) else None
+    return v
 
 
 def _post_checks(p: Pattern, st: _State, root: Node, rule) -> tuple:
@@ -265,6 +291,9 @@ def _post_checks(p: Pattern, st: _State, root: Node, rule) -> tuple:
         for name, n in bound.items():
             if "/" not in name:
                 env[name] = TensorView(n)
+        for name in set().union(*(q.captures() for q in getattr(rule, "patterns", [p]))):
+            if "/" not in name:
+                env[name] = None  # a capture of another alternative: absent here
         for name, v in st.caps:
             if "/" not in name:
                 env[name] = TensorView(v)
@@ -275,14 +304,25 @@ def _post_checks(p: Pattern, st: _State, root: Node, rule) -> tuple:
                 break
 
         def is_tril(view):
+            """True when the mask is lower-triangular ones: checked on its values where they are
+            known, recognised as tril(ones) where it is computed in forward, assumed (and said so)
+            only for a buffer whose values were built on meta."""
+            import torch
             val = _source_value(view._v)
-            if val is None:
-                assumptions.append(f"mask `{getattr(view._v, 'name', view._v)}` has no known values at trace time "
+            if val is not None:
+                if val.dim() < 2:
+                    return False
+                m = (val != 0).reshape(-1, *val.shape[-2:])
+                return bool(torch.equal(m, torch.tril(torch.ones_like(m[0])).expand_as(m)))
+            root = _mask_root(view._v)
+            if isinstance(root, Node) and root.op == "aten.tril":
+                src = root.args[0]
+                return isinstance(src, Node) and src.op in ("aten.ones", "aten.ones_like") and not root.args[1]
+            if isinstance(root, Node) and root.op in ("buffer", "constant", "parameter"):
+                assumptions.append(f"mask `{root.fqn or root.name}` has no known values at trace time "
                                    "(built on meta); assumed lower-triangular, checked when the kernel is verified")
                 return True
-            import torch
-            m = val.reshape(-1, *val.shape[-2:])[0] if val.dim() >= 2 else val
-            return bool(torch.equal(m != 0, torch.tril(torch.ones_like(m, dtype=torch.bool))))
+            return False
         env["is_tril"] = is_tril
         for w in p.where:
             try:
@@ -344,7 +384,9 @@ def match_rule(rule, graph: Graph, arch: str | None = None) -> tuple:
     nearest = None if found else t.best
     if nearest is not None and nearest.node is None:
         want = sorted({pn.op_text() for p in rule.patterns for pn in [p.nodes[p.output]]})
-        nearest = NoMatch(f"no {' or '.join(want)} in the graph", None, -1)
+        have = sorted({n.op for n in graph.calls() if not aten.is_transparent(n) and n.op.startswith("aten.")})
+        shown = ", ".join(have[:8]) + (", ..." if len(have) > 8 else "")
+        nearest = NoMatch(f"no {' or '.join(want)} in the graph (it has {shown or 'no ATen ops'})", None, -1)
     return found, nearest
 
 

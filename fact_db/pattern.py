@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 from dataclasses import dataclass, field
 
 from . import aten
@@ -112,11 +113,19 @@ class PatternError(ValueError):
         self.where, self.message, self.fix = where, message, fix
 
 
+_NUMERIC = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
+
+
 def parse_input(spec, where: str):
     if isinstance(spec, dict):
         if "const" in spec:
             v = spec["const"]
-            return Const(tuple(v) if isinstance(v, list) else (v,), float(spec.get("rtol", 1e-6)))
+            vals = tuple(v) if isinstance(v, list) else (v,)
+            for x in vals:
+                if isinstance(x, str) and _NUMERIC.match(x):
+                    raise PatternError(where, f"constant {x!r} is a string, not a number (YAML 1.1 reads 1.0e9 as text)",
+                                       f"write it with a signed exponent, e.g. {x.replace('e', 'e+') if 'e+' not in x and 'e-' not in x else x}, or as a plain decimal")
+            return Const(vals, float(spec.get("rtol", 1e-6)))
         raise PatternError(where, f"input {spec!r} is not a constant", "write {const: VALUE} or {const: [V1, V2], rtol: 1e-4}")
     if isinstance(spec, bool) or spec is None or isinstance(spec, (int, float)):
         return Const((spec,))

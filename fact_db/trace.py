@@ -396,6 +396,20 @@ def _source_of(fx_node, source: str | None) -> str | None:
     return f"{Path(f[0]).name}:{f[1]}"
 
 
+def _normalize_dims(names: list, args: list):
+    """Write `dim` arguments as negative indices (dim=3 of a rank-4 tensor is -1), so that
+    a rule's `{const: -1}` means "the last dimension" however the model wrote it."""
+    if "dim" not in names or not args or not isinstance(args[0], Node) or args[0].shape is None:
+        return
+    rank = len(args[0].shape)
+    i = names.index("dim")
+    d = args[i]
+    if isinstance(d, int) and not isinstance(d, bool) and d >= 0 and rank:
+        args[i] = d - rank
+    elif isinstance(d, list) and rank and all(isinstance(x, int) for x in d):
+        args[i] = [x - rank if x >= 0 else x for x in d]
+
+
 def _from_fx(ep, name: str, source: str | None, known: dict) -> Graph:
     from torch.export.graph_signature import InputKind
     kinds = {}
@@ -446,6 +460,7 @@ def _from_fx(ep, name: str, source: str | None, known: dict) -> Graph:
             else:
                 names = [f"arg{i}" for i in range(len(n.args))]
                 full = [conv(a) for a in n.args]
+            _normalize_dims(names, full)
             node = Node(n.name, packet, overload, full, names, shape, dtype, stride, source=_source_of(n, source))
         elif n.op == "output":
             node = Node(n.name, "output", args=[conv(a) for a in n.args[0]] if n.args and isinstance(n.args[0], (list, tuple)) else [conv(a) for a in n.args])

@@ -42,7 +42,7 @@ def test_discover_table_json_and_explain():
     assert "gemm-bias-gelu-tanh" in r.output and "attention-causal" in r.output
     assert "explain:" in r.output and "won over" in r.output
     # a rule that matched nowhere, with its nearest candidate and reason
-    assert "gemm-large-k: no match; nearest candidate" in r.output
+    assert "gemm-large-k: no match; nearest candidate `matmul_1` (mingpt_block.py:74): `batch == 1` is false (batch=1024)" in r.output
     j = CliRunner().invoke(cli, ["discover", p, "--json", "--policy", "tf32", "--arch", "sm80"])
     data = json.loads(j.stdout)
     assert data["policy"] == "tf32" and data["gpu"] == "A100"

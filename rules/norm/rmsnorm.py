@@ -1,0 +1,143 @@
+"""Fixture for rmsnorm: nn.RMSNorm and the hand-written Llama form, against LayerNorm and wrong-axis near misses."""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+# match: rmsnorm
+# no-match: layernorm
+class RmsNormModule(nn.Module):
+    """nn.RMSNorm traces to aten.rms_norm."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.RMSNorm(32, eps=1e-6)
+
+    def forward(self, x):
+        return self.norm(x)
+
+    def example_inputs(self):
+        return (torch.randn(2, 8, 32),)
+
+
+# match: rmsnorm
+class FunctionalRmsNormHalf(nn.Module):
+    """F.rms_norm with a weight, in float16."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(32, dtype=torch.float16))
+
+    def forward(self, x):
+        return F.rms_norm(x, (32,), self.weight, 1e-6)
+
+    def example_inputs(self):
+        return (torch.randn(8, 32, dtype=torch.float16),)
+
+
+# match: rmsnorm
+class LlamaHandWritten(nn.Module):
+    """Llama's RMSNorm written out, without the dtype casts: x * rsqrt(mean(x^2) + eps) * weight."""
+
+    def __init__(self):
+        super().__init__()
+        self.eps = 1e-6
+        self.weight = nn.Parameter(torch.ones(32))
+
+    def _norm(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+    def forward(self, x):
+        return self._norm(x) * self.weight
+
+    def example_inputs(self):
+        return (torch.randn(2, 8, 32),)
+
+
+# match: rmsnorm
+class WeightFirstHandWritten(nn.Module):
+    """weight * (x * rsqrt(mean(x ** 2) + eps)): the weight on the left, x ** 2 for the square."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(32))
+
+    def forward(self, x):
+        variance = (x ** 2).mean(-1, keepdim=True)
+        return self.weight * (x * torch.rsqrt(variance + 1e-5))
+
+    def example_inputs(self):
+        return (torch.randn(8, 32),)
+
+
+# LayerNorm subtracts the mean: a different norm.
+# no-match: rmsnorm
+# match: layernorm
+class LayerNormModule(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln = nn.LayerNorm(32)
+
+    def forward(self, x):
+        return self.ln(x)
+
+    def example_inputs(self):
+        return (torch.randn(2, 8, 32),)
+
+
+# The mean of squares is taken over dim 0 (across rows), not the last dimension.
+# no-match: rmsnorm
+class MeanOverFirstDim(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(32))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(0, keepdim=True) + 1e-6) * self.weight
+
+    def example_inputs(self):
+        return (torch.randn(8, 32),)
+
+
+# Without keepdim the per-row statistic (shape 8) broadcasts along the columns of the
+# 8 x 8 input, scaling column j by row j's RMS: not RMSNorm.
+# no-match: rmsnorm
+class MeanWithoutKeepdim(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(8))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1) + 1e-6) * self.weight
+
+    def example_inputs(self):
+        return (torch.randn(8, 8),)
+
+
+# sqrt instead of rsqrt multiplies by the RMS instead of dividing by it.
+# no-match: rmsnorm
+class SqrtNotRsqrt(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(32))
+
+    def forward(self, x):
+        return x * torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
+
+    def example_inputs(self):
+        return (torch.randn(8, 32),)
+
+
+# The normalized activation is also returned, so it must be written: no fusion.
+# no-match: rmsnorm
+class NormalizedEscapes(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(32))
+
+    def forward(self, x):
+        nx = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return nx * self.weight, nx
+
+    def example_inputs(self):
+        return (torch.randn(8, 32),)
