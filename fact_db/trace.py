@@ -446,6 +446,8 @@ def _from_fx(ep, name: str, source: str | None, known: dict) -> Graph:
             node = Node(n.name, kind, shape=shape, dtype=dtype, stride=stride, fqn=fqn, value=known.get(fqn) if fqn else None)
         elif n.op == "call_function":
             packet, overload = aten.target_name(n.target)
+            if packet.startswith("aten._assert") or packet.startswith("aten.sym_constrain"):
+                continue  # runtime checks with no value (from .to() and friends): not part of the dataflow
             schema = aten.schema_args(n.target)
             if schema:
                 names = [s[0] for s in schema]

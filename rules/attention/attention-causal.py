@@ -192,3 +192,15 @@ class NonSquareScores(nn.Module):
 
     def example_inputs(self):
         return (torch.randn(2, 4, 8, 8), torch.randn(2, 4, 16, 8), torch.randn(2, 4, 16, 8))
+
+
+# the mask is triu(ones) computed in forward: it masks the past, not the future
+# no-match: attention-causal
+class TriuInForward(nn.Module):
+    def forward(self, q, k, v):
+        T = q.size(-2)
+        att = (q @ k.transpose(-2, -1)) * 0.25
+        m = torch.triu(torch.ones(T, T))
+        att = att.masked_fill(m == 0, float('-inf'))
+        return F.softmax(att, dim=-1) @ v
+    def example_inputs(self): return (torch.randn(1, 2, 8, 16), torch.randn(1, 2, 8, 16), torch.randn(1, 2, 8, 16))

@@ -123,3 +123,20 @@ class TensorScale(nn.Module):
 
     def example_inputs(self):
         return (torch.randn(2, 4, 16, 8), torch.randn(2, 4, 16, 8), torch.randn(2, 4, 16, 8))
+
+
+# dim=3 of rank-4 scores is the last dimension (dims are normalized to negative)
+# match: attention
+class SoftmaxDim3(nn.Module):
+    def forward(self, q, k, v):
+        return F.softmax((q @ k.transpose(-2, -1)) * 0.25, dim=3) @ v
+    def example_inputs(self): return (torch.randn(1, 2, 8, 16), torch.randn(1, 2, 8, 16), torch.randn(1, 2, 8, 16))
+
+
+# softmax over the transposed scores normalizes the other axis: not attention
+# no-match: attention
+class TransposedScoresSoftmax(nn.Module):
+    def forward(self, q, k, v):
+        s = (q @ k.transpose(-2, -1)) * 0.25
+        return F.softmax(s.transpose(-2, -1), dim=-1) @ v
+    def example_inputs(self): return (torch.randn(2, 4, 16, 8), torch.randn(2, 4, 16, 8), torch.randn(2, 4, 16, 8))

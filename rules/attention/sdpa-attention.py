@@ -90,3 +90,10 @@ class SdpaFloat64(nn.Module):
 
     def example_inputs(self):
         return tuple(torch.randn(2, 4, 16, 8, dtype=torch.float64) for _ in range(3))
+
+
+# an arbitrary attn_mask is not a causal mask; the realization has no general mask input
+# no-match: sdpa-attention
+class SdpaArbitraryMask(nn.Module):
+    def forward(self, q, k, v, m): return F.scaled_dot_product_attention(q, k, v, attn_mask=m)
+    def example_inputs(self): return (torch.randn(1, 2, 8, 16), torch.randn(1, 2, 8, 16), torch.randn(1, 2, 8, 16), torch.randn(8, 8))

@@ -129,3 +129,12 @@ class SameProductTwice(nn.Module):
 
     def example_inputs(self):
         return (torch.randn(16, 32),)
+
+
+# match: dual-gemm-swiglu
+class ViewTwice(nn.Module):
+    def __init__(self):
+        super().__init__(); self.w1 = nn.Parameter(torch.randn(32, 64)); self.w3 = nn.Parameter(torch.randn(32, 64))
+    def forward(self, x):
+        return F.silu(torch.mm(x.view(-1, 32), self.w1)) * torch.mm(x.view(-1, 32), self.w3)
+    def example_inputs(self): return (torch.randn(2, 8, 32),)

@@ -128,3 +128,13 @@ class PreActivationEscapes(nn.Module):
 
     def example_inputs(self):
         return (torch.randn(8, 32),)
+
+
+# match: gemm-bias-gelu-tanh
+class LeftAssocCube(nn.Module):
+    def __init__(self):
+        super().__init__(); self.fc = nn.Linear(32, 64)
+    def forward(self, x):
+        h = self.fc(x)
+        return 0.5 * h * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (h + 0.044715 * h * h * h)))
+    def example_inputs(self): return (torch.randn(8, 32),)

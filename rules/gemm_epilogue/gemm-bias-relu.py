@@ -133,3 +133,20 @@ class LinearNoBiasRelu(nn.Module):
 
     def example_inputs(self):
         return (torch.randn(8, 32),)
+
+
+# match: gemm-bias-relu
+class InplaceRelu(nn.Module):
+    def __init__(self):
+        super().__init__(); self.fc = nn.Linear(32, 64); self.act = nn.ReLU(inplace=True)
+    def forward(self, x): return self.act(self.fc(x))
+    def example_inputs(self): return (torch.randn(8, 32),)
+
+
+# slicing between gemm and relu: only part of the output
+# no-match: gemm-bias-relu
+class SlicedRelu(nn.Module):
+    def __init__(self):
+        super().__init__(); self.fc = nn.Linear(32, 64)
+    def forward(self, x): return torch.relu(self.fc(x)[:, :16])
+    def example_inputs(self): return (torch.randn(8, 32),)

@@ -170,3 +170,21 @@ class SubtractBias(nn.Module):
 
     def example_inputs(self):
         return (torch.randn(8, 32),)
+
+
+# bias added after a transpose is per-row of the GEMM, not per-column.
+# no-match: gemm-bias
+class TransposedBias(nn.Module):
+    def __init__(self):
+        super().__init__(); self.w = nn.Parameter(torch.randn(32, 64)); self.b = nn.Parameter(torch.randn(8))
+    def forward(self, x): return (x @ self.w).t() + self.b
+    def example_inputs(self): return (torch.randn(8, 32),)
+
+
+# bias added after a reshape that mixes rows and columns
+# no-match: gemm-bias
+class ReshapedBias(nn.Module):
+    def __init__(self):
+        super().__init__(); self.w = nn.Parameter(torch.randn(32, 64)); self.b = nn.Parameter(torch.randn(16))
+    def forward(self, x): return (x @ self.w).reshape(32, 16) + self.b
+    def example_inputs(self): return (torch.randn(8, 32),)

@@ -1,6 +1,7 @@
 """Fixture for gemm-residual: x + proj(y) with and without bias, against broadcast, scaled and escape near misses."""
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 
 # match: gemm-residual, gemm-bias
@@ -137,3 +138,12 @@ class MultiplyNotAdd(nn.Module):
 
     def example_inputs(self):
         return (torch.randn(8, 64), torch.randn(8, 32))
+
+
+# real dropout (p=0.5, training=True) between the GEMM and the add is not the identity
+# no-match: gemm-residual
+class RealDropout(nn.Module):
+    def __init__(self):
+        super().__init__(); self.fc = nn.Linear(32, 32)
+    def forward(self, x): return x + F.dropout(self.fc(x), p=0.5, training=True)
+    def example_inputs(self): return (torch.randn(8, 32),)

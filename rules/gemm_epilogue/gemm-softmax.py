@@ -110,3 +110,20 @@ class ScaledBeforeSoftmax(nn.Module):
 
     def example_inputs(self):
         return (torch.randn(8, 32),)
+
+
+# match: gemm-softmax
+class SoftmaxDim1(nn.Module):
+    def __init__(self):
+        super().__init__(); self.w = nn.Parameter(torch.randn(32, 10))
+    def forward(self, x): return F.softmax(x @ self.w, dim=1)
+    def example_inputs(self): return (torch.randn(8, 32),)
+
+
+# Softmax over the rows of the GEMM output (transpose then dim=-1): must not match.
+# no-match: gemm-softmax
+class TransposedSoftmax(nn.Module):
+    def __init__(self):
+        super().__init__(); self.w = nn.Parameter(torch.randn(32, 64))
+    def forward(self, x): return F.softmax((x @ self.w).t(), dim=-1)
+    def example_inputs(self): return (torch.randn(8, 32),)

@@ -141,3 +141,42 @@ class NormalizedEscapes(nn.Module):
 
     def example_inputs(self):
         return (torch.randn(8, 32),)
+
+
+# match: rmsnorm
+class LlamaRms(nn.Module):
+    def __init__(self):
+        super().__init__(); self.weight = nn.Parameter(torch.ones(32)); self.eps = 1e-6
+    def _norm(self, x): return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+    def forward(self, x): return self._norm(x.float()).type_as(x) * self.weight
+    def example_inputs(self): return (torch.randn(2, 8, 32),)
+
+
+# match: rmsnorm
+class HfRms(nn.Module):
+    def __init__(self):
+        super().__init__(); self.weight = nn.Parameter(torch.ones(32)); self.eps = 1e-6
+    def forward(self, h):
+        dt = h.dtype
+        h = h.to(torch.float32)
+        v = h.pow(2).mean(-1, keepdim=True)
+        h = h * torch.rsqrt(v + self.eps)
+        return self.weight * h.to(dt)
+    def example_inputs(self): return (torch.randn(2, 8, 32),)
+
+
+# the 'weight' is a full activation, not a per-channel vector
+# no-match: rmsnorm
+class RmsTimesActivation(nn.Module):
+    def forward(self, x, y):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * y
+    def example_inputs(self): return (torch.randn(2, 8, 32), torch.randn(2, 8, 32))
+
+
+# weightless RMSNorm is not covered yet (the rule needs a per-channel weight)
+# no-match: rmsnorm
+class RmsNoWeightOp(nn.Module):
+    def __init__(self):
+        super().__init__(); self.n = nn.RMSNorm(32, elementwise_affine=False)
+    def forward(self, x): return self.n(x)
+    def example_inputs(self): return (torch.randn(2, 8, 32),)
