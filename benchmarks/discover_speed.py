@@ -82,7 +82,7 @@ def main(argv=None) -> int:
                              check=True, capture_output=True, text=True).stdout
         row = json.loads(out.strip().splitlines()[-1])
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "fact_db.cli.main", "discover", str(path), "--json"], check=True, capture_output=True)
+        subprocess.run([sys.executable, "-m", "fact_db.cli", "discover", str(path), "--json"], check=True, capture_output=True)
         row["cold_cli_s"] = time.perf_counter() - t0
         row["problem"] = name
         results.append(row)

@@ -54,6 +54,3 @@ def main():
 
 
 from . import discover as _discover, rules as _rules  # noqa: E402,F401  (registers the commands)
-
-if __name__ == "__main__":
-    main()
