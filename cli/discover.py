@@ -96,7 +96,7 @@ def discover(problem, arch, gpu, policy, as_json, explain):
             click.echo(json.dumps(d, indent=2))
         else:
             _print(report, explain)
-        raise click.ClickException(str(e))
+        raise click.ClickException(str(e)) from None
     report = analyse(graph, rules, arch=arch, gpu=gpu, policy=policy, trace_s=time.perf_counter() - t0)
     if as_json:
         click.echo(json.dumps(report.as_dict(), indent=2, default=str))

@@ -86,7 +86,7 @@ def validate(paths, as_json):
     else:
         for f in faults:
             click.echo(str(f))
-        n = len(rules_mod._yaml_files(list(paths) or [rules_mod.paths.rules_dir()]))
+        n = len(rules_mod.yaml_files(list(paths) or [rules_mod.paths.rules_dir()]))
         click.echo(f"{n} files checked, {len(faults)} faults", err=True)
     raise SystemExit(1 if faults else 0)
 
@@ -108,7 +108,7 @@ def test_(paths, as_json, verbose):
     rs = rules_mod.load_rules()
     selected = None
     if paths:
-        wanted = {p.resolve() for p in rules_mod._yaml_files(paths)}
+        wanted = {p.resolve() for p in rules_mod.yaml_files(paths)}
         selected = [r for r in rs if r.path.resolve() in wanted]
         if not selected:
             raise click.ClickException(f"no rules among {', '.join(map(str, paths))}; pass rule .yaml files or directories")

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 
 from . import aten, roofline
-from .match import NoMatch, match_all, select
+from .match import match_all, select
 from .rules import RuleSet, load_rules
 from .trace import Graph, load_problem, trace_module, trace_problem
 

@@ -39,12 +39,12 @@ class Fault:
     fix: str = ""
 
     def __str__(self) -> str:
-        where = f"{_rel(self.path)}:{self.line}" if self.line else _rel(self.path)
+        where = f"{display_path(self.path)}:{self.line}" if self.line else display_path(self.path)
         text = f"{where}: {self.field}: {self.message}" if self.field else f"{where}: {self.message}"
         return f"{text} ({self.fix})" if self.fix else text
 
 
-def _rel(path: str) -> str:
+def display_path(path: str) -> str:
     """A path relative to the working directory when it is under it (shorter messages)."""
     import os
     try:

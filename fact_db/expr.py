@@ -95,13 +95,6 @@ def _check_node(node, source):
         raise ExprError(f"constant {node.value!r} is not allowed in `{source}`")
 
 
-class Unknown:
-    """A value the trace could not know (a buffer's contents on the meta device)."""
-
-    def __bool__(self):
-        raise ExprError("value unknown at trace time")
-
-
 def _eval(node, env, source):
     if isinstance(node, ast.Constant):
         return node.value

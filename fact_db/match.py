@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 
 from . import aten
 from .errors import ExprError
-from .expr import Unknown
 from .pattern import Capture, Const, Pattern, Ref, Wildcard
 from .trace import Graph, Node
 
@@ -297,7 +296,7 @@ def _post_checks(p: Pattern, st: _State, root: Node, rule) -> tuple:
         for name, v in st.caps:
             if "/" not in name:
                 env[name] = TensorView(v)
-        for name, n in bound.items():
+        for n in bound.values():
             dims = aten.gemm_problem(n)
             if dims:
                 env.update({k: v for k, v in dims.items() if k in ("M", "N", "K", "batch")})

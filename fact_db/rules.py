@@ -23,8 +23,8 @@ import jsonschema
 import yaml
 
 from . import paths
-from .errors import ExprError, Fault, RuleError, _rel
-from .pattern import Fragment, Pattern, PatternError, build_patterns, expand
+from .errors import ExprError, Fault, RuleError, display_path
+from .pattern import Fragment, PatternError, build_patterns, expand
 
 FRAGMENTS_DIR = "fragments"
 
@@ -190,7 +190,8 @@ def _describe(sub: dict) -> str:
 
 # ---------------------------------------------------------------- loading
 
-def _yaml_files(items) -> list:
+def yaml_files(items) -> list:
+    """Rule files under the given files and directories."""
     files = []
     for p in items:
         p = Path(p)
@@ -242,13 +243,14 @@ def _collect(files) -> tuple:
     fragments, rules, ids = {}, [], []
     shipped_frag_dir = paths.rules_dir() / FRAGMENTS_DIR
     # Shipped fragments are always available to the rules being checked.
-    extra = [p for p in _yaml_files([shipped_frag_dir]) if p.resolve() not in {f.resolve() for f, _, _ in parsed}] if shipped_frag_dir.is_dir() else []
+    extra = [p for p in yaml_files([shipped_frag_dir]) if p.resolve() not in {f.resolve() for f, _, _ in parsed}] if shipped_frag_dir.is_dir() else []
     for f, data, lines in _read(extra, []) + parsed:
         if not _is_fragment(f):
             continue
         fs = _schema_faults(f, data, lines, "fragment")
         if fs:
-            faults.extend(fs) if f in files else None
+            if f in files:  # a broken shipped fragment is reported when it is checked itself
+                faults.extend(fs)
             continue
         fragments[data["fragment"]] = _load_fragment(f, data)
         if f.stem != data["fragment"]:
@@ -260,7 +262,7 @@ def _collect(files) -> tuple:
             try:
                 expand({"either": [{"name": a[0], "nodes": a[1], "output": a[2]} for a in fragments[data["fragment"]].alternatives]}, fragments, "")
             except PatternError as e:
-                faults.append(Fault(str(f), _line(lines, _path_keys(e.where.replace("either", "either", 1))), e.where.lstrip("."), e.message, e.fix))
+                faults.append(Fault(str(f), _line(lines, _path_keys(e.where)), e.where.lstrip("."), e.message, e.fix))
             except KeyError:
                 pass
             continue
@@ -297,7 +299,7 @@ def _collect(files) -> tuple:
                                              f"did you mean `examples/{guess[0]}`?" if guess else "list the directory as it appears under cutlass_library/source/examples"))
         fixture = f.parent / data["fixture"]
         if not fixture.is_file():
-            rule_faults.append(Fault(str(f), _line(lines, ("fixture",)), "fixture", f"fixture `{_rel(str(fixture))}` is missing",
+            rule_faults.append(Fault(str(f), _line(lines, ("fixture",)), "fixture", f"fixture `{display_path(str(fixture))}` is missing",
                                      f"add {fixture.name} beside the rule with `# match: {rid}` and `# no-match: {rid}` cases"))
         patterns = []
         try:
@@ -327,11 +329,11 @@ def validate(items=None) -> list:
 
     When single files are checked, their ids are also checked against the shipped rules.
     """
-    files = _yaml_files(items or [paths.rules_dir()])
+    files = yaml_files(items or [paths.rules_dir()])
     rules, _, faults = _collect(files)
     if items:
         checked = {f.resolve() for f in files}
-        shipped = [p for p in _yaml_files([paths.rules_dir()]) if p.resolve() not in checked and not _is_fragment(p)]
+        shipped = [p for p in yaml_files([paths.rules_dir()]) if p.resolve() not in checked and not _is_fragment(p)]
         others = {}
         for p in shipped:
             try:
@@ -351,7 +353,7 @@ def load_rules(root=None) -> RuleSet:
     root = Path(root) if root else paths.rules_dir()
     if not root.is_dir():
         raise RuleError([Fault(str(root), None, "", "rules directory does not exist", "set FACTDB_RULES to a directory of rules")])
-    rules, fragments, faults = _collect(_yaml_files([root]))
+    rules, fragments, faults = _collect(yaml_files([root]))
     if faults:
         raise RuleError(faults)
     return RuleSet(sorted(rules, key=lambda r: (r.family, r.id)), fragments)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import linecache
 import re
 import sys
 import traceback
@@ -146,7 +145,7 @@ def load_problem(spec: str) -> Problem:
     except ModuleNotFoundError as e:
         raise ProblemError(f"cannot import `{modname}` from `{text}`: {e}; pass a .py path or an importable `package.module:factory`") from None
     except Exception as e:
-        raise ProblemError(f"importing `{modname}` raised {type(e).__name__}: {e}{_where(e, getattr(mod, '__file__', None) if False else None)}") from None
+        raise ProblemError(f"importing `{modname}` raised {type(e).__name__}: {_first_line(e)}") from None
     if not factory:
         return _kernelbench(mod, modname, getattr(mod, "__file__", None))
     fn = getattr(mod, factory, None)
@@ -283,9 +282,6 @@ def trace_module(model: torch.nn.Module, example_inputs, *, name: str = "model",
     export fails.
     """
     args = tuple(example_inputs) if isinstance(example_inputs, (list, tuple)) else (example_inputs,)
-    for a in args:
-        if isinstance(a, torch.Tensor) and a.is_complex():
-            pass  # traced; discovery reports that no rule covers complex dtypes
     if known is None:
         known = {k: v for k, v in model.named_buffers() if v is not None and v.device.type != "meta" and v.numel() <= REAL_LIMIT}
     try:

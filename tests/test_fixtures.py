@@ -35,5 +35,5 @@ def test_markers_are_parsed_without_importing(tmp_path):
     f = tmp_path / "m.py"
     f.write_text("raise SystemExit('never imported')\n# a comment\n# match: gemm, gemm-bias\n# no-match: attention\nclass A:\n    pass\n")
     cases = fixture.parse_cases(f)
-    assert [(c.rule, c.expect, c.cls) for c in cases] == [("attention", False, "A"), ("gemm", True, "A"), ("gemm-bias", True, "A")] or \
-        sorted((c.rule, c.expect) for c in cases) == [("attention", False), ("gemm", True), ("gemm-bias", True)]
+    assert sorted((c.rule, c.expect, c.cls, c.line) for c in cases) == [
+        ("attention", False, "A", 5), ("gemm", True, "A", 5), ("gemm-bias", True, "A", 5)]
