@@ -95,3 +95,22 @@ def test_load_rules_refuses_a_broken_directory(tmp_path):
     with pytest.raises(rules_mod.RuleError) as e:
         rules_mod.load_rules(tmp_path)
     assert "beta" in str(e.value)
+
+
+def test_schema_documents_every_field():
+    schema = json.loads((ROOT / "rules.schema.json").read_text())
+    missing = []
+
+    def walk(x, path):
+        if isinstance(x, dict):
+            for k, v in x.get("properties", {}).items():
+                if isinstance(v, dict) and "description" not in v and "$ref" not in v:
+                    missing.append("/".join(path + [k]))
+            for k, v in x.items():
+                walk(v, path + [str(k)])
+        elif isinstance(x, list):
+            for i, v in enumerate(x):
+                walk(v, path + [str(i)])
+    walk(schema, [])
+    assert missing == []
+    assert all("description" in d for d in schema["$defs"].values())
