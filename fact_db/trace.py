@@ -27,8 +27,11 @@ from . import aten
 from .errors import ProblemError, TraceError
 
 # Tensors up to this many elements are built for real during construction so that buffer
-# values (causal masks) can be inspected; larger ones go straight to meta.
+# values (causal masks) can be inspected; larger ones go straight to meta, and so does any
+# tensor that no longer fits in what is left of REAL_BUDGET bytes, so a large model costs
+# bounded memory and time. Values lost this way are reported as assumptions.
 REAL_LIMIT = 1 << 22
+REAL_BUDGET = 64 << 20
 
 _FACTORIES = {torch.ones, torch.zeros, torch.empty, torch.full, torch.rand, torch.randn, torch.randint,
               torch.arange, torch.eye, torch.linspace, torch.tril_indices, torch.triu_indices}
@@ -208,12 +211,20 @@ def _where(exc: BaseException, source: str | None) -> str:
 class _SmallReal(TorchFunctionMode):
     """Factory calls without a device build small tensors for real and large ones on meta."""
 
+    def __init__(self):
+        super().__init__()
+        self.left = REAL_BUDGET
+
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func in _FACTORIES and kwargs.get("device") is None:
             probe = func(*args, **{**kwargs, "device": "meta"})
-            if isinstance(probe, torch.Tensor) and probe.numel() > REAL_LIMIT:
+            if not isinstance(probe, torch.Tensor):
                 return probe
+            size = probe.numel() * probe.element_size()
+            if probe.numel() > REAL_LIMIT or size > self.left:
+                return probe
+            self.left -= size
             return func(*args, **{**kwargs, "device": "cpu"})
         return func(*args, **kwargs)
 

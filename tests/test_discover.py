@@ -176,3 +176,24 @@ def test_import_spec_factory(tmp_path, monkeypatch, ruleset):
         load_problem("mymodels:nothere")
     with pytest.raises(ProblemError, match="cannot import `no_such_pkg_xyz`"):
         load_problem("no_such_pkg_xyz:make")
+
+
+def test_real_allocation_during_construction_is_bounded():
+    from fact_db import trace
+
+    class Big(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("early", torch.tril(torch.ones(64, 64)))
+            # 20 x 4 MiB of weights exceed the 64 MiB budget for real tensors
+            self.layers = nn.ModuleList(nn.Linear(1024, 1024, bias=False) for _ in range(20))
+            self.register_buffer("late", torch.tril(torch.ones(1500, 1500)))  # 9 MiB: no longer fits
+
+        def forward(self, x):
+            return x
+    p = trace.Problem("big", Big, lambda: [torch.rand(4, 1024)])
+    model, inputs, known = trace.build_on_meta(p)
+    assert "early" in known and torch.equal(known["early"], torch.tril(torch.ones(64, 64)))
+    assert "late" not in known  # built on meta: the budget was spent
+    assert all(prm.device.type == "meta" for prm in model.parameters())
+    assert inputs[0].device.type == "meta"
