@@ -244,13 +244,19 @@ class TensorView:
         return _source_value(self._v) is not None
 
 
-def _source_value(v):
-    """The known contents of `v`: a buffer's value with the chain of views between it and
-    `v` (slices, reshapes) replayed on it, or None when not known at trace time."""
+def _strip_views(v) -> tuple:
+    """(the node a chain of views starts from, the views from `v` back to it)."""
     chain = []
     while isinstance(v, Node) and v.value is None and aten.is_transparent(v) and v.args and isinstance(v.args[0], Node):
         chain.append(v)
         v = v.args[0]
+    return v, chain
+
+
+def _source_value(v):
+    """The known contents of `v`: a buffer's value with the chain of views between it and
+    `v` (slices, reshapes) replayed on it, or None when not known at trace time."""
+    v, chain = _strip_views(v)
     if not isinstance(v, Node) or v.value is None:
         return None
     import torch
@@ -259,13 +265,6 @@ def _source_value(v):
         op = getattr(getattr(torch.ops.aten, n.op.split(".", 1)[1]), n.overload or "default")
         val = op(val, *n.args[1:])
     return val
-
-
-def _mask_root(v):
-    """The node a mask comes from once views are stripped."""
-    while isinstance(v, Node) and v.value is None and aten.is_transparent(v) and v.args and isinstance(v.args[0], Node):
-        v = v.args[0]
-    return v
 
 
 def _post_checks(p: Pattern, st: _State, root: Node, rule) -> tuple:
@@ -313,7 +312,7 @@ def _post_checks(p: Pattern, st: _State, root: Node, rule) -> tuple:
                     return False
                 m = (val != 0).reshape(-1, *val.shape[-2:])
                 return bool(torch.equal(m, torch.tril(torch.ones_like(m[0])).expand_as(m)))
-            root = _mask_root(view._v)
+            root, _ = _strip_views(view._v)
             if isinstance(root, Node) and root.op == "aten.tril":
                 src = root.args[0]
                 return isinstance(src, Node) and src.op in ("aten.ones", "aten.ones_like") and not root.args[1]

@@ -176,7 +176,7 @@ def _substitute(spec, mapping: dict, prefix: str):
 class Fragment:
     name: str
     params: list
-    alternatives: list  # of (label, nodes dict raw, output name)
+    body: dict  # the fragment file's pattern section: nodes + output, or either
     path: str = ""
 
 
@@ -218,8 +218,7 @@ def expand(section: dict, fragments: dict, where: str = "match", _depth: int = 0
                     raise PatternError(f"{nwhere}.inputs", f"fragment `{frag.name}` takes {len(frag.params)} inputs ({', '.join(frag.params)}), got {len(use_inputs)}",
                                        "pass one input per fragment parameter")
                 options = []
-                for flabel, fnodes, fout in expand({"either": [{"name": a[0], "nodes": a[1], "output": a[2]} for a in frag.alternatives]},
-                                                   fragments, f"fragment {frag.name}", _depth + 1):
+                for flabel, fnodes, fout in expand(frag.body, fragments, f"fragment {frag.name}", _depth + 1):
                     mapping = dict(zip(frag.params, use_inputs))
                     mapping["__output__"] = fout
                     renamed = {}

@@ -92,12 +92,16 @@ def node_bytes(n) -> float:
     return float(sum(a.nbytes for a in n.tensor_inputs()) + n.nbytes)
 
 
+def _tensor_core(n) -> bool:
+    """Does this node's math run at the matmul (tensor-core) rate?"""
+    return aten.gemm_problem(n) is not None or n.op == "aten.scaled_dot_product_attention"
+
+
 def node_time(n, dev: Device, policy: str) -> float:
     f, b = node_flops(n), node_bytes(n)
     if f == 0 and b == 0:
         return 0.0
-    gemmish = aten.gemm_problem(n) is not None or n.op == "aten.scaled_dot_product_attention"
-    peak = matmul_tflops(dev, policy, n.dtype) if gemmish else dev.tflops["fp32"]
+    peak = matmul_tflops(dev, policy, n.dtype) if _tensor_core(n) else dev.tflops["fp32"]
     return max(f / (peak * 1e12), b / dev.bandwidth) + dev.launch_s
 
 
@@ -139,9 +143,8 @@ def estimate(match, dev: Device, policy: str = "fp32", skip_fraction: float = 0.
     eager_bytes = sum(node_bytes(n) for n in compute)
     fused_bytes = float(sum(a.nbytes for a in match.inputs) + match.output.nbytes)
     eager_s = sum(node_time(n, dev, policy) for n in compute)
-    dtype = next((n.dtype for n in compute if aten.gemm_problem(n) or n.op == "aten.scaled_dot_product_attention"), match.output.dtype)
-    has_mm = any(aten.gemm_problem(n) or n.op == "aten.scaled_dot_product_attention" for n in compute)
-    peak = matmul_tflops(dev, policy, dtype) if has_mm else dev.tflops["fp32"]
+    mm = next((n for n in compute if _tensor_core(n)), None)
+    peak = matmul_tflops(dev, policy, mm.dtype) if mm is not None else dev.tflops["fp32"]
     t_compute = flops * (1.0 - skip_fraction) / (peak * 1e12)
     t_memory = fused_bytes / dev.bandwidth
     fused_s = max(t_compute, t_memory) + dev.launch_s

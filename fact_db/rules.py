@@ -207,9 +207,8 @@ def _is_fragment(path: Path) -> bool:
 
 
 def _load_fragment(path: Path, data: dict) -> Fragment:
-    alts = data.get("either") or [{"name": "", "nodes": data.get("nodes"), "output": data.get("output")}]
-    return Fragment(data["fragment"], list(data.get("params") or []),
-                    [(a.get("name", str(i)), a.get("nodes") or {}, a.get("output")) for i, a in enumerate(alts)], str(path))
+    body = {k: data[k] for k in ("nodes", "output", "either") if k in data}
+    return Fragment(data["fragment"], list(data.get("params") or []), body, str(path))
 
 
 def _templates() -> list:
@@ -259,12 +258,12 @@ def _collect(files) -> tuple:
                                 f"rename the file to `{data['fragment']}.yaml` or the fragment to `{f.stem}`"))
     for f, data, lines in parsed:
         if _is_fragment(f):
+            if data.get("fragment") not in fragments:
+                continue  # its schema faults are already reported
             try:
-                expand({"either": [{"name": a[0], "nodes": a[1], "output": a[2]} for a in fragments[data["fragment"]].alternatives]}, fragments, "")
+                expand(fragments[data["fragment"]].body, fragments, "")
             except PatternError as e:
                 faults.append(Fault(str(f), _line(lines, _path_keys(e.where)), e.where.lstrip("."), e.message, e.fix))
-            except KeyError:
-                pass
             continue
         fs = _schema_faults(f, data, lines, "rule")
         if fs:
