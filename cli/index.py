@@ -1,0 +1,1 @@
+"""`factdb index`: placeholder, filled in by its owner."""

@@ -1,0 +1,1 @@
+"""`factdb query`: placeholder, filled in by its owner."""

@@ -1,0 +1,1 @@
+"""`factdb registry`: placeholder, filled in by its owner."""

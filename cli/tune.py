@@ -1,0 +1,1 @@
+"""`factdb tune`: placeholder, filled in by its owner."""
