@@ -7,7 +7,6 @@ from pathlib import Path
 import click
 import yaml
 
-from fact_db import fixture, rules as rules_mod
 from .main import cli, handle_errors
 
 
@@ -32,6 +31,7 @@ def list_(as_json, family):
     Example:
       factdb rules list --family attention
     """
+    from fact_db import rules as rules_mod  # lazy: keeps torch out of `factdb --help`
     rs = [r for r in rules_mod.load_rules() if not family or r.family == family]
     if as_json:
         click.echo(json.dumps([r.summary() for r in rs], indent=2))
@@ -54,6 +54,7 @@ def show(rule_id, as_json):
     Example:
       factdb rules show gemm-bias-gelu-tanh
     """
+    from fact_db import rules as rules_mod  # lazy: keeps torch out of `factdb --help`
     r = rules_mod.load_rules().get(rule_id)
     if as_json:
         data = yaml.safe_load(r.path.read_text())
@@ -80,6 +81,7 @@ def validate(paths, as_json):
     Example:
       factdb rules validate rules/gemm/gemm-bias.yaml
     """
+    from fact_db import rules as rules_mod  # lazy: keeps torch out of `factdb --help`
     faults = rules_mod.validate(list(paths) or None)
     if as_json:
         click.echo(json.dumps([f.__dict__ for f in faults], indent=2))
@@ -105,6 +107,7 @@ def test_(paths, as_json, verbose):
     Example:
       factdb rules test rules/attention
     """
+    from fact_db import fixture, rules as rules_mod  # lazy: keeps torch out of `factdb --help`
     rs = rules_mod.load_rules()
     selected = None
     if paths:

@@ -1,1 +1,164 @@
-"""`factdb tune`: placeholder, filled in by its owner."""
+"""`factdb tune` (one GEMM workload) and `factdb realize PROBLEM` (stages 1 and 2 on a model)."""
+from __future__ import annotations
+
+import json
+import math
+
+import click
+
+from .main import cli, handle_errors
+
+POLICIES = ("fp32", "tf32x3", "tf32", "bf16", "fp16")
+EPILOGUES = ("none", "bias", "bias_relu", "bias_gelu", "bias_gelu_tanh", "bias_silu", "residual")
+
+
+def _ms(x) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.4f}"
+
+
+def _print_result(r, out=click.echo) -> None:
+    w = r.workload
+    out(f"{w.rule}  {w.shape}  {w.dtype}  A {w.layout_a}, B {w.layout_b}  epilogue {w.epilogue}  policy {w.policy}"
+        f"  ({r.arch}, {r.gpu})")
+    rows = [("#", "CANDIDATE", "TEMPLATE", "STATUS", "MS", "REL ERR", "PREDICTED MS")]
+    for i, t in enumerate(r.trials, 1):
+        rows.append((str(i), t.candidate.label, t.candidate.template, t.status, _ms(t.time_ms),
+                     "-" if t.err is None or t.err != t.err else f"{t.err:.2e}", _ms(t.candidate.predicted_ms)))
+    if len(rows) > 1:
+        widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
+        for row in rows:
+            out("  ".join(v.ljust(widths[c]) for c, v in enumerate(row)).rstrip())
+    for t in r.trials:
+        if t.status not in ("ok", "skipped") and t.error:
+            out(f"  {t.candidate.label}: {t.status}: {t.error.splitlines()[0][:200]}")
+    if r.winner:
+        sp = r.speedup
+        out(f"winner: {r.winner.candidate.label} ({r.winner.candidate.template}) {_ms(r.winner.time_ms)} ms"
+            + (f", {sp:.2f}x over {r.eager.candidate.label} ({_ms(r.eager.time_ms)} ms)" if sp else ""))
+    for n in r.notes:
+        out(f"note: {n}")
+    if r.compile_s or r.bench_s:
+        out(f"compile {r.compile_s:.1f} s, verify+time {r.bench_s:.1f} s")
+
+
+def _open_registry(db: str | None, use: bool):
+    if not use:
+        return None
+    from fact_db.registry import Registry
+    return Registry.open(db)
+
+
+def _gpus(spec: str | None) -> list[int] | None:
+    if not spec:
+        return None
+    if spec == "all":
+        import torch
+        return list(range(torch.cuda.device_count())) or None
+    try:
+        return [int(g) for g in spec.split(",")]
+    except ValueError:
+        raise click.BadParameter(f"'{spec}' is not 'all' or a comma-separated list of device indices (e.g. 0,1)",
+                                 param_hint="--gpus") from None
+
+
+_common = [
+    click.option("--max-candidates", type=click.IntRange(1, 256), default=24, show_default=True,
+                 help="Candidates to verify and time, the eager implementation included."),
+    click.option("--gpus", default=None, help="'all' or device indices (0,1): one worker per GPU."),
+    click.option("--compile-only", is_flag=True, help="Render and build the candidates; no GPU needed, nothing timed."),
+    click.option("--force", is_flag=True, help="Tune even if the registry has a current row for this key."),
+    click.option("--no-registry", is_flag=True, help="Neither read nor write the registry."),
+    click.option("--db", envvar="FACTDB_DB", default=None, help="Registry URL (default $FACTDB_HOME/fact.duckdb)."),
+    click.option("--jobs", type=int, default=None, help="Parallel nvcc processes (default: one per core)."),
+    click.option("--json", "as_json", is_flag=True, help="Print JSON."),
+]
+
+
+def common(fn):
+    for opt in reversed(_common):
+        fn = opt(fn)
+    return fn
+
+
+@cli.command()
+@click.option("--op", type=click.Choice(["gemm"]), default="gemm", show_default=True, help="Operation family.")
+@click.option("--shape", required=True, help="MxNxK or MxNxKxB (B: batch).")
+@click.option("--policy", type=click.Choice(POLICIES), default="fp32", show_default=True,
+              help="Precision policy (DESIGN.md): what the kernel may do to your numbers.")
+@click.option("--dtype", default=None, help="Operand dtype; must match the policy (default: the policy's).")
+@click.option("--epilogue", type=click.Choice(EPILOGUES), default="none", show_default=True)
+@click.option("--layout-a", type=click.Choice(["row", "col"]), default="row", show_default=True)
+@click.option("--layout-b", type=click.Choice(["row", "col"]), default="row", show_default=True,
+              help="col: B is held as N x K (a Linear weight).")
+@click.option("--bias-axis", type=click.Choice(["col", "row"]), default="col", show_default=True)
+@click.option("--arch", type=click.Choice(["sm90a", "sm80"]), default="sm90a", show_default=True)
+@common
+@handle_errors
+def tune(op, shape, policy, dtype, epilogue, layout_a, layout_b, bias_axis, arch, max_candidates, gpus,
+         compile_only, force, no_registry, db, jobs, as_json):
+    """Tune one GEMM workload: candidates from the rule's space, built, verified, timed.
+
+    The eager PyTorch implementation at the same policy is always a candidate, so the
+    winner is never slower than what you had. The registry is asked first; the winner and
+    every trial are written back.
+
+    \b
+    Example:
+      factdb tune --shape 4096x4096x4096 --policy tf32x3
+      factdb tune --shape 65536x3072x768 --policy bf16 --epilogue bias_gelu_tanh --layout-b col
+      factdb tune --shape 4096x4096x4096 --policy bf16 --compile-only --json
+    """
+    from fact_db.tune import tune as run_tune
+    from fact_db.workload import GemmWorkload, parse_shape
+    m, n, k, b = parse_shape(shape)
+    w = GemmWorkload(m, n, k, b, policy=policy, layout_a=layout_a, layout_b=layout_b, epilogue=epilogue,
+                     bias_axis=bias_axis, dtype=dtype or "")
+    reg = _open_registry(db, not no_registry)
+    try:
+        r = run_tune(w, arch=arch, registry=reg, max_candidates=max_candidates, gpus=_gpus(gpus), jobs=jobs,
+                     compile_only=compile_only, force=force, progress=not as_json)
+    finally:
+        if reg is not None:
+            reg.close()
+    if as_json:
+        click.echo(json.dumps(r.as_dict(), indent=1, default=str))
+    else:
+        _print_result(r)
+
+
+@cli.command()
+@click.argument("problem")
+@click.option("--policy", type=click.Choice(POLICIES), default="fp32", show_default=True)
+@common
+@handle_errors
+def realize(problem, policy, max_candidates, gpus, compile_only, force, no_registry, db, jobs, as_json):
+    """Discover PROBLEM's regions and tune every GEMM-family one (stages 1 and 2).
+
+    PROBLEM is a KernelBench-format file or module, as for `factdb discover`. Regions of
+    other families (attention, norms) are listed with a note.
+
+    \b
+    Example:
+      factdb realize benchmarks/problems/mingpt_block.py --policy bf16
+      factdb realize benchmarks/problems/square_gemm_fp32.py --policy tf32x3 --compile-only
+    """
+    from fact_db.realize import realize_problem
+    reg = _open_registry(db, not no_registry)
+    try:
+        report, results = realize_problem(problem, policy=policy, registry=reg, max_candidates=max_candidates,
+                                          gpus=_gpus(gpus), jobs=jobs, compile_only=compile_only, force=force,
+                                          progress=not as_json)
+    finally:
+        if reg is not None:
+            reg.close()
+    if as_json:
+        click.echo(json.dumps({"problem": problem, "policy": policy, "regions": [
+            {"rule": p.region.rule, "shape": p.region.shape, "note": p.note,
+             "tune": r.as_dict() if r else None} for p, r in results]}, indent=1, default=str))
+        return
+    for p, r in results:
+        click.echo(f"== {p.region.rule} {p.region.shape}")
+        if r is None:
+            click.echo(f"  skipped: {p.note}")
+        else:
+            _print_result(r, out=lambda s: click.echo("  " + s))

@@ -10,7 +10,9 @@ or, from Python, on a module you already have:
 """
 from __future__ import annotations
 
+import sys
 import time
+import types
 from dataclasses import dataclass, field
 
 from . import aten, roofline
@@ -164,3 +166,14 @@ def discover(module, example_inputs, *, arch: str = "sm90", gpu: str | None = No
     t0 = time.perf_counter()
     graph = trace_module(module, example_inputs, name=type(module).__name__)
     return analyse(graph, rules, arch=arch, gpu=gpu, policy=policy, trace_s=time.perf_counter() - t0)
+
+
+class _CallableModule(types.ModuleType):
+    """Lets `fact_db.discover(model, inputs)` call discover() even though `fact_db.discover`
+    is this module (the package imports it lazily, see fact_db/__init__.py)."""
+
+    def __call__(self, *args, **kwargs):
+        return discover(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

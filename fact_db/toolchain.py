@@ -54,8 +54,21 @@ def current() -> Toolchain:
 
 
 def template_hash(name: str) -> str:
-    """sha256 (first 16 hex digits) of `kernels_cpp/<name>.cu.j2`, or "" if there is no such template."""
-    path = paths.templates_dir() / f"{name}.cu.j2"
+    """sha256 (first 16 hex digits) of `kernels_cpp/<name>.cu.j2` and every shared piece it
+    includes (`{% include "_x.j2" %}`, transitively), or "" if there is no such template."""
+    root = paths.templates_dir()
+    path = root / f"{name}.cu.j2"
     if not path.is_file():
         return ""
-    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    h = hashlib.sha256()
+    seen: set[str] = set()
+    todo = [path.name]
+    while todo:
+        fname = todo.pop(0)
+        if fname in seen or not (root / fname).is_file():
+            continue
+        seen.add(fname)
+        text = (root / fname).read_bytes()
+        h.update(fname.encode() + b"\0" + text + b"\0")
+        todo += re.findall(r"""{%-?\s*include\s+["']([^"']+)["']""", text.decode(errors="replace"))
+    return h.hexdigest()[:16]

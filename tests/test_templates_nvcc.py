@@ -18,7 +18,7 @@ import subprocess
 import time
 from pathlib import Path
 
-import jinja2
+from fact_db.template import TemplateError
 import pytest
 import yaml
 
@@ -30,13 +30,9 @@ ALL_CASES = [(name, case) for name in sorted(EXAMPLES) for case in EXAMPLES[name
 COMPILE_CASES = [(name, case) for name in sorted(EXAMPLES) for case in EXAMPLES[name]["compile"]]
 
 
-def _env() -> jinja2.Environment:
-    return jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
-
-
 def render(name: str, params: dict) -> str:
-    source = (KERNELS / f"{name}.cu.j2").read_text()
-    return _env().from_string(source).render(**params)
+    from fact_db import template
+    return template.render(name, params)
 
 
 def params_of(name: str, case: str) -> dict:
@@ -78,7 +74,7 @@ def test_every_parameter_is_required(name):
     params = params_of(name, first_case)
     for param in params:
         partial = {k: v for k, v in params.items() if k != param}
-        with pytest.raises(jinja2.UndefinedError, match=param):
+        with pytest.raises(TemplateError, match=param):
             render(name, partial)
 
 

@@ -1,0 +1,208 @@
+"""Kernel: a built GEMM-family `.so` loaded through ctypes, callable on torch tensors, and
+registered as a `torch.library` custom op so it works under `torch.compile(fullgraph=True)`
+and inside CUDA graph capture (DESIGN.md, "Realization contract").
+
+Every GEMM-family template exports the same C ABI (see kernels_cpp/gemm_sm90.cu.j2):
+`fact_<template>_launch[_ex]` and `fact_<template>_workspace_size[_ex]`.
+
+>>> k = GemmKernel(path, "gemm_sm90", GemmSpec("bfloat16", "row", "col", "bias_gelu_tanh"))
+>>> d = k(a, w.t(), bias=b)          # a: M x K, w: N x K (a Linear weight), b: N
+>>> op = k.as_op()                   # torch.ops.factdb.k_<hash>(a, b, bias, c, alpha, beta)
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import FactError
+
+CUTLASS_STATUS = {
+    0: "success", 1: "misaligned operand", 2: "invalid data type", 3: "invalid layout",
+    4: "invalid problem", 5: "not supported", 6: "workspace null", 7: "internal error",
+    8: "arch mismatch", 9: "insufficient driver", 10: "memory allocation", 11: "invalid (alignment or shape)",
+}
+
+
+class KernelError(FactError):
+    """A kernel could not be loaded, or refused or failed a launch."""
+
+
+@dataclass(frozen=True)
+class GemmSpec:
+    """What a GEMM-family kernel computes: operand dtype, layouts, epilogue, and whether it reads C."""
+
+    dtype: str            # operand dtype (torch name): float32, float16, bfloat16
+    layout_a: str         # row | col
+    layout_b: str         # row | col  (col: B given as N x K row-major, e.g. a Linear weight)
+    epilogue: str = "none"
+    bias_axis: str = "col"
+    out_dtype: str = ""   # defaults to dtype
+
+    @property
+    def needs_bias(self) -> bool:
+        return self.epilogue.startswith("bias") or self.epilogue == "residual"
+
+    @property
+    def reads_c(self) -> bool:
+        return self.epilogue == "residual"
+
+
+def _torch_dtype(name: str):
+    import torch
+    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
+
+
+def operand_layout(t, logical_rows_dim: int = -2) -> tuple[str, int] | None:
+    """(layout, leading dimension) of the last two dims of `t`, or None if neither is unit-stride."""
+    if t.dim() < 2:
+        return None
+    rows, cols = t.shape[-2], t.shape[-1]
+    s_r, s_c = t.stride(-2), t.stride(-1)
+    if s_c == 1 and (s_r >= cols or rows == 1):
+        return "row", max(s_r, cols)
+    if s_r == 1 and (s_c >= rows or cols == 1):
+        return "col", max(s_c, rows)
+    return None
+
+
+class GemmKernel:
+    """A loaded GEMM-family kernel. Call it like `epilogue(alpha * a @ b + beta * c + bias)`."""
+
+    def __init__(self, path: str | Path, template: str, spec: GemmSpec, options: tuple[int, ...] | None = None):
+        self.path = Path(path)
+        self.template = template
+        self.spec = spec
+        self.options = tuple(options) if options else None
+        try:
+            self._lib = ctypes.CDLL(str(self.path))
+        except OSError as e:
+            raise KernelError(f"cannot load kernel {self.path}: {e} (built for another GPU arch? sm_90a "
+                              "kernels need an H100/H200, sm_80 ones an A100 or a build for sm_90a)") from None
+        i64, vp, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
+        self._launch = getattr(self._lib, f"fact_{template}_launch_ex", None)
+        self._ws = getattr(self._lib, f"fact_{template}_workspace_size_ex", None)
+        self._has_ex = self._launch is not None
+        if not self._has_ex:
+            self._launch = getattr(self._lib, f"fact_{template}_launch")
+            self._ws = getattr(self._lib, f"fact_{template}_workspace_size")
+        args = [vp, vp, vp, vp, vp] + [i64] * 13 + [f32, f32, vp, vp]
+        self._launch.argtypes = args + ([ctypes.POINTER(i64)] if self._has_ex else [])
+        self._launch.restype = ctypes.c_int
+        self._ws.argtypes = [i64] * 4 + ([ctypes.POINTER(i64)] if self._has_ex else [])
+        self._ws.restype = ctypes.c_size_t
+        self._opts = (i64 * 4)(*self.options) if self.options and self._has_ex else None
+        self._op = None
+
+    # ----------------------------------------------------------------------------------
+    def _prepare(self, x, want: str, what: str):
+        """x with its last two dims in layout `want` (a copy only if it is not already)."""
+        lay = operand_layout(x)
+        if lay is not None and lay[0] == want:
+            return x, lay[1]
+        x = x.contiguous() if want == "row" else x.transpose(-1, -2).contiguous().transpose(-1, -2)
+        return x, operand_layout(x)[1]
+
+    def workspace_size(self, m: int, n: int, k: int, batch: int) -> int:
+        extra = (self._opts,) if self._has_ex else ()
+        return int(self._ws(m, n, k, batch, *extra))
+
+    def __call__(self, a, b, bias=None, c=None, alpha: float = 1.0, beta: float = 0.0, out=None):
+        import torch
+        spec = self.spec
+        dt = _torch_dtype(spec.dtype)
+        if a.dtype != dt or b.dtype != dt:
+            raise KernelError(f"kernel takes {spec.dtype} operands, got {a.dtype} and {b.dtype}")
+        if a.dim() not in (2, 3) or b.dim() not in (2, 3) or a.shape[-1] != b.shape[-2]:
+            raise KernelError(f"shapes {tuple(a.shape)} @ {tuple(b.shape)} are not a (batched) GEMM")
+        batched = a.dim() == 3 or b.dim() == 3
+        if batched and a.dim() == 3 and b.dim() == 2 and spec.layout_a == "row":
+            lead = a.shape[0]
+            d = self(a.reshape(-1, a.shape[-1]) if a.is_contiguous() else a.contiguous().reshape(-1, a.shape[-1]),
+                     b, bias, None if c is None else c.reshape(-1, c.shape[-1]), alpha, beta,
+                     None if out is None else out.view(-1, out.shape[-1]))
+            return d.view(lead, -1, d.shape[-1]) if out is None else out
+        if batched:
+            if a.dim() == 2:
+                a = a.unsqueeze(0).expand(b.shape[0], *a.shape)
+            if b.dim() == 2:
+                b = b.unsqueeze(0).expand(a.shape[0], *b.shape)
+            if a.shape[0] != b.shape[0]:
+                raise KernelError(f"batch sizes differ: {a.shape[0]} and {b.shape[0]}")
+            if a.stride(0) == 0:
+                a = a.contiguous()
+            if b.stride(0) == 0:
+                b = b.contiguous()
+        m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+        batch = a.shape[0] if batched else 1
+        a, lda = self._prepare(a, spec.layout_a, "A")
+        b, ldb = self._prepare(b, spec.layout_b, "B")
+        out_dt = _torch_dtype(spec.out_dtype or spec.dtype)
+        shape = (batch, m, n) if batched else (m, n)
+        if out is None:
+            out = torch.empty(shape, dtype=out_dt, device=a.device)
+        elif tuple(out.shape) != shape or out.dtype != out_dt or not out.is_contiguous():
+            raise KernelError(f"out must be a contiguous {out_dt} tensor of shape {shape}")
+        if spec.needs_bias and bias is not None:
+            bias = bias.to(out_dt).contiguous()
+        if spec.reads_c:
+            if c is None:
+                raise KernelError("this kernel adds a residual: pass c")
+            c = c.to(out_dt)
+            if c.stride(-1) != 1:
+                c = c.contiguous()
+        ldc = c.stride(-2) if c is not None else n
+        bs_a = a.stride(0) if batched else 0
+        bs_b = b.stride(0) if batched else 0
+        bs_c = (c.stride(0) if c is not None and c.dim() == 3 else 0)
+        bs_d = m * n if batched else 0
+        ws_size = self.workspace_size(m, n, k, batch)
+        ws = torch.empty(max(ws_size, 1), dtype=torch.uint8, device=a.device) if ws_size else None
+        stream = torch.cuda.current_stream(a.device).cuda_stream
+        ptr = lambda t: ctypes.c_void_p(t.data_ptr()) if t is not None else None  # noqa: E731
+        extra = (self._opts,) if self._has_ex else ()
+        rc = self._launch(ptr(a), ptr(b), ptr(c) if spec.reads_c or c is not None else None,
+                          ptr(bias) if spec.needs_bias else None, ptr(out),
+                          m, n, k, batch, lda, ldb, ldc, n, bs_a, bs_b, bs_c, bs_d, 0,
+                          ctypes.c_float(alpha), ctypes.c_float(beta),
+                          ptr(ws), ctypes.c_void_p(stream), *extra)
+        if rc != 0:
+            what = CUTLASS_STATUS.get(rc, f"CUDA error {rc - 1000}" if rc >= 1000 else f"status {rc}")
+            raise KernelError(f"{self.template} kernel {self.path.parent.name} refused or failed the launch: {what} "
+                              f"(M={m} N={n} K={k} batch={batch})")
+        return out
+
+    # ----------------------------------------------------------------------------------
+    @property
+    def op_name(self) -> str:
+        h = hashlib.sha256(f"{self.path}|{self.options}|{self.spec}".encode()).hexdigest()[:12]
+        return f"k_{h}"
+
+    def as_op(self):
+        """This kernel as `torch.ops.factdb.<op_name>(a, b, bias, c, alpha, beta) -> Tensor`."""
+        if self._op is not None:
+            return self._op
+        import torch
+        name = self.op_name
+        qual = f"factdb::{name}"
+        if hasattr(torch.ops.factdb, name) if hasattr(torch.ops, "factdb") else False:
+            self._op = getattr(torch.ops.factdb, name)
+            return self._op
+        kernel = self
+        out_dt = _torch_dtype(self.spec.out_dtype or self.spec.dtype)
+
+        @torch.library.custom_op(qual, mutates_args=(), device_types="cuda",
+                                 schema="(Tensor a, Tensor b, Tensor? bias, Tensor? c, float alpha, float beta) -> Tensor")
+        def _op(a, b, bias, c, alpha, beta):
+            return kernel(a, b, bias=bias, c=c, alpha=alpha, beta=beta)
+
+        @_op.register_fake
+        def _(a, b, bias, c, alpha, beta):
+            if a.dim() == 3 or b.dim() == 3:
+                lead = a.shape[:-2] if a.dim() == 3 else b.shape[:-2]
+                return a.new_empty((*lead, a.shape[-2], b.shape[-1]), dtype=out_dt)
+            return a.new_empty((a.shape[-2], b.shape[-1]), dtype=out_dt)
+
+        self._op = getattr(torch.ops.factdb, name)
+        return self._op

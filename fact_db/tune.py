@@ -1,0 +1,506 @@
+"""Tune: candidates from a rule's parameter space -> build -> verify -> time -> best,
+with the eager/library implementation always one of the candidates, and every trial
+written to the registry.
+
+    result = tune(GemmWorkload(4096, 4096, 4096, policy="tf32"), registry=reg)
+    result.winner.candidate.label, result.winner.time_ms, result.speedup
+
+Candidates are pruned by the arch's limits before anything is compiled: shared memory
+(at least three pipeline stages must fit), the accumulator register budget of a schedule
+(cooperative: two consumer warpgroups share the tile; ping-pong: one owns it), TMA's
+16-byte alignment, and schedule pairings (stream-K needs the cooperative schedule). A
+simple cost model (waves over the SMs, padding waste, tile arithmetic intensity, the
+roofline of the policy's math) ranks the rest; the best `max_candidates - 1` run, spread
+over compiled configurations and over the tile scheduler's run-time options (raster order,
+swizzle, split-K / stream-K decomposition), which share one build.
+
+The registry is asked first: a verified, current row for the exact key is reused (its
+kernel rebuilt from the build cache, so nothing compiles when the cache has it); configs
+that failed before under the same toolchain are not tried again.
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+
+from . import build as build_mod, template, toolchain
+from .errors import FactError
+from .workload import ELEMENT_BYTES, GemmWorkload
+
+SM90 = {"sms": 132, "smem": 227 * 1024, "epilogue_smem": 32 * 1024}
+PEAK_TFLOPS = {"h100": {"bf16": 790.0, "tf32": 400.0, "fp32": 51.0}, "h200": {"bf16": 790.0, "tf32": 400.0, "fp32": 51.0}}
+BANDWIDTH = {"h100": 3.0e12, "h200": 4.3e12}
+
+# The rule a GEMM workload belongs to, by epilogue (and, for `none`, by shape).
+RULE_FOR_EPILOGUE = {"bias": "gemm-bias", "bias_relu": "gemm-bias-relu", "bias_gelu": "gemm-bias-gelu",
+                     "bias_gelu_tanh": "gemm-bias-gelu-tanh", "bias_silu": "gemm-bias-silu",
+                     "residual": "gemm-residual"}
+# Rule tuner names -> CUTLASS types.
+SCHEDULES = template.SCHEDULES
+OPTION_NAMES = ("raster", "swizzle", "splits", "decomposition")
+DECOMPOSITION = {0: "heuristic", 1: "data-parallel", 2: "split-K", 3: "stream-K"}
+
+
+class TuneError(FactError):
+    """Tuning cannot start: no GPU, an unsupported policy or arch, or no candidate at all."""
+
+
+def rule_for(w: GemmWorkload) -> str:
+    if w.epilogue != "none":
+        return RULE_FOR_EPILOGUE[w.epilogue]
+    if w.batch > 1:
+        return "batched-gemm"
+    if w.k >= 8 * max(w.m, w.n) and w.m * w.n <= 1 << 20:
+        return "gemm-large-k"
+    return "gemm"
+
+
+@dataclass
+class Candidate:
+    template: str              # kernels_cpp template, or "eager" for PyTorch's own path
+    params: dict               # template parameters (empty for eager)
+    options: tuple | None      # run-time scheduler options (raster, swizzle, splits, decomposition)
+    arch: str
+    predicted_ms: float
+    label: str
+
+    @property
+    def config(self) -> dict:
+        return {"template": self.template, "params": self.params, "options": list(self.options or ())}
+
+    @property
+    def config_hash(self) -> str:
+        return hashlib.sha256(json.dumps(self.config, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass
+class Trial:
+    candidate: Candidate
+    status: str                # ok, compile_error, verify_failed, launch_error, timeout, crashed, skipped
+    time_ms: float | None = None
+    err: float | None = None
+    eager_err: float | None = None
+    error: str = ""
+    so: str = ""
+    build_key: str = ""
+    source_hash: str = ""
+    device: str = ""
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["candidate"] = {**self.candidate.config, "label": self.candidate.label,
+                          "predicted_ms": self.candidate.predicted_ms, "config_hash": self.candidate.config_hash}
+        return d
+
+
+@dataclass
+class TuneResult:
+    workload: GemmWorkload
+    rule: str
+    arch: str
+    gpu: str
+    winner: Trial | None
+    eager: Trial | None
+    trials: list = field(default_factory=list)
+    from_registry: bool = False
+    notes: list = field(default_factory=list)
+    compile_s: float = 0.0
+    bench_s: float = 0.0
+
+    @property
+    def speedup(self) -> float | None:
+        if self.winner and self.eager and self.winner.time_ms and self.eager.time_ms:
+            return self.eager.time_ms / self.winner.time_ms
+        return None
+
+    def as_dict(self) -> dict:
+        return {"workload": self.workload.as_dict(), "rule": self.rule, "arch": self.arch, "gpu": self.gpu,
+                "from_registry": self.from_registry, "notes": self.notes,
+                "winner": self.winner.as_dict() if self.winner else None,
+                "eager": self.eager.as_dict() if self.eager else None,
+                "speedup": self.speedup, "compile_s": self.compile_s, "bench_s": self.bench_s,
+                "trials": [t.as_dict() for t in self.trials]}
+
+
+# ------------------------------------------------------------------------------------------
+# Candidates.
+
+def predict_ms(w: GemmWorkload, tm: int, tn: int, schedule: str, scheduler: str, splits: int, gpu: str) -> float:
+    """A rough time for ranking: the policy's math peak, scaled by wave quantization, padding
+    waste and the tile's arithmetic intensity, or the memory floor if that is larger."""
+    peaks = PEAK_TFLOPS.get(gpu, PEAK_TFLOPS["h100"])
+    peak = peaks["bf16"] if w.dtype != "float32" else peaks["tf32"]
+    flops = w.flops * (3 if w.policy == "tf32x3" else 1)
+    tiles_m, tiles_n = math.ceil(w.m / tm), math.ceil(w.n / tn)
+    tiles = tiles_m * tiles_n * w.batch
+    waste = (tiles_m * tm * tiles_n * tn) / (w.m * w.n)
+    units = tiles * max(splits, 1)
+    sms = SM90["sms"]
+    if scheduler == "stream_k" and splits <= 1:
+        util = 0.9  # stream-K spreads the K iterations of every tile over all SMs
+    else:
+        util = units / (math.ceil(units / sms) * sms)
+    ai = tm * tn / (tm + tn)
+    tile_eff = min(1.0, 0.55 + ai / 190) * (1.0 if schedule == "cooperative" else 0.97)
+    t_math = flops * waste / (peak * 1e12 * util * tile_eff)
+    bw = BANDWIDTH.get(gpu, 3.0e12)
+    nbytes = w.min_bytes
+    if w.policy == "tf32x3":  # the split pass reads A and B once and writes them twice
+        nbytes += 3 * 4 * (w.m * w.k + w.k * w.n) * w.batch
+    if splits > 1:
+        nbytes += 2 * 4 * w.m * w.n * w.batch * splits
+    return max(t_math, nbytes / bw) * 1e3 + 0.004
+
+
+def kernel_layouts(w: GemmWorkload, tmpl: str) -> tuple[str, str]:
+    """The operand layouts a kernel is compiled for. TF32 wgmma reads only K-major operands:
+    gemm_sm90 on float32 is built row x col and the other layouts are copied on the way in
+    (a measured cost); gemm_tf32x3_sm90 transposes inside its split pass, for free."""
+    if w.dtype == "float32" and tmpl == "gemm_sm90":
+        return "row", "col"
+    return w.layout_a, w.layout_b
+
+
+def _sm90_configs(w: GemmWorkload, space: dict, gpu: str, tmpl: str) -> list[tuple[dict, float, str, str]]:
+    eb = ELEMENT_BYTES[w.dtype]
+    la, lb = kernel_layouts(w, tmpl)
+    elem = template.CUTLASS_DTYPE[w.dtype]
+    tks = sorted({int(t) for t in space.get("tile_k", [32, 64]) + [128 // eb] if int(t) * eb in (128, 256)})
+    out = []
+    for tm, tn, tk, cm, cn, ks, ts in itertools.product(
+            space.get("tile_m", [128]), space.get("tile_n", [128]), tks, space.get("cluster_m", [1]),
+            space.get("cluster_n", [1]), space.get("kernel_schedule", ["cooperative"]),
+            space.get("tile_scheduler", ["persistent"])):
+        tm, tn, tk, cm, cn = int(tm), int(tn), int(tk), int(cm), int(cn)
+        if ks not in SCHEDULES or ts not in ("persistent", "stream_k"):
+            continue
+        if cm * cn > 2:
+            continue
+        if ks == "cooperative" and tm < 128:
+            continue
+        if ks == "pingpong" and (tm > 128 or ts == "stream_k"):
+            continue
+        threads = 256 if ks == "cooperative" else 128  # consumer threads holding one tile's accumulators
+        if tm * tn / threads > 128:
+            continue  # over the register budget: the accumulators would spill
+        if 3 * (tm + tn) * tk * eb + SM90["epilogue_smem"] > SM90["smem"]:
+            continue  # fewer than three pipeline stages would fit
+        kernel_schedule, epilogue_schedule = SCHEDULES[ks]
+        params = asdict(template.GemmSm90Params(
+            element_a=elem, element_b=elem,
+            element_c=("float" if w.dtype == "float32" else elem) if w.epilogue == "residual" else "void",
+            element_d="float" if w.dtype == "float32" else elem, element_bias="float" if w.dtype == "float32" else elem,
+            element_accumulator="float",
+            layout_a=template.LAYOUT[la], layout_b=template.LAYOUT[lb],
+            tile_m=tm, tile_n=tn, tile_k=tk, cluster_m=cm, cluster_n=cn,
+            kernel_schedule=kernel_schedule, epilogue_schedule=epilogue_schedule, stages="auto",
+            tile_scheduler=ts, epilogue=w.epilogue, bias_axis=w.bias_axis))
+        pred = predict_ms(w, tm, tn, ks, ts, 1, gpu)
+        out.append((params, pred, ks, ts))
+    return out
+
+
+def candidates(w: GemmWorkload, space: dict, arch: str = "sm90a", gpu: str = "h100",
+               max_candidates: int = 24) -> tuple[list[Candidate], list[str]]:
+    """The candidates to try (eager first), and notes on what was left out and why."""
+    notes: list[str] = []
+    eager = Candidate("eager", {}, None, arch, float("nan"), f"torch eager ({w.policy})")
+    if arch != "sm90a":
+        notes.append(f"arch {arch}: only sm90a kernels run here (sm80 kernels are built, not tuned, on Hopper)")
+        return [eager], notes
+    ok, why = w.alignment_ok()
+    if not ok:
+        notes.append(f"{why}: no TMA kernel applies, so the eager path serves this shape (padding is not implemented)")
+        return [eager], notes
+    if w.policy == "fp32":
+        notes.append("policy fp32: no sm90 CUTLASS kernel meets the fp32 bound (TF32 tensor cores do not, and "
+                     "tf32x3 misses it by ~9x); eager fp32 (cuBLAS) is the candidate")
+        return [eager], notes
+    tmpl = "gemm_tf32x3_sm90" if w.policy == "tf32x3" else "gemm_sm90"
+    configs = sorted(_sm90_configs(w, space, gpu, tmpl), key=lambda c: c[1])
+    la, lb = kernel_layouts(w, tmpl)
+    copies = [name for name, have, want in (("A", w.layout_a, la), ("B", w.layout_b, lb)) if have != want]
+    if not configs:
+        notes.append("every configuration in the rule's parameter space was pruned by the arch limits")
+        return [eager], notes
+    budget = max_candidates - 1
+    splits_space = [int(s) for s in space.get("splits", [2, 4, 8, 16])]
+    # Distinct tile shapes (tile, schedule, scheduler), best predicted first, taken round-robin
+    # over the (schedule, scheduler) groups so every pairing the rule allows is tried.
+    by_shape: dict[tuple, list] = {}
+    for params, pred, ks, ts in configs:
+        by_shape.setdefault((params["tile_m"], params["tile_n"], params["tile_k"], ks, ts), []).append((params, pred))
+    groups: dict[tuple, list] = {}
+    for shape, items in by_shape.items():
+        groups.setdefault(shape[3:], []).append((min(p for _, p in items), shape))
+    queues = [sorted(v) for v in sorted(groups.values(), key=lambda v: min(v)[0])]
+    n_shapes = max(1, min(6, budget // 3))
+    shapes = []
+    while len(shapes) < n_shapes and any(queues):
+        for q in queues:
+            if q and len(shapes) < n_shapes:
+                shapes.append(q.pop(0)[1])
+    chosen = []  # (params, pred, ks, ts): the builds
+    for shape in shapes:  # one build per shape, the smallest cluster first
+        params, pred = sorted(by_shape[shape], key=lambda x: x[0]["cluster_m"] * x[0]["cluster_n"])[0]
+        chosen.append((params, pred, shape[3], shape[4]))
+    for shape in shapes[:2]:  # cluster variants of the two best shapes (TMA multicast)
+        for params, pred in by_shape[shape]:
+            if params["cluster_m"] * params["cluster_n"] > 1 and len(chosen) < max(n_shapes + 4, 1):
+                chosen.append((params, pred, shape[3], shape[4]))
+    chosen.sort(key=lambda c: c[1])
+
+    def label(p, opts):
+        s = (f"{p['tile_m']}x{p['tile_n']}x{p['tile_k']} c{p['cluster_m']}x{p['cluster_n']} "
+             f"{'coop' if 'Cooperative' in p['kernel_schedule'] else 'pingpong'} {p['tile_scheduler']}")
+        if copies:
+            s += f" +copy {'/'.join(copies)} to K-major"
+        if opts:
+            r, sw, sp, dec = opts
+            extra = []
+            if r:
+                extra.append("raster-" + ("M" if r == 1 else "N"))
+            if sw > 1:
+                extra.append(f"swizzle{sw}")
+            if dec:
+                extra.append(DECOMPOSITION[dec] + (f"x{sp}" if dec == 2 else ""))
+            if extra:
+                s += " " + " ".join(extra)
+        return s
+
+    out: list[Candidate] = []
+    for params, pred, ks, ts in chosen:
+        out.append(Candidate(tmpl, params, (0, 1, 1, 0), arch, pred, label(params, (0, 1, 1, 0))))
+    # Run-time variants of the builds: they share its .so.
+    variants = []
+    n_persistent = 0
+    for params, pred, ks, ts in chosen:
+        tm, tn = params["tile_m"], params["tile_n"]
+        tiles = math.ceil(w.m / tm) * math.ceil(w.n / tn) * w.batch
+        if ts == "stream_k":
+            variants.append((predict_ms(w, tm, tn, ks, ts, 1, gpu), params, (0, 1, 1, 3)))
+            for s in splits_space:
+                if s > 1 and tiles * s <= 2 * SM90["sms"]:
+                    variants.append((predict_ms(w, tm, tn, ks, ts, s, gpu), params, (0, 1, s, 2)))
+        elif n_persistent < 2:
+            n_persistent += 1
+            for opts in ((2, 1, 1, 0), (0, 2, 1, 0), (1, 4, 1, 0)):
+                variants.append((pred * 1.001, params, opts))
+    for pred, params, opts in sorted(variants, key=lambda v: v[0]):
+        if len(out) >= budget:
+            break
+        out.append(Candidate(tmpl, params, opts, arch, pred, label(params, opts)))
+    return [eager] + out[:budget], notes
+
+
+# ------------------------------------------------------------------------------------------
+# Tuning.
+
+def current_gpu() -> tuple[str, str]:
+    """(canonical short name, full device name) of the current CUDA device; TuneError if none."""
+    import torch
+    if not torch.cuda.is_available():
+        raise TuneError("no CUDA GPU is visible: `tune` and `realize` time kernels on a GPU; use --compile-only "
+                        "to render and build them here")
+    name = torch.cuda.get_device_name()
+    major, minor = torch.cuda.get_device_capability()
+    if (major, minor) != (9, 0):
+        raise TuneError(f"{name} is sm_{major}{minor}: fact-db tunes sm90a (H100, H200) kernels; supported arch: sm90a")
+    return _canonical_gpu(name), name
+
+
+def _canonical_gpu(name: str) -> str:
+    try:
+        from .registry import canonical_gpu
+    except ImportError:  # the registry's database packages are absent (a bare GPU host)
+        low = name.lower()
+        return next((g for g in ("h200", "h100", "a100") if g in low), low.replace(" ", "-"))
+    return canonical_gpu(name)
+
+
+def _spec(w: GemmWorkload, c: Candidate) -> dict:
+    """What the worker's GemmKernel expects: the layouts the kernel was built for (the wrapper
+    copies an operand held in another layout)."""
+    la, lb = kernel_layouts(w, c.template)
+    return {"dtype": w.dtype, "layout_a": la, "layout_b": lb, "epilogue": w.epilogue, "bias_axis": w.bias_axis}
+
+
+def build_candidates(cands: list[Candidate], jobs: int | None = None, progress: bool = True) -> dict:
+    """Render and build every non-eager candidate; {config_hash: Built} (shared builds built once)."""
+    sources, owners = {}, {}
+    for c in cands:
+        if c.template == "eager":
+            continue
+        code = template.render(c.template, c.params)
+        src = build_mod.Source(c.template, code, c.arch)
+        sources.setdefault(code, src)
+        owners[c.config_hash] = code
+    built = build_mod.build(list(sources.values()), jobs=jobs, progress=progress)
+    by_code = {b.source.code: b for b in built}
+    return {h: by_code[code] for h, code in owners.items()}
+
+
+def tune(w: GemmWorkload, *, arch: str = "sm90a", gpu: str | None = None, registry=None, rules=None,
+         max_candidates: int = 24, gpus: list[int] | None = None, runner=None, jobs: int | None = None,
+         compile_only: bool = False, force: bool = False, progress: bool = True, timeout: float = 120.0,
+         trials: int = 5, reps: int = 20) -> TuneResult:
+    """Tune one workload. `runner(jobs) -> results` replaces the GPU worker pool (tests inject one)."""
+    rule = w.rule if w.rule not in ("", "gemm") else rule_for(w)
+    w = w.with_(rule=rule)
+    device_name = ""
+    if gpu is None:
+        if compile_only:
+            gpu = "h100"
+        elif runner is None:
+            gpu, device_name = current_gpu()
+        else:
+            gpu = "h100"
+    result = TuneResult(w, rule, arch, gpu, None, None)
+    key = w.key(arch, gpu) if registry is not None else None
+
+    # 1. The registry first.
+    if registry is not None and not force and not compile_only:
+        hit = _from_registry(registry, key, w, result)
+        if hit:
+            return hit
+
+    # 2. Candidates.
+    space = {}
+    if rules is None:
+        from .rules import load_rules
+        rules = load_rules()
+    try:
+        space = dict(rules.get(rule).realize.get("params", {}))
+    except KeyError:
+        result.notes.append(f"no rule '{rule}': using the default GEMM parameter space")
+        space = dict(rules.get("gemm").realize.get("params", {}))
+    cands, notes = candidates(w, space, arch, gpu, max_candidates)
+    result.notes += notes
+    if registry is not None:  # even with force: a config that failed under this toolchain fails again
+        failed = registry.failed_configs(key, toolchain.current())
+        if failed:
+            kept = [c for c in cands if c.config_hash not in failed]
+            if len(kept) < len(cands):
+                result.notes.append(f"{len(cands) - len(kept)} configuration(s) that failed before under this "
+                                    "toolchain were not tried again")
+            cands = kept
+
+    # 3. Build.
+    t0 = time.perf_counter()
+    built = build_candidates(cands, jobs=jobs, progress=progress) if any(c.template != "eager" for c in cands) else {}
+    result.compile_s = time.perf_counter() - t0
+    runnable = []
+    for c in cands:
+        if c.template == "eager":
+            runnable.append((c, None))
+            continue
+        b = built[c.config_hash]
+        if not b.ok:
+            result.trials.append(Trial(c, "compile_error", error=f"{b.error}\n$ {b.command}", build_key=b.key))
+        else:
+            runnable.append((c, b))
+    if compile_only:
+        for c, b in runnable:
+            result.trials.append(Trial(c, "skipped", error="--compile-only", so=str(b.path) if b else "",
+                                       build_key=b.key if b else ""))
+        return result
+
+    # 4. Verify and time, in workers.
+    jobs_ = []
+    for i, (c, b) in enumerate(runnable):
+        jobs_.append({"id": i, "kind": "eager" if c.template == "eager" else "cutlass",
+                      "so": str(b.path) if b else "", "template": c.template, "spec": _spec(w, c),
+                      "options": list(c.options) if c.options else None, "workload": w.as_dict(),
+                      "trials": trials, "reps": reps})
+    t0 = time.perf_counter()
+    res = _run_jobs(jobs_, runner, gpus, timeout, progress)
+    result.bench_s = time.perf_counter() - t0
+    for (c, b), r in zip(runnable, res):
+        t = Trial(c, r.get("status", "crashed"), r.get("time_ms"), r.get("err"), r.get("eager_err"),
+                  r.get("error", ""), so=str(b.path) if b else "", build_key=b.key if b else "",
+                  source_hash=template.source_hash(b.source.code) if b else "", device=r.get("device", ""))
+        result.trials.append(t)
+        if c.template == "eager":
+            result.eager = t
+        device_name = device_name or t.device
+    ok = [t for t in result.trials if t.status == "ok" and t.time_ms is not None]
+    result.winner = min(ok, key=lambda t: t.time_ms) if ok else None
+    result.trials.sort(key=lambda t: (t.status != "ok", t.time_ms if t.time_ms is not None else math.inf))
+
+    # 5. Remember it.
+    if registry is not None:
+        _record(registry, key, w, result, device_name)
+    return result
+
+
+def _run_jobs(jobs: list[dict], runner, gpus, timeout: float, progress: bool) -> list[dict]:
+    if runner is not None:
+        return runner(jobs)
+    from .worker import WorkerPool
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=len(jobs), desc="verify+time", unit="cand", leave=False)
+    with WorkerPool(gpus, timeout=timeout) as pool:
+        res = pool.run(jobs, progress=(lambda r: bar.update(1)) if bar else None)
+    if bar is not None:
+        bar.close()
+    return res
+
+
+def _from_registry(registry, key, w: GemmWorkload, result: TuneResult) -> TuneResult | None:
+    hit = registry.lookup(key)
+    if hit is None or not hit.exact:
+        return None
+    rec = hit.record
+    if hit.stale:
+        result.notes.append(f"registry row {key.digest()} is stale ({hit.stale_reason}); tuning again")
+        return None
+    if rec.status != "verified":
+        return None
+    cfg = rec.config or {}
+    c = Candidate(cfg.get("template", rec.template), cfg.get("params", {}), tuple(cfg.get("options") or ()) or None,
+                  key.arch, float("nan"), cfg.get("label", "") or "from registry")
+    so, bkey = "", ""
+    if c.template != "eager":
+        b = build_candidates([c], progress=False)[c.config_hash]
+        if not b.ok:
+            result.notes.append(f"registry row {key.digest()} no longer builds: {b.error}; tuning again")
+            return None
+        so, bkey = str(b.path), b.key
+    result.winner = Trial(c, "ok", rec.time_ms, rec.rel_err, rec.baseline_rel_err, so=so, build_key=bkey,
+                          device=rec.device_name)
+    result.eager = Trial(Candidate("eager", {}, None, key.arch, float("nan"), rec.baseline or "torch eager"),
+                         "ok", rec.baseline_ms, rec.baseline_rel_err, device=rec.device_name)
+    result.from_registry = True
+    result.notes.append(f"registry hit {key.digest()}: tuned {rec.created_at} on {rec.device_name}; nothing compiled "
+                        "or timed (use --force to tune again)")
+    return result
+
+
+def _record(registry, key, w: GemmWorkload, result: TuneResult, device_name: str) -> None:
+    """The winner as a kernel row (merged by key), and every candidate as a trial row."""
+    from .registry import KernelRecord, TrialRecord
+    tc = toolchain.current()
+    stamp = {"cutlass_version": tc.cutlass, "nvcc_version": tc.nvcc, "factdb_version": tc.factdb}
+    registry.add_trials([
+        TrialRecord(key=key, template=t.candidate.template, config={**t.candidate.config, "label": t.candidate.label},
+                    status=t.status, time_ms=t.time_ms, rel_err=t.err, error=t.error[:2000],
+                    config_hash=t.candidate.config_hash, template_hash=toolchain.template_hash(t.candidate.template),
+                    device_name=device_name, **stamp)
+        for t in result.trials])
+    win = result.winner
+    if win is None:
+        return
+    c = win.candidate
+    registry.put_kernel(KernelRecord(
+        key=key, template=c.template, config={**c.config, "label": c.label},
+        time_ms=win.time_ms, baseline=result.eager.candidate.label if result.eager else "",
+        baseline_ms=result.eager.time_ms if result.eager else None, rel_err=win.err,
+        baseline_rel_err=result.eager.err if result.eager else None, status="verified", provenance="rule",
+        source_hash=win.source_hash, template_hash=toolchain.template_hash(c.template), device_name=device_name,
+        notes="; ".join(result.notes)[:2000], **stamp))

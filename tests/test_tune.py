@@ -1,0 +1,348 @@
+"""Realization on a CPU: candidates and their pruning, the tuner with an injected benchmark
+function and builder, registry write-back and reuse, the build cache with a stand-in nvcc,
+verification logic on CPU tensors, worker isolation with a stand-in worker, and the CLI's
+errors. The real kernels are exercised on a GPU in test_realize_gpu.py.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from fact_db import build, template, tune as tune_mod
+from fact_db.cli.main import cli
+from fact_db.registry import Registry
+from fact_db.tune import candidates, kernel_layouts, rule_for, tune
+from fact_db.verify import bound_for, verify
+from fact_db.worker import WorkerPool
+from fact_db.workload import GemmWorkload, WorkloadError, parse_shape
+
+SPACE = {"tile_m": [64, 128, 256], "tile_n": [64, 128, 256], "tile_k": [32, 64], "cluster_m": [1, 2],
+         "cluster_n": [1, 2], "kernel_schedule": ["cooperative", "pingpong"], "stages": ["auto"],
+         "tile_scheduler": ["persistent", "stream_k"], "splits": [2, 4, 8, 16]}
+
+
+# --------------------------------------------------------------------------------------
+# Candidates
+
+def test_candidates_respect_arch_limits_and_budget():
+    w = GemmWorkload(4096, 4096, 4096, policy="bf16")
+    cands, notes = candidates(w, SPACE, max_candidates=24)
+    assert cands[0].template == "eager" and len(cands) <= 24 and not notes
+    for c in cands[1:]:
+        p = c.params
+        coop = "Cooperative" in p["kernel_schedule"]
+        assert not (coop and p["tile_m"] < 128), c.label
+        assert not (not coop and p["tile_scheduler"] == "stream_k"), c.label
+        assert p["tile_m"] * p["tile_n"] / (256 if coop else 128) <= 128, c.label  # accumulator registers
+        assert p["cluster_m"] * p["cluster_n"] <= 2
+        assert p["tile_k"] * 2 in (128, 256)
+        assert "#error" not in template.render(c.template, p)
+    builds = {json.dumps(c.params, sort_keys=True) for c in cands[1:]}
+    assert len(builds) < len(cands) - 1, "run-time variants must share builds"
+    assert {("Cooperative" in c.params["kernel_schedule"], c.params["tile_scheduler"]) for c in cands[1:]} >= {
+        (True, "persistent"), (True, "stream_k"), (False, "persistent")}
+
+
+def test_large_k_gets_split_k_variants_sized_to_the_sms():
+    w = GemmWorkload(256, 256, 524288, policy="bf16")
+    assert rule_for(w) == "gemm-large-k"
+    cands, _ = candidates(w, {**SPACE, "tile_m": [128], "tile_n": [64, 128], "kernel_schedule": ["cooperative"],
+                                "tile_scheduler": ["stream_k"]})
+    splits = {c.options[2] for c in cands[1:] if c.options and c.options[3] == 2}
+    assert splits and max(splits) <= 16 and min(splits) >= 2
+    split16 = min(c.predicted_ms for c in cands[1:] if c.options[3] == 2 and c.options[2] == 16)
+    data_parallel = tune_mod.predict_ms(w, 128, 128, "cooperative", "persistent", 1, "h100")
+    assert split16 * 4 < data_parallel, "8 output tiles on 132 SMs: split-K must be predicted far ahead"
+
+
+def test_misaligned_shape_falls_back_to_eager_with_a_note():
+    w = GemmWorkload(512, 512, 100, policy="bf16")
+    cands, notes = candidates(w, SPACE)
+    assert [c.template for c in cands] == ["eager"]
+    assert "K=100" in notes[0] and "multiple of 8" in notes[0]
+
+
+def test_fp32_policy_is_served_by_eager_with_the_reason():
+    cands, notes = candidates(GemmWorkload(1024, 1024, 1024, policy="fp32"), SPACE)
+    assert [c.template for c in cands] == ["eager"] and "fp32 bound" in notes[0]
+
+
+def test_tf32_kernels_are_k_major_and_copy_the_other_operand():
+    w = GemmWorkload(1024, 1024, 1024, policy="tf32")  # B row-major: MN-major
+    assert kernel_layouts(w, "gemm_sm90") == ("row", "col")
+    assert kernel_layouts(w, "gemm_tf32x3_sm90") == ("row", "row")  # transposed inside the split pass
+    cands, _ = candidates(w, SPACE, max_candidates=6)
+    assert all("+copy B to K-major" in c.label and c.params["layout_b"] == template.LAYOUT["col"] for c in cands[1:])
+    src = template.render("gemm_sm90", {**cands[1].params, "layout_b": template.LAYOUT["row"]})
+    assert "#error" in src and "K-major" in src
+
+
+def test_workload_errors_name_the_value():
+    with pytest.raises(WorkloadError, match="'4096x4096'"):
+        parse_shape("4096x4096")
+    assert parse_shape("512x2048x1024x128") == (512, 2048, 1024, 128)
+    with pytest.raises(WorkloadError, match="policy bf16 runs bfloat16"):
+        GemmWorkload(8, 8, 8, policy="bf16", dtype="float32")
+    with pytest.raises(WorkloadError, match="epilogue 'gelu'"):
+        GemmWorkload(8, 8, 8, epilogue="gelu")
+
+
+# --------------------------------------------------------------------------------------
+# The tuner, with an injected benchmark function and builder
+
+class FakeBuilder:
+    """Stands in for nvcc: 'builds' every source except those whose tile_n is 64 (compile error)."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, sources, **kw):
+        self.calls += len(sources)
+        out = []
+        for s in sources:
+            ok = "Shape<_128, _64," not in s.code
+            out.append(build.Built(s, build.content_key(s), Path("/nonexistent/kernel.so") if ok else None,
+                                   error="" if ok else "error: too many resources requested", command="nvcc ..."))
+        return out
+
+
+def fake_runner(times):
+    """A benchmark function: eager takes 1 ms; candidate i takes times(i) ms or fails."""
+    def run(jobs):
+        out = []
+        for j in jobs:
+            if j["kind"] == "eager":
+                out.append({"id": j["id"], "status": "ok", "time_ms": 1.0, "err": 1e-3, "device": "NVIDIA H100 80GB HBM3"})
+                continue
+            t = times(j["id"])
+            out.append({"id": j["id"], "status": "ok" if t else "verify_failed", "time_ms": t, "err": 1e-3,
+                        "error": "" if t else "error 0.5 on randn inputs exceeds the bf16 bound",
+                        "device": "NVIDIA H100 80GB HBM3"})
+        return out
+    return run
+
+
+@pytest.fixture
+def fake_build(monkeypatch):
+    fb = FakeBuilder()
+    monkeypatch.setattr(tune_mod.build_mod, "build", fb)
+    return fb
+
+
+def test_tune_picks_the_fastest_verified_and_records_every_trial(fake_build):
+    reg = Registry.open("memory")
+    w = GemmWorkload(2048, 2048, 1024, policy="bf16")
+    r = tune(w, registry=reg, runner=fake_runner(lambda i: None if i == 1 else 0.5 + 0.01 * i),
+             max_candidates=10, progress=False, gpu="h100")
+    assert r.eager.time_ms == 1.0
+    ok = [t for t in r.trials if t.status == "ok"]
+    assert r.winner.time_ms == min(t.time_ms for t in ok) and r.winner.candidate.template == "gemm_sm90"
+    assert r.speedup == pytest.approx(1.0 / r.winner.time_ms)
+    statuses = {t.status for t in r.trials}
+    assert "verify_failed" in statuses
+    key = w.key("sm90a", "h100")
+    assert len(reg.trials(key)) == len(r.trials)
+    hit = reg.lookup(key)
+    assert hit.exact and not hit.stale and hit.record.time_ms == r.winner.time_ms
+    assert hit.record.baseline_ms == 1.0 and hit.record.config["template"] == "gemm_sm90"
+
+
+def test_tune_again_uses_the_registry_and_skips_known_failures(fake_build):
+    reg = Registry.open("memory")
+    w = GemmWorkload(2048, 2048, 1024, policy="bf16")
+    tune(w, registry=reg, runner=fake_runner(lambda i: None if i == 1 else 0.6), max_candidates=8,
+         progress=False, gpu="h100")
+    calls = fake_build.calls
+    again = tune(w, registry=reg, runner=fake_runner(lambda i: pytest.fail("nothing may be timed")),
+                 max_candidates=8, progress=False, gpu="h100")
+    assert again.from_registry and again.winner.time_ms == 0.6
+    assert fake_build.calls == calls + 1  # the winner's build, from the cache in real use
+    forced = tune(w, registry=reg, runner=fake_runner(lambda i: 0.7), max_candidates=8, progress=False,
+                  gpu="h100", force=True)
+    assert not forced.from_registry
+
+
+def test_tune_failed_configs_are_not_tried_again():
+    reg = Registry.open("memory")
+    w = GemmWorkload(1024, 1024, 1024, policy="bf16")
+    fb = FakeBuilder()
+    orig = tune_mod.build_mod.build
+    tune_mod.build_mod.build = fb
+    try:
+        first = tune(w, registry=reg, runner=fake_runner(lambda i: None), max_candidates=8, progress=False,
+                     gpu="h100")
+        assert first.winner.candidate.template == "eager"  # every kernel failed: eager serves
+        second = tune(w, registry=reg, runner=fake_runner(lambda i: 0.5), max_candidates=8, progress=False,
+                      gpu="h100", force=True)  # force: else the eager row is a registry hit
+    finally:
+        tune_mod.build_mod.build = orig
+    assert any("not tried again" in n for n in second.notes)
+    tried_first = {t.candidate.config_hash for t in first.trials if t.candidate.template != "eager"}
+    tried_second = {t.candidate.config_hash for t in second.trials if t.candidate.template != "eager"}
+    assert not tried_first & tried_second
+
+
+def test_compile_errors_become_trials_with_the_command(fake_build):
+    w = GemmWorkload(256, 256, 524288, policy="bf16")
+    r = tune(w, runner=fake_runner(lambda i: 0.9), max_candidates=12, progress=False, gpu="h100",
+             rules=None)
+    errs = [t for t in r.trials if t.status == "compile_error"]
+    assert errs and all("too many resources" in t.error and "$ nvcc" in t.error for t in errs)
+
+
+def test_compile_only_needs_no_gpu(fake_build):
+    r = tune(GemmWorkload(1024, 1024, 1024, policy="bf16"), compile_only=True, progress=False, max_candidates=5)
+    assert r.winner is None and {t.status for t in r.trials} <= {"skipped", "compile_error"}
+
+
+# --------------------------------------------------------------------------------------
+# Build cache, with a stand-in nvcc
+
+@pytest.fixture
+def fake_nvcc(tmp_path, monkeypatch):
+    log = tmp_path / "calls"
+    exe = tmp_path / "nvcc"
+    exe.write_text(textwrap.dedent(f"""\
+        #!{sys.executable}
+        import sys
+        open({str(log)!r}, "a").write("x")
+        if "--version" in sys.argv:
+            print("Cuda compilation tools, release 13.0, V13.0.88"); sys.exit(0)
+        src = [a for a in sys.argv if a.endswith(".cu")][0]
+        if "BROKEN" in open(src).read():
+            print(src + "(3): error: identifier \\"nope\\" is undefined", file=sys.stderr); sys.exit(2)
+        open(sys.argv[sys.argv.index("-o") + 1], "wb").write(b"ELF")
+    """))
+    exe.chmod(0o755)
+    monkeypatch.setenv("FACTDB_NVCC", str(exe))
+    monkeypatch.setenv("FACTDB_HOME", str(tmp_path / "home"))
+    return log
+
+
+def test_build_caches_successes_and_failures(fake_nvcc):
+    good, bad = build.Source("gemm_sm90", "// ok\n"), build.Source("gemm_sm90", "// BROKEN\n")
+    first = build.build([good, bad], progress=False)
+    assert first[0].ok and not first[0].cached and first[0].path.read_bytes() == b"ELF"
+    assert not first[1].ok and 'identifier "nope"' in first[1].error and "-DNDEBUG" in first[1].command
+    assert "-gencode=arch=compute_90a,code=sm_90a" in first[1].command
+    n = len(fake_nvcc.read_text())
+    again = build.build([good, bad], progress=False)
+    assert again[0].cached and again[1].cached and not again[1].ok
+    assert again[1].error == first[1].error
+    assert len(fake_nvcc.read_text()) == n, "neither a cached success nor a recorded failure is rebuilt"
+    assert not list(Path(os.environ["FACTDB_HOME"]).rglob("*.tmp")), "no half-written files left"
+
+
+def test_build_without_nvcc_says_what_to_install(monkeypatch):
+    monkeypatch.setenv("FACTDB_NVCC", "")
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.setenv("CUDA_HOME", "/nonexistent")
+    with pytest.raises(build.BuildError, match="install the CUDA toolkit"):
+        build.build([build.Source("gemm_sm90", "// x\n")], progress=False)
+
+
+def test_build_rejects_unknown_arch(fake_nvcc):
+    with pytest.raises(build.BuildError, match="supported are sm80, sm90a"):
+        build.build([build.Source("gemm_sm90", "// x\n", arch="sm100")], progress=False)
+
+
+# --------------------------------------------------------------------------------------
+# Verification logic on CPU tensors
+
+def _cpu_run(fn):
+    def run(inputs, out):
+        out.copy_(fn(inputs))
+    return run
+
+
+def test_verify_accepts_eager_and_rejects_wrong_unwritten_and_mutating_kernels():
+    w = GemmWorkload(64, 48, 32, policy="fp32", epilogue="bias_relu")
+    assert verify(_cpu_run(w.eager), w, device="cpu").ok
+    wrong = verify(_cpu_run(lambda x: w.eager(x) * 1.01), w, device="cpu")
+    assert not wrong.ok and "exceeds the fp32 bound" in wrong.reason
+    assert not verify(lambda x, out: None, w, device="cpu").ok  # left the NaN poison
+    assert "NaN" in verify(lambda x, out: None, w, device="cpu").reason
+
+    def mutates(x, out):
+        out.copy_(w.eager(x))
+        x["a"].add_(1)
+    assert "modified its inputs" in verify(mutates, w, device="cpu").reason
+
+
+def test_verify_draws_both_distributions_from_fresh_seeds():
+    w = GemmWorkload(16, 16, 16, policy="fp32")
+    seen = []
+
+    def run(x, out):
+        seen.append(x["a"].clone())
+        out.copy_(w.eager(x))
+    v = verify(run, w, trials=5, device="cpu")
+    assert [t.dist for t in v.trials] == ["randn", "rand", "randn", "rand", "randn"]
+    assert (seen[1] >= 0).all() and (seen[0] < 0).any()
+    assert not torch.equal(seen[0], seen[2])
+
+
+def test_policy_bounds():
+    assert bound_for("tf32x3", "randn", 1e-6, 3e-4) == pytest.approx(3e-5)
+    assert bound_for("tf32x3", "rand", 1e-6, 3e-5) == pytest.approx(3e-5)
+    assert bound_for("bf16", "randn", 5e-3, 0) == 1e-2
+    assert bound_for("fp32", "randn", 1e-6, 0) == pytest.approx(4e-6)
+
+
+# --------------------------------------------------------------------------------------
+# Worker isolation, with a stand-in worker process
+
+def test_worker_pool_survives_hangs_and_crashes(tmp_path):
+    fake = tmp_path / "worker.py"
+    fake.write_text(textwrap.dedent("""\
+        import json, os, sys, time
+        for line in sys.stdin:
+            job = json.loads(line)
+            if job["id"] == 0:
+                time.sleep(60)
+            if job["id"] == 1:
+                os._exit(7)
+            print(json.dumps({"id": job["id"], "status": "ok", "time_ms": 1.0, "pid": os.getpid()}), flush=True)
+    """))
+    with WorkerPool(timeout=2, startup=5, command=[sys.executable, str(fake)]) as pool:
+        res = pool.run([{"id": i} for i in range(4)])
+    assert res[0]["status"] == "timeout" and "killed" in res[0]["error"]
+    assert res[1]["status"] == "crashed" and "exit code 7" in res[1]["error"]
+    assert res[2]["status"] == "ok" and res[3]["status"] == "ok"
+    assert res[2]["pid"] == res[3]["pid"], "a healthy worker is reused"
+
+
+def test_worker_pool_spreads_over_gpus(tmp_path):
+    fake = tmp_path / "worker.py"
+    fake.write_text(textwrap.dedent("""\
+        import json, os, sys, time
+        for line in sys.stdin:
+            job = json.loads(line)
+            time.sleep(0.2)
+            print(json.dumps({"id": job["id"], "status": "ok", "gpu": os.environ.get("CUDA_VISIBLE_DEVICES")}), flush=True)
+    """))
+    with WorkerPool(gpus=[0, 1], timeout=10, command=[sys.executable, str(fake)]) as pool:
+        res = pool.run([{"id": i} for i in range(6)])
+    assert [r["id"] for r in res] == list(range(6))
+    assert {r["gpu"] for r in res} == {"0", "1"}
+
+
+# --------------------------------------------------------------------------------------
+# CLI
+
+def test_tune_cli_errors_are_one_sentence():
+    runner = CliRunner()
+    r = runner.invoke(cli, ["tune", "--shape", "4096x4096"])
+    assert r.exit_code != 0 and "not MxNxK" in r.output
+    r = runner.invoke(cli, ["tune", "--shape", "64x64x64", "--policy", "bf16", "--no-registry"])
+    if not torch.cuda.is_available():
+        assert r.exit_code != 0 and "no CUDA GPU" in r.output and "--compile-only" in r.output
+    r = runner.invoke(cli, ["tune", "--shape", "64x64x64", "--gpus", "x"])
+    assert r.exit_code != 0 and "--gpus" in r.output
