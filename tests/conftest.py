@@ -11,6 +11,23 @@ BAD = Path(__file__).resolve().parent / "bad_problems"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _private_state(tmp_path_factory):
+    """Tests never touch the user's ~/.local/share/fact-db: state (registry, build cache, index)
+    goes to a per-session directory unless FACTDB_HOME is set. FACTDB_DB is cleared so a
+    user's registry URL does not leak in."""
+    old = {k: os.environ.get(k) for k in ("FACTDB_HOME", "FACTDB_DB")}
+    if not old["FACTDB_HOME"]:
+        os.environ["FACTDB_HOME"] = str(tmp_path_factory.mktemp("factdb-home"))
+    os.environ.pop("FACTDB_DB", None)
+    yield
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
 @pytest.fixture(scope="session")
 def ruleset():
     from fact_db.rules import load_rules
