@@ -16,8 +16,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -26,25 +24,14 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 
+from _provenance import commit, machine  # noqa: E402  (benchmarks/ is on sys.path)
 
-def machine() -> dict:
-    cpu = platform.processor() or ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+
+def _torch_version() -> str:
     import torch
-    return {"device": "cpu", "cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__}
+    return torch.__version__
 
 
-def commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def child(path: str, repeat: int) -> int:
@@ -90,7 +77,7 @@ def main(argv=None) -> int:
               f"rules {row['rules_s']:.2f} s)  cold CLI {row['cold_cli_s']:5.2f} s  {len(row['regions'])} regions", flush=True)
     now = datetime.datetime.now(datetime.timezone.utc)
     doc = {"benchmark": "discover_speed", "date": now.isoformat(timespec="seconds"), "commit": commit(),
-           "machine": machine(), "target": {"problem": "mingpt_block", "max_s": 5.0}, "results": results}
+           "machine": machine(torch=_torch_version()), "target": {"problem": "mingpt_block", "max_s": 5.0}, "results": results}
     out = args.out or HERE / "results" / f"discover-{now.date().isoformat()}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=2) + "\n")

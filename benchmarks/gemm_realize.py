@@ -18,7 +18,6 @@ import argparse
 import datetime
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -26,20 +25,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from _provenance import commit  # noqa: E402  (benchmarks/ is on sys.path)
+
 PROBLEMS = ["square_gemm_fp32", "batched_gemm", "large_k_gemm"]
 POLICIES = ["fp32", "tf32x3", "tf32", "bf16"]
 # The minGPT MLP's first GEMM (c_fc with the tanh-GELU), bf16: the fused-epilogue target.
 MLP = dict(m=65536, n=3072, k=768, policy="bf16", layout_a="row", layout_b="col", epilogue="bias_gelu_tanh",
            rule="gemm-bias-gelu-tanh")
 CEILING = {"fp32": "fp32", "tf32x3": "tf32", "tf32": "tf32", "bf16": "bf16", "fp16": "bf16"}
-
-
-def commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                              text=True).stdout.strip() or "unknown"
-    except OSError:
-        return "unknown"
 
 
 def compile_baseline(w, reps: int) -> dict:

@@ -25,7 +25,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -45,6 +44,8 @@ from fact_db.registry import (
     synthetic_rows,
 )
 from fact_db.toolchain import Toolchain
+
+from _provenance import commit, machine  # noqa: E402  (benchmarks/ is on sys.path)
 
 TC = Toolchain("4.2.0.0", "13.0.88", "0.1.0")   # synthetic_rows' toolchain: every row is current
 TH = {"gemm_sm90": "synthetic", "gemm_sm80": "synthetic"}
@@ -66,30 +67,10 @@ print(time.perf_counter() - t0, hit is not None, "torch" in sys.modules)
 """
 
 
-def machine() -> dict:
-    cpu = platform.processor() or ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+def _db_versions() -> dict:
     import duckdb
     import sqlalchemy
-    return {"device": "cpu", "cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
-            "duckdb": duckdb.__version__, "sqlalchemy": sqlalchemy.__version__}
-
-
-def commit() -> str:
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True, text=True,
-                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "fact_db/registry.py", "fact_db/db.py"],
-                               cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
-        return head + ("+uncommitted registry changes" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+    return {"duckdb": duckdb.__version__, "sqlalchemy": sqlalchemy.__version__}
 
 
 def stats_ms(xs: list[float]) -> dict:
@@ -220,8 +201,9 @@ def main(argv=None) -> int:
     print(f"writes: {doc['write_ms']}", flush=True)
 
     now = datetime.datetime.now(datetime.timezone.utc)
-    doc = {"benchmark": "registry_speed", "date": now.isoformat(timespec="seconds"), "commit": commit(),
-           "machine": {**machine(), "loadavg_before": load_before, "loadavg_after": load()}, **doc}
+    doc = {"benchmark": "registry_speed", "date": now.isoformat(timespec="seconds"), "commit": commit(["fact_db/registry.py", "fact_db/db.py"],
+                                                                                    "+uncommitted registry changes"),
+           "machine": {**machine(**_db_versions()), "loadavg_before": load_before, "loadavg_after": load()}, **doc}
     out = args.out or HERE / "results" / f"registry-{now.date().isoformat()}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=2) + "\n")

@@ -20,8 +20,6 @@ import datetime
 import itertools
 import json
 import os
-import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,29 +31,8 @@ HERE = Path(__file__).resolve().parent
 QUERIES = HERE / "retrieval_queries.yaml"
 TARGETS = {"recall@1": 0.8, "recall@5": 0.95}
 
-
-def machine() -> dict:
-    cpu = platform.processor() or ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"device": "cpu", "cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version()}
-
-
-def commit() -> str:
-    """HEAD, with `+dirty` when the working tree differs from it (results then come from uncommitted code)."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True, text=True,
-                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=HERE,
-                               capture_output=True, text=True, check=True).stdout.strip()
-        return head + ("+dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+sys.path.insert(0, str(HERE))  # for _provenance when this file is loaded by path (tests/test_index_retrieval.py)
+from _provenance import commit, machine  # noqa: E402,F401  (index_speed.py imports them from here too)
 
 
 def load_queries(path: Path = QUERIES) -> list[dict]:
