@@ -754,6 +754,20 @@ def collect_docs(registry=None, *, ruleset=None, examples_root=None, notes=None,
 _BUILD_LOCK = threading.Lock()
 
 
+@contextlib.contextmanager
+def _registry(url, registry, timeout):
+    """`registry` when the caller passed one (left open), else the registry at `url`, closed after."""
+    if registry is not None:
+        yield registry
+        return
+    from .registry import Registry
+    reg = Registry.open(url, timeout=timeout)
+    try:
+        yield reg
+    finally:
+        reg.close()
+
+
 def build(url: str | None = None, *, force: bool = False, embedder=_DEFAULT, docs: list[Doc] | None = None,
           registry=None, progress: bool = False, timeout: float | None = None) -> BuildReport:
     """Bring the index up to date with the rules, the examples and the registry at `url`.
@@ -774,15 +788,8 @@ def build(url: str | None = None, *, force: bool = False, embedder=_DEFAULT, doc
     with _BUILD_LOCK:
         if docs is None:
             t = time.perf_counter()
-            own = registry is None
-            if own:
-                from .registry import Registry
-                registry = Registry.open(url, timeout=timeout)
-            try:
-                docs = collect_docs(registry)
-            finally:
-                if own:
-                    registry.close()
+            with _registry(url, registry, timeout) as reg:
+                docs = collect_docs(reg)
             phases["collect_s"] = round(time.perf_counter() - t, 3)
         report = _build(store, docs, emb, force=force, progress=progress, timeout=timeout, phases=phases)
     report.warnings = warn + report.warnings
@@ -1348,15 +1355,8 @@ def status(url: str | None = None, *, check_sources: bool = True, registry=None,
     out["last_build"] = {"at": meta.get("built_at"), "id": meta.get("build_id")}
     if check_sources:
         if docs is None:
-            own = registry is None
-            if own:
-                from .registry import Registry
-                registry = Registry.open(url, timeout=timeout)
-            try:
-                docs = collect_docs(registry)
-            finally:
-                if own:
-                    registry.close()
+            with _registry(url, registry, timeout) as reg:
+                docs = collect_docs(reg)
         now = {d.id: d for d in docs}
         if meta.get("format") != str(FORMAT):   # written by another fact-db: every document is rewritten
             stored_hash = {i: "" for i in stored_hash}
@@ -1445,7 +1445,7 @@ def lookup(op: str, shape: str, *, arch: str | None = None, gpu: str | None = No
     """
     import sqlalchemy as sa
 
-    from .registry import Current, KernelKey, KernelRow, Registry, canonical_gpu
+    from .registry import Current, KernelKey, KernelRow, canonical_gpu
     m_, n_, k_, b_ = KernelKey.parse_shape(shape)
     rules = rules_for_op(op)
     want_arch = norm_arch(arch) if arch else None
@@ -1468,15 +1468,9 @@ def lookup(op: str, shape: str, *, arch: str | None = None, gpu: str | None = No
                       dtype_out="float32", layout_a="row", layout_b="row", m=m_, n=n_, k=k_, batch=b_,
                       epilogue="none", policy="fp32")
     divs = probe.div_classes
-    own = registry is None
-    reg = registry or Registry.open(url, timeout=timeout)
-    try:
-        with reg.transaction(write=False) as conn:
-            rows = conn.execute(sa.select(t).where(*conds, t.c.m_div == divs[0], t.c.n_div == divs[1],
-                                                   t.c.k_div == divs[2])).mappings().all()
-    finally:
-        if own:
-            reg.close()
+    with _registry(url, registry, timeout) as reg, reg.transaction(write=False) as conn:
+        rows = conn.execute(sa.select(t).where(*conds, t.c.m_div == divs[0], t.c.n_div == divs[1],
+                                               t.c.k_div == divs[2])).mappings().all()
     cur = Current(toolchain, template_hashes)
     best: dict = {}
     for r in rows:

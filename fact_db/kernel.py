@@ -96,7 +96,7 @@ class GemmKernel:
         self._op = None
 
     # ----------------------------------------------------------------------------------
-    def _prepare(self, x, want: str, what: str):
+    def _prepare(self, x, want: str):
         """x with its last two dims in layout `want` (a copy only if it is not already)."""
         lay = operand_layout(x)
         if lay is not None and lay[0] == want:
@@ -136,8 +136,8 @@ class GemmKernel:
                 b = b.contiguous()
         m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
         batch = a.shape[0] if batched else 1
-        a, lda = self._prepare(a, spec.layout_a, "A")
-        b, ldb = self._prepare(b, spec.layout_b, "B")
+        a, lda = self._prepare(a, spec.layout_a)
+        b, ldb = self._prepare(b, spec.layout_b)
         out_dt = _torch_dtype(spec.out_dtype or spec.dtype)
         shape = (batch, m, n) if batched else (m, n)
         if out is None:
@@ -186,9 +186,10 @@ class GemmKernel:
         import torch
         name = self.op_name
         qual = f"factdb::{name}"
-        if hasattr(torch.ops.factdb, name) if hasattr(torch.ops, "factdb") else False:
-            self._op = getattr(torch.ops.factdb, name)
-            return self._op
+        existing = getattr(torch.ops.factdb, name, None)  # registered by an earlier load of the same kernel
+        if existing is not None:
+            self._op = existing
+            return existing
         kernel = self
         out_dt = _torch_dtype(self.spec.out_dtype or self.spec.dtype)
 

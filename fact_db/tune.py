@@ -20,15 +20,14 @@ that failed before under the same toolchain are not tried again.
 """
 from __future__ import annotations
 
-import hashlib
 import itertools
-import json
 import math
 import time
 from dataclasses import asdict, dataclass, field
 
 from . import build as build_mod, template, toolchain
 from .errors import FactError
+from .registry import canonical_gpu, config_hash
 from .workload import ELEMENT_BYTES, GemmWorkload
 
 SM90 = {"sms": 132, "smem": 227 * 1024, "epilogue_smem": 32 * 1024}
@@ -74,7 +73,7 @@ class Candidate:
 
     @property
     def config_hash(self) -> str:
-        return hashlib.sha256(json.dumps(self.config, sort_keys=True).encode()).hexdigest()[:16]
+        return config_hash(self.config)
 
 
 @dataclass
@@ -310,16 +309,7 @@ def current_gpu() -> tuple[str, str]:
     major, minor = torch.cuda.get_device_capability()
     if (major, minor) != (9, 0):
         raise TuneError(f"{name} is sm_{major}{minor}: fact-db tunes sm90a (H100, H200) kernels; supported arch: sm90a")
-    return _canonical_gpu(name), name
-
-
-def _canonical_gpu(name: str) -> str:
-    try:
-        from .registry import canonical_gpu
-    except ImportError:  # the registry's database packages are absent (a bare GPU host)
-        low = name.lower()
-        return next((g for g in ("h200", "h100", "a100") if g in low), low.replace(" ", "-"))
-    return canonical_gpu(name)
+    return canonical_gpu(name), name
 
 
 def _spec(w: GemmWorkload, c: Candidate) -> dict:

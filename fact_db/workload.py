@@ -147,18 +147,20 @@ class GemmWorkload:
             out["c"] = draw(*lead, self.m, self.n)
         return out
 
-    def _apply(self, y, inputs):
+    def _activation(self):
+        """The epilogue's activation (identity for `bias`); None for `none` and `residual`."""
         import torch.nn.functional as F
-        ep = self.epilogue
-        if ep == "none":
+        return {"bias": lambda t: t, "bias_relu": F.relu, "bias_gelu": F.gelu,
+                "bias_gelu_tanh": lambda t: F.gelu(t, approximate="tanh"), "bias_silu": F.silu}.get(self.epilogue)
+
+    def _apply(self, y, inputs):
+        if self.epilogue == "none":
             return y
         bias = inputs["bias"]
         y = y + (bias if self.bias_axis == "col" else bias[:, None])
-        if ep == "residual":
+        if self.epilogue == "residual":
             return y + inputs["c"]
-        act = {"bias": lambda t: t, "bias_relu": F.relu, "bias_gelu": F.gelu,
-               "bias_gelu_tanh": lambda t: F.gelu(t, approximate="tanh"), "bias_silu": F.silu}[ep]
-        return act(y)
+        return self._activation()(y)
 
     def reference(self, inputs):
         """The float64 result of the same computation on the same inputs."""
@@ -171,16 +173,10 @@ class GemmWorkload:
         import torch
         with policy_mode(policy or self.policy):
             a, b = inputs["a"], inputs["b"]
-            if self.epilogue in ("bias", "bias_relu", "bias_gelu", "bias_gelu_tanh", "bias_silu") \
-                    and self.bias_axis == "col" and a.dim() == 2:
-                y = torch.addmm(inputs["bias"], a, b)  # nn.Linear's path: cuBLAS adds the bias
-                return self._apply_act_only(y)
+            act = self._activation()
+            if act is not None and self.bias_axis == "col" and a.dim() == 2:
+                return act(torch.addmm(inputs["bias"], a, b))  # nn.Linear's path: cuBLAS adds the bias
             return self._apply(torch.matmul(a, b), inputs)
-
-    def _apply_act_only(self, y):
-        import torch.nn.functional as F
-        return {"bias": lambda t: t, "bias_relu": F.relu, "bias_gelu": F.gelu,
-                "bias_gelu_tanh": lambda t: F.gelu(t, approximate="tanh"), "bias_silu": F.silu}[self.epilogue](y)
 
 
 @contextlib.contextmanager
