@@ -15,8 +15,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 def _private_state(tmp_path_factory):
     """Tests never touch the user's ~/.local/share/fact-db: state (registry, build cache, index)
     goes to a per-session directory unless FACTDB_HOME is set. FACTDB_DB is cleared so a
-    user's registry URL does not leak in."""
-    old = {k: os.environ.get(k) for k in ("FACTDB_HOME", "FACTDB_DB")}
+    user's registry URL does not leak in, and new registries start empty (FACTDB_SEED="")
+    rather than with the shipped seed; tests of seeding name their seed file."""
+    old = {k: os.environ.get(k) for k in ("FACTDB_HOME", "FACTDB_DB", "FACTDB_SEED")}
+    os.environ["FACTDB_SEED"] = ""
     if not old["FACTDB_HOME"]:
         os.environ["FACTDB_HOME"] = str(tmp_path_factory.mktemp("factdb-home"))
     os.environ.pop("FACTDB_DB", None)

@@ -782,3 +782,14 @@ def test_nearest_looks_past_the_first_candidates_when_they_are_stale(reg):
         rec, d = R._nearest(conn, q, Current(TC, TH), None, first=2)
     assert d == pytest.approx(1.0) and rec.time_ms == 2.0 and rec.key == tied[-1]
     assert reg.lookup(q, **KW).record.key == tied[-1]
+
+
+def test_shipped_seed_imports_as_current_verified_rows(tmp_path):
+    """index/kernels.jsonl (kernels tuned on an H100) must import into a new registry whole."""
+    seed = ROOT / "index" / "kernels.jsonl"
+    lines = [json.loads(line) for line in seed.read_text().splitlines() if line.strip()]
+    with R.Registry.open(f"duckdb:///{tmp_path / 'seeded.duckdb'}", seed=seed) as reg:
+        rows = list(reg.kernels())
+    assert len(rows) == len(lines) > 0
+    assert {r.provenance for r in rows} == {"seed"} and {r.status for r in rows} == {"verified"}
+    assert all(r.time_ms and r.baseline_ms and r.time_ms < r.baseline_ms for r in rows)
