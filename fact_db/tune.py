@@ -128,12 +128,28 @@ class TuneResult:
 # ------------------------------------------------------------------------------------------
 # Candidates.
 
-def predict_ms(w: GemmWorkload, tm: int, tn: int, schedule: str, scheduler: str, splits: int, gpu: str) -> float:
+# The kernel families that serve each policy: (template, fixed parameters, share of the
+# candidate budget). fp32tc `split3` with a promotion every k-tile is offered under `fp32`
+# too: verification keeps it only where it stays within 4x of eager fp32's error.
+FAMILIES = {
+    "bf16": [("gemm_sm90", {}, 1.0)],
+    "fp16": [("gemm_sm90", {}, 1.0)],
+    "tf32": [("gemm_fp32tc_sm90", {"transform": "round", "promote_depth": 0}, 1.0)],
+    "tf32x3": [("gemm_fp32tc_sm90", {"transform": "split3", "promote_depth": 64}, 0.7),
+               ("gemm_tf32x3_sm90", {}, 0.3)],
+    "fp32": [("gemm_fp32tc_sm90", {"transform": "split3", "promote_depth": 1}, 1.0)],
+}
+FP32TC_TILE_K = (16, 32)
+
+
+def predict_ms(w: GemmWorkload, tm: int, tn: int, schedule: str, scheduler: str, splits: int, gpu: str,
+               tmpl: str = "gemm_sm90") -> float:
     """A rough time for ranking: the policy's math peak, scaled by wave quantization, padding
     waste and the tile's arithmetic intensity, or the memory floor if that is larger."""
     peaks = PEAK_TFLOPS.get(gpu, PEAK_TFLOPS["h100"])
     peak = peaks["bf16"] if w.dtype != "float32" else peaks["tf32"]
-    flops = w.flops * (3 if w.policy == "tf32x3" else 1)
+    split3 = w.policy in ("tf32x3", "fp32")
+    flops = w.flops * (3 if split3 else 1)
     tiles_m, tiles_n = math.ceil(w.m / tm), math.ceil(w.n / tn)
     tiles = tiles_m * tiles_n * w.batch
     waste = (tiles_m * tm * tiles_n * tn) / (w.m * w.n)
@@ -145,10 +161,12 @@ def predict_ms(w: GemmWorkload, tm: int, tn: int, schedule: str, scheduler: str,
         util = units / (math.ceil(units / sms) * sms)
     ai = tm * tn / (tm + tn)
     tile_eff = min(1.0, 0.55 + ai / 190) * (1.0 if schedule == "cooperative" else 0.97)
+    if tmpl == "gemm_fp32tc_sm90":
+        tile_eff *= 0.85  # the in-mainloop transform shares shared memory's bandwidth with the wgmma
     t_math = flops * waste / (peak * 1e12 * util * tile_eff)
     bw = BANDWIDTH.get(gpu, 3.0e12)
     nbytes = w.min_bytes
-    if w.policy == "tf32x3":  # the split pass reads A and B once and writes them twice
+    if tmpl == "gemm_tf32x3_sm90":  # the split pass reads A and B once and writes them twice
         nbytes += 3 * 4 * (w.m * w.k + w.k * w.n) * w.batch
     if splits > 1:
         nbytes += 2 * 4 * w.m * w.n * w.batch * splits
@@ -158,17 +176,34 @@ def predict_ms(w: GemmWorkload, tm: int, tn: int, schedule: str, scheduler: str,
 def kernel_layouts(w: GemmWorkload, tmpl: str) -> tuple[str, str]:
     """The operand layouts a kernel is compiled for. TF32 wgmma reads only K-major operands:
     gemm_sm90 on float32 is built row x col and the other layouts are copied on the way in
-    (a measured cost); gemm_tf32x3_sm90 transposes inside its split pass, for free."""
+    (a measured cost); gemm_tf32x3_sm90 transposes inside its split pass and gemm_fp32tc_sm90
+    inside its mainloop, for free."""
     if w.dtype == "float32" and tmpl == "gemm_sm90":
         return "row", "col"
     return w.layout_a, w.layout_b
 
 
-def _sm90_configs(w: GemmWorkload, space: dict, gpu: str, tmpl: str) -> list[tuple[dict, float, str, str]]:
+def _stage_bytes(w: GemmWorkload, tmpl: str, fixed: dict, tm: int, tn: int, tk: int, la: str, lb: str) -> int:
+    """Shared memory one pipeline stage takes (the fp32tc mainloop keeps hi/lo copies beside the raw tile)."""
+    eb = ELEMENT_BYTES[w.dtype]
+    if tmpl != "gemm_fp32tc_sm90":
+        return (tm + tn) * tk * eb
+    split = fixed.get("transform") == "split3"
+    return 4 * tk * (tm * (1 + (la == "col") + split) + tn * (1 + (lb == "row") + split))
+
+
+def _sm90_configs(w: GemmWorkload, space: dict, gpu: str, tmpl: str,
+                  fixed: dict | None = None) -> list[tuple[dict, float, str, str]]:
+    fixed = fixed or {}
     eb = ELEMENT_BYTES[w.dtype]
     la, lb = kernel_layouts(w, tmpl)
-    elem = template.CUTLASS_DTYPE[w.dtype]
-    tks = sorted({int(t) for t in space.get("tile_k", [32, 64]) + [128 // eb] if int(t) * eb in (128, 256)})
+    fp32tc = tmpl == "gemm_fp32tc_sm90"
+    elem = "float" if fp32tc else template.CUTLASS_DTYPE[w.dtype]
+    if fp32tc:
+        tks = list(FP32TC_TILE_K)
+    else:
+        tks = sorted({int(t) for t in space.get("tile_k", [32, 64]) + [128 // eb] if int(t) * eb in (128, 256)})
+    depth = int(fixed.get("promote_depth", 0))
     out = []
     for tm, tn, tk, cm, cn, ks, ts in itertools.product(
             space.get("tile_m", [128]), space.get("tile_n", [128]), tks, space.get("cluster_m", [1]),
@@ -184,12 +219,18 @@ def _sm90_configs(w: GemmWorkload, space: dict, gpu: str, tmpl: str) -> list[tup
         if ks == "pingpong" and (tm > 128 or ts == "stream_k"):
             continue
         threads = 256 if ks == "cooperative" else 128  # consumer threads holding one tile's accumulators
-        if tm * tn / threads > 128:
+        acc_sets = 2 if fp32tc and depth else 1      # promotion keeps a second (temporary) accumulator
+        if tm * tn / threads * acc_sets > 128:
             continue  # over the register budget: the accumulators would spill
-        if 3 * (tm + tn) * tk * eb + SM90["epilogue_smem"] > SM90["smem"]:
+        if 3 * _stage_bytes(w, tmpl, fixed, tm, tn, tk, la, lb) + SM90["epilogue_smem"] > SM90["smem"]:
             continue  # fewer than three pipeline stages would fit
         kernel_schedule, epilogue_schedule = SCHEDULES[ks]
-        params = asdict(template.GemmSm90Params(
+        cls = template.GemmFp32TcParams if fp32tc else template.GemmSm90Params
+        extra = {}
+        if fp32tc:
+            extra = {"transform": fixed["transform"], "promote_every": max(1, depth // tk) if depth else 0,
+                     "hi_from_raw": bool(fixed.get("hi_from_raw", True))}
+        params = asdict(cls(
             element_a=elem, element_b=elem,
             element_c=("float" if w.dtype == "float32" else elem) if w.epilogue == "residual" else "void",
             element_d="float" if w.dtype == "float32" else elem, element_bias="float" if w.dtype == "float32" else elem,
@@ -197,36 +238,43 @@ def _sm90_configs(w: GemmWorkload, space: dict, gpu: str, tmpl: str) -> list[tup
             layout_a=template.LAYOUT[la], layout_b=template.LAYOUT[lb],
             tile_m=tm, tile_n=tn, tile_k=tk, cluster_m=cm, cluster_n=cn,
             kernel_schedule=kernel_schedule, epilogue_schedule=epilogue_schedule, stages="auto",
-            tile_scheduler=ts, epilogue=w.epilogue, bias_axis=w.bias_axis))
-        pred = predict_ms(w, tm, tn, ks, ts, 1, gpu)
+            tile_scheduler=ts, epilogue=w.epilogue, bias_axis=w.bias_axis, **extra))
+        pred = predict_ms(w, tm, tn, ks, ts, 1, gpu, tmpl)
         out.append((params, pred, ks, ts))
     return out
 
 
-def candidates(w: GemmWorkload, space: dict, arch: str = "sm90a", gpu: str = "h100",
-               max_candidates: int = 24) -> tuple[list[Candidate], list[str]]:
-    """The candidates to try (eager first), and notes on what was left out and why."""
-    notes: list[str] = []
-    eager = Candidate("eager", {}, None, arch, float("nan"), f"torch eager ({w.policy})")
-    if arch != "sm90a":
-        notes.append(f"arch {arch}: only sm90a kernels run here (sm80 kernels are built, not tuned, on Hopper)")
-        return [eager], notes
-    ok, why = w.alignment_ok()
-    if not ok:
-        notes.append(f"{why}: no TMA kernel applies, so the eager path serves this shape (padding is not implemented)")
-        return [eager], notes
-    if w.policy == "fp32":
-        notes.append("policy fp32: no sm90 CUTLASS kernel meets the fp32 bound (TF32 tensor cores do not, and "
-                     "tf32x3 misses it by ~9x); eager fp32 (cuBLAS) is the candidate")
-        return [eager], notes
-    tmpl = "gemm_tf32x3_sm90" if w.policy == "tf32x3" else "gemm_sm90"
-    configs = sorted(_sm90_configs(w, space, gpu, tmpl), key=lambda c: c[1])
+def _label(tmpl: str, p: dict, opts, copies: list[str]) -> str:
+    s = (f"{p['tile_m']}x{p['tile_n']}x{p['tile_k']} c{p['cluster_m']}x{p['cluster_n']} "
+         f"{'coop' if 'Cooperative' in p['kernel_schedule'] else 'pingpong'} {p['tile_scheduler']}")
+    if tmpl == "gemm_fp32tc_sm90":
+        s = f"{p['transform']}" + (f" promote/{p['promote_every']}" if p["promote_every"] else "") + " " + s
+    elif tmpl == "gemm_tf32x3_sm90":
+        s = "2-GEMM split-pass " + s
+    if copies:
+        s += f" +copy {'/'.join(copies)} to K-major"
+    if opts:
+        r, sw, sp, dec = opts
+        extra = []
+        if r:
+            extra.append("raster-" + ("M" if r == 1 else "N"))
+        if sw > 1:
+            extra.append(f"swizzle{sw}")
+        if dec:
+            extra.append(DECOMPOSITION[dec] + (f"x{sp}" if dec == 2 else ""))
+        if extra:
+            s += " " + " ".join(extra)
+    return s
+
+
+def _family(w: GemmWorkload, space: dict, arch: str, gpu: str, tmpl: str, fixed: dict,
+            budget: int) -> list[Candidate]:
+    """Up to `budget` candidates of one template: distinct builds first, then run-time variants."""
+    configs = sorted(_sm90_configs(w, space, gpu, tmpl, fixed), key=lambda c: c[1])
+    if not configs or budget <= 0:
+        return []
     la, lb = kernel_layouts(w, tmpl)
     copies = [name for name, have, want in (("A", w.layout_a, la), ("B", w.layout_b, lb)) if have != want]
-    if not configs:
-        notes.append("every configuration in the rule's parameter space was pruned by the arch limits")
-        return [eager], notes
-    budget = max_candidates - 1
     splits_space = [int(s) for s in space.get("splits", [2, 4, 8, 16])]
     # Distinct tile shapes (tile, schedule, scheduler), best predicted first, taken round-robin
     # over the (schedule, scheduler) groups so every pairing the rule allows is tried.
@@ -253,27 +301,9 @@ def candidates(w: GemmWorkload, space: dict, arch: str = "sm90a", gpu: str = "h1
                 chosen.append((params, pred, shape[3], shape[4]))
     chosen.sort(key=lambda c: c[1])
 
-    def label(p, opts):
-        s = (f"{p['tile_m']}x{p['tile_n']}x{p['tile_k']} c{p['cluster_m']}x{p['cluster_n']} "
-             f"{'coop' if 'Cooperative' in p['kernel_schedule'] else 'pingpong'} {p['tile_scheduler']}")
-        if copies:
-            s += f" +copy {'/'.join(copies)} to K-major"
-        if opts:
-            r, sw, sp, dec = opts
-            extra = []
-            if r:
-                extra.append("raster-" + ("M" if r == 1 else "N"))
-            if sw > 1:
-                extra.append(f"swizzle{sw}")
-            if dec:
-                extra.append(DECOMPOSITION[dec] + (f"x{sp}" if dec == 2 else ""))
-            if extra:
-                s += " " + " ".join(extra)
-        return s
-
     out: list[Candidate] = []
     for params, pred, ks, ts in chosen:
-        out.append(Candidate(tmpl, params, (0, 1, 1, 0), arch, pred, label(params, (0, 1, 1, 0))))
+        out.append(Candidate(tmpl, params, (0, 1, 1, 0), arch, pred, _label(tmpl, params, (0, 1, 1, 0), copies)))
     # Run-time variants of the builds: they share its .so.
     variants = []
     n_persistent = 0
@@ -281,10 +311,10 @@ def candidates(w: GemmWorkload, space: dict, arch: str = "sm90a", gpu: str = "h1
         tm, tn = params["tile_m"], params["tile_n"]
         tiles = math.ceil(w.m / tm) * math.ceil(w.n / tn) * w.batch
         if ts == "stream_k":
-            variants.append((predict_ms(w, tm, tn, ks, ts, 1, gpu), params, (0, 1, 1, 3)))
+            variants.append((predict_ms(w, tm, tn, ks, ts, 1, gpu, tmpl), params, (0, 1, 1, 3)))
             for s in splits_space:
                 if s > 1 and tiles * s <= 2 * SM90["sms"]:
-                    variants.append((predict_ms(w, tm, tn, ks, ts, s, gpu), params, (0, 1, s, 2)))
+                    variants.append((predict_ms(w, tm, tn, ks, ts, s, gpu, tmpl), params, (0, 1, s, 2)))
         elif n_persistent < 2:
             n_persistent += 1
             for opts in ((2, 1, 1, 0), (0, 2, 1, 0), (1, 4, 1, 0)):
@@ -292,8 +322,35 @@ def candidates(w: GemmWorkload, space: dict, arch: str = "sm90a", gpu: str = "h1
     for pred, params, opts in sorted(variants, key=lambda v: v[0]):
         if len(out) >= budget:
             break
-        out.append(Candidate(tmpl, params, opts, arch, pred, label(params, opts)))
-    return [eager] + out[:budget], notes
+        out.append(Candidate(tmpl, params, opts, arch, pred, _label(tmpl, params, opts, copies)))
+    return out[:budget]
+
+
+def candidates(w: GemmWorkload, space: dict, arch: str = "sm90a", gpu: str = "h100",
+               max_candidates: int = 24) -> tuple[list[Candidate], list[str]]:
+    """The candidates to try (eager first), and notes on what was left out and why."""
+    notes: list[str] = []
+    eager = Candidate("eager", {}, None, arch, float("nan"), f"torch eager ({w.policy})")
+    if arch != "sm90a":
+        notes.append(f"arch {arch}: only sm90a kernels run here (sm80 kernels are built, not tuned, on Hopper)")
+        return [eager], notes
+    ok, why = w.alignment_ok()
+    if not ok:
+        notes.append(f"{why}: no TMA kernel applies, so the eager path serves this shape (padding is not implemented)")
+        return [eager], notes
+    budget = max_candidates - 1
+    out: list[Candidate] = []
+    families = FAMILIES[w.policy]
+    for i, (tmpl, fixed, share) in enumerate(families):
+        left = budget - len(out)
+        n = left if i == len(families) - 1 else min(left, max(1, round(budget * share)))
+        out += _family(w, space, arch, gpu, tmpl, fixed, n)
+    if w.policy == "fp32":
+        notes.append("policy fp32: the 3xTF32 kernels (promoted to fp32 every k-tile) are candidates; each is kept "
+                     "only if its error stays within 4x of eager fp32's (cuBLAS SGEMM), which serves otherwise")
+    if not out:
+        notes.append("every configuration in the rule's parameter space was pruned by the arch limits")
+    return [eager] + out, notes
 
 
 # ------------------------------------------------------------------------------------------
@@ -332,6 +389,57 @@ def build_candidates(cands: list[Candidate], jobs: int | None = None, progress: 
     built = build_mod.build(list(sources.values()), jobs=jobs, progress=progress)
     by_code = {b.source.code: b for b in built}
     return {h: by_code[code] for h, code in owners.items()}
+
+
+@dataclass
+class Evaluation:
+    trials: list
+    compile_s: float
+    bench_s: float
+
+
+def evaluate(w: GemmWorkload, cands: list[Candidate], *, gpus: list[int] | None = None, runner=None,
+             jobs: int | None = None, compile_only: bool = False, progress: bool = True, timeout: float = 120.0,
+             trials: int = 5, reps: int = 20) -> Evaluation:
+    """Build every candidate (in parallel, cached), then verify and time the ones that built, in
+    worker processes (one per GPU). Failures are trials with a status, never exceptions.
+
+    >>> ev = evaluate(GemmWorkload(4096, 4096, 4096, policy="tf32"), cands)
+    >>> [(t.candidate.label, t.status, t.time_ms) for t in ev.trials]
+    """
+    out: list[Trial] = []
+    t0 = time.perf_counter()
+    built = build_candidates(cands, jobs=jobs, progress=progress) if any(c.template != "eager" for c in cands) else {}
+    compile_s = time.perf_counter() - t0
+    runnable = []
+    for c in cands:
+        if c.template == "eager":
+            runnable.append((c, None))
+            continue
+        b = built[c.config_hash]
+        if not b.ok:
+            out.append(Trial(c, "compile_error", error=f"{b.error}\n$ {b.command}", build_key=b.key))
+        else:
+            runnable.append((c, b))
+    if compile_only:
+        for c, b in runnable:
+            out.append(Trial(c, "skipped", error="--compile-only", so=str(b.path) if b else "",
+                             build_key=b.key if b else ""))
+        return Evaluation(out, compile_s, 0.0)
+    jobs_ = []
+    for i, (c, b) in enumerate(runnable):
+        jobs_.append({"id": i, "kind": "eager" if c.template == "eager" else "cutlass",
+                      "so": str(b.path) if b else "", "template": c.template, "spec": _spec(w, c),
+                      "options": list(c.options) if c.options else None, "workload": w.as_dict(),
+                      "trials": trials, "reps": reps})
+    t0 = time.perf_counter()
+    res = _run_jobs(jobs_, runner, gpus, timeout, progress)
+    bench_s = time.perf_counter() - t0
+    for (c, b), r in zip(runnable, res):
+        out.append(Trial(c, r.get("status", "crashed"), r.get("time_ms"), r.get("err"), r.get("eager_err"),
+                         r.get("error", ""), so=str(b.path) if b else "", build_key=b.key if b else "",
+                         source_hash=template.source_hash(b.source.code) if b else "", device=r.get("device", "")))
+    return Evaluation(out, compile_s, bench_s)
 
 
 def tune(w: GemmWorkload, *, arch: str = "sm90a", gpu: str | None = None, registry=None, rules=None,
@@ -379,44 +487,14 @@ def tune(w: GemmWorkload, *, arch: str = "sm90a", gpu: str | None = None, regist
                                     "toolchain were not tried again")
             cands = kept
 
-    # 3. Build.
-    t0 = time.perf_counter()
-    built = build_candidates(cands, jobs=jobs, progress=progress) if any(c.template != "eager" for c in cands) else {}
-    result.compile_s = time.perf_counter() - t0
-    runnable = []
-    for c in cands:
-        if c.template == "eager":
-            runnable.append((c, None))
-            continue
-        b = built[c.config_hash]
-        if not b.ok:
-            result.trials.append(Trial(c, "compile_error", error=f"{b.error}\n$ {b.command}", build_key=b.key))
-        else:
-            runnable.append((c, b))
+    # 3-4. Build, verify and time.
+    ev = evaluate(w, cands, gpus=gpus, runner=runner, jobs=jobs, compile_only=compile_only, progress=progress,
+                  timeout=timeout, trials=trials, reps=reps)
+    result.trials, result.compile_s, result.bench_s = ev.trials, ev.compile_s, ev.bench_s
+    result.eager = next((t for t in ev.trials if t.candidate.template == "eager" and t.status != "skipped"), None)
+    device_name = device_name or next((t.device for t in ev.trials if t.device), "")
     if compile_only:
-        for c, b in runnable:
-            result.trials.append(Trial(c, "skipped", error="--compile-only", so=str(b.path) if b else "",
-                                       build_key=b.key if b else ""))
         return result
-
-    # 4. Verify and time, in workers.
-    jobs_ = []
-    for i, (c, b) in enumerate(runnable):
-        jobs_.append({"id": i, "kind": "eager" if c.template == "eager" else "cutlass",
-                      "so": str(b.path) if b else "", "template": c.template, "spec": _spec(w, c),
-                      "options": list(c.options) if c.options else None, "workload": w.as_dict(),
-                      "trials": trials, "reps": reps})
-    t0 = time.perf_counter()
-    res = _run_jobs(jobs_, runner, gpus, timeout, progress)
-    result.bench_s = time.perf_counter() - t0
-    for (c, b), r in zip(runnable, res):
-        t = Trial(c, r.get("status", "crashed"), r.get("time_ms"), r.get("err"), r.get("eager_err"),
-                  r.get("error", ""), so=str(b.path) if b else "", build_key=b.key if b else "",
-                  source_hash=template.source_hash(b.source.code) if b else "", device=r.get("device", ""))
-        result.trials.append(t)
-        if c.template == "eager":
-            result.eager = t
-        device_name = device_name or t.device
     ok = [t for t in result.trials if t.status == "ok" and t.time_ms is not None]
     result.winner = min(ok, key=lambda t: t.time_ms) if ok else None
     result.trials.sort(key=lambda t: (t.status != "ok", t.time_ms if t.time_ms is not None else math.inf))
