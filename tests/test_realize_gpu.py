@@ -163,3 +163,55 @@ def test_tune_end_to_end_then_registry_hit():
     assert any(t.candidate.template == "gemm_sm90" and t.status == "ok" for t in r.trials)
     again = tune(w, registry=reg, max_candidates=4, progress=False)
     assert again.from_registry and again.winner.candidate.config == r.winner.candidate.config
+
+
+def _fp32tc(w: GemmWorkload, transform: str, promote_every: int, options=None, **kw) -> GemmKernel:
+    """A gemm_fp32tc_sm90 kernel for w in w's own layouts (no operand copies)."""
+    p = _params(w, tile_k=16, **kw)
+    p = asdict(template.GemmFp32TcParams(**{**p, "element_a": "float", "element_b": "float"},
+                                         transform=transform, promote_every=promote_every, hi_from_raw=True))
+    [b] = build.build([build.Source("gemm_fp32tc_sm90", template.render("gemm_fp32tc_sm90", p), "sm90a")],
+                      progress=False)
+    assert b.ok, f"{b.error}\n{b.command}"
+    return GemmKernel(b.path, "gemm_fp32tc_sm90", GemmSpec(w.dtype, w.layout_a, w.layout_b, w.epilogue, w.bias_axis),
+                      options)
+
+
+FP32TC_CASES = [  # every operand layout (MN-major ones are transposed in the mainloop), batch, ragged tiles, epilogues
+    GemmWorkload(512, 384, 1024, policy="tf32x3"),
+    GemmWorkload(384, 512, 768, policy="tf32x3", layout_a="col", layout_b="col", epilogue="bias_gelu_tanh"),
+    GemmWorkload(1000, 520, 264, batch=3, policy="fp32", layout_a="col", layout_b="row", epilogue="residual"),
+    GemmWorkload(256, 768, 512, policy="fp32", layout_b="col", epilogue="bias_silu", bias_axis="row"),
+]
+
+
+@pytest.mark.parametrize("w", FP32TC_CASES, ids=lambda w: f"{w.policy}-{w.shape}-{w.layout_a}{w.layout_b}-{w.epilogue}")
+def test_fp32tc_split3_verifies_in_every_layout(w):
+    v = verify(_run(_fp32tc(w, "split3", 2)), w, trials=5)
+    assert v.ok, v.reason
+
+
+def test_fp32tc_round_is_rounded_not_truncated():
+    """The in-mainloop cvt.rna: all-positive inputs stay within 4x of cuBLAS's rounded TF32,
+    where the truncating builder kernel is 20x off (test_tf32_truncation_is_caught...)."""
+    for la, lb in [("row", "row"), ("col", "col")]:
+        w = GemmWorkload(256, 256, 8192, policy="tf32", layout_a=la, layout_b=lb)
+        v = verify(_run(_fp32tc(w, "round", 0)), w, trials=4)
+        assert v.ok, (la, lb, v.reason)
+
+
+def test_fp32tc_promotion_is_what_keeps_split3_within_its_bound():
+    """The tensor cores' sums are not IEEE fp32: without promotion 3xTF32 misses the tf32x3
+    bound at K = 4096 (measured 2.97e-5 against 2.94e-5); promoted, it lands under eager fp32."""
+    w = GemmWorkload(1024, 1024, 4096, policy="fp32")
+    promoted = verify(_run(_fp32tc(w, "split3", 2)), w, trials=4)
+    assert promoted.ok, promoted.reason
+    unpromoted = verify(_run(_fp32tc(w, "split3", 0)), w, trials=2)
+    assert not unpromoted.ok and unpromoted.err > 3 * promoted.err, (unpromoted.err, promoted.err)
+
+
+def test_fp32tc_stream_k_and_split_k_verify():
+    w = GemmWorkload(256, 256, 131072, policy="tf32x3")
+    for opts in [(0, 1, 1, 3), (0, 1, 16, 2)]:
+        v = verify(_run(_fp32tc(w, "split3", 2, options=opts, tile_scheduler="stream_k")), w, trials=3)
+        assert v.ok, (opts, v.reason)

@@ -69,18 +69,59 @@ def test_misaligned_shape_falls_back_to_eager_with_a_note():
     assert "K=100" in notes[0] and "multiple of 8" in notes[0]
 
 
-def test_fp32_policy_is_served_by_eager_with_the_reason():
+def test_fp32_policy_offers_promoted_3xtf32_kernels_that_verification_must_keep():
     cands, notes = candidates(GemmWorkload(1024, 1024, 1024, policy="fp32"), SPACE)
-    assert [c.template for c in cands] == ["eager"] and "fp32 bound" in notes[0]
+    assert cands[0].template == "eager" and len(cands) > 1
+    assert {c.template for c in cands[1:]} == {"gemm_fp32tc_sm90"}
+    for c in cands[1:]:
+        p = c.params
+        assert p["transform"] == "split3" and p["promote_every"] * p["tile_k"] == 32, c.label
+    assert "within 4x of eager fp32" in notes[0]
 
 
-def test_tf32_kernels_are_k_major_and_copy_the_other_operand():
+def test_each_policy_gets_its_kernel_families():
+    fams = {pol: {c.template for c in candidates(GemmWorkload(4096, 4096, 4096, policy=pol), SPACE)[0][1:]}
+            for pol in ("bf16", "tf32", "tf32x3")}
+    assert fams == {"bf16": {"gemm_sm90"}, "tf32": {"gemm_fp32tc_sm90"},
+                    "tf32x3": {"gemm_fp32tc_sm90", "gemm_tf32x3_sm90"}}
+    cands, _ = candidates(GemmWorkload(4096, 4096, 4096, policy="tf32"), SPACE)
+    assert all(c.params["transform"] == "round" and c.params["promote_every"] == 0 for c in cands[1:])
+
+
+def test_fp32tc_kernels_read_any_layout_without_copies_and_fit_shared_memory():
+    for la, lb in (("row", "row"), ("col", "row"), ("row", "col"), ("col", "col")):
+        w = GemmWorkload(2048, 2048, 2048, policy="tf32x3", layout_a=la, layout_b=lb)
+        assert kernel_layouts(w, "gemm_fp32tc_sm90") == (la, lb)
+        cands, _ = candidates(w, SPACE)
+        tc = [c for c in cands if c.template == "gemm_fp32tc_sm90"]
+        assert tc and not any("+copy" in c.label for c in tc)
+        for c in tc:
+            p = c.params
+            assert p["layout_a"] == template.LAYOUT[la] and p["layout_b"] == template.LAYOUT[lb]
+            assert p["tile_k"] in (16, 32)
+            # raw A and B, a K-major hi copy per MN-major operand, and lo parts: three stages must fit
+            per_stage = 4 * p["tile_k"] * (p["tile_m"] * (2 + (la == "col")) + p["tile_n"] * (2 + (lb == "row")))
+            assert 3 * per_stage + tune_mod.SM90["epilogue_smem"] <= tune_mod.SM90["smem"], c.label
+            threads = 256 if "Cooperative" in p["kernel_schedule"] else 128
+            assert 2 * p["tile_m"] * p["tile_n"] / threads <= 128, c.label  # accumulators + promotion temporaries
+            assert "#error" not in template.render(c.template, p)
+
+
+def test_fp32tc_template_refuses_what_it_cannot_build():
+    base = dict(next(c for c in candidates(GemmWorkload(1024, 1024, 1024, policy="tf32"), SPACE)[0][1:]).params)
+    assert "#error" in template.render("gemm_fp32tc_sm90", {**base, "transform": "round3"})
+    assert "#error" in template.render("gemm_fp32tc_sm90", {**base, "element_a": "cutlass::half_t"})
+    src = template.render("gemm_fp32tc_sm90", base)
+    assert "fact_gemm_fp32tc_sm90_launch_ex" in src and "MainloopSm90Fp32Tc" in src and "fact_tc::kRound" in src
+
+
+def test_tf32_builder_kernels_are_k_major_and_copy_the_other_operand():
     w = GemmWorkload(1024, 1024, 1024, policy="tf32")  # B row-major: MN-major
     assert kernel_layouts(w, "gemm_sm90") == ("row", "col")
     assert kernel_layouts(w, "gemm_tf32x3_sm90") == ("row", "row")  # transposed inside the split pass
-    cands, _ = candidates(w, SPACE, max_candidates=6)
-    assert all("+copy B to K-major" in c.label and c.params["layout_b"] == template.LAYOUT["col"] for c in cands[1:])
-    src = template.render("gemm_sm90", {**cands[1].params, "layout_b": template.LAYOUT["row"]})
+    p = next(c for c in candidates(GemmWorkload(1024, 1024, 1024, policy="bf16"), SPACE)[0][1:]).params
+    src = template.render("gemm_sm90", {**p, "element_a": "cutlass::tfloat32_t", "element_b": "cutlass::tfloat32_t",
+                                        "layout_b": template.LAYOUT["row"]})
     assert "#error" in src and "K-major" in src
 
 
