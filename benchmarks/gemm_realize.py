@@ -35,6 +35,19 @@ MLP = dict(m=65536, n=3072, k=768, policy="bf16", layout_a="row", layout_b="col"
 CEILING = {"fp32": "fp32", "tf32x3": "tf32", "tf32": "tf32", "bf16": "bf16", "fp16": "bf16"}
 
 
+def workload(name: str, policy: str):
+    """The GemmWorkload of benchmark problem `name` under `policy`: the first GEMM region that
+    discovery plans for it (or the minGPT MLP GEMM)."""
+    from fact_db.discover import discover_problem
+    from fact_db.realize import plan
+    from fact_db.workload import GemmWorkload
+    if name == "mingpt_mlp":
+        return GemmWorkload(**MLP)
+    report = discover_problem(str(ROOT / "benchmarks" / "problems" / f"{name}.py"), policy=policy)
+    [p] = [p for p in plan(report, policy) if p.workload is not None][:1]
+    return p.workload
+
+
 def compile_baseline(w, reps: int) -> dict:
     """torch.compile(mode='max-autotune') of the eager workload, timed like the candidates."""
     import torch
@@ -69,10 +82,7 @@ def main() -> int:
     import torch
 
     from fact_db import roofline
-    from fact_db.discover import discover_problem
-    from fact_db.realize import plan
     from fact_db.tune import current_gpu, tune
-    from fact_db.workload import GemmWorkload
 
     gpu, device_name = current_gpu()
     dev = roofline.DEVICES.get(gpu, roofline.DEVICES["h100"])
@@ -94,14 +104,9 @@ def main() -> int:
 
     for name in args.problems.split(","):
         for policy in args.policies.split(","):
-            if name == "mingpt_mlp":
-                if policy != "bf16":
-                    continue
-                w = GemmWorkload(**MLP)
-            else:
-                report = discover_problem(str(ROOT / "benchmarks" / "problems" / f"{name}.py"), policy=policy)
-                [p] = [p for p in plan(report, policy) if p.workload is not None][:1]
-                w = p.workload
+            if name == "mingpt_mlp" and policy != "bf16":
+                continue
+            w = workload(name, policy)
             t0 = time.perf_counter()
             r = tune(w, registry=registry, gpus=gpus, max_candidates=args.max_candidates, reps=args.reps,
                      progress=False)

@@ -454,6 +454,19 @@ def test_shipped_seed_file_exists_and_imports():
         assert reg.count() == len([line for line in seed.read_text().splitlines() if line.strip()])
 
 
+def test_shipped_seed_rows_match_the_shipped_templates():
+    """A template edit makes every seed row built from it stale, so a new database would tune
+    those workloads again (c9d955b did this to the bf16 rows unnoticed)."""
+    from fact_db import toolchain
+    seed = ROOT / "index" / "kernels.jsonl"
+    for line in seed.read_text().splitlines():
+        row = json.loads(line)
+        assert row["template_hash"] == toolchain.template_hash(row["template"]), (
+            f"index/kernels.jsonl row {row['digest']} ({row['policy']} {row['m']}x{row['n']}x{row['k']}) was tuned "
+            f"with another version of kernels_cpp/{row['template']}.cu.j2: tune it again on a GPU and merge the "
+            "results with benchmarks/seed_registry.py, or drop the row")
+
+
 def test_bad_seed_file_is_refused_with_its_lines(tmp_path):
     seed = tmp_path / "kernels.jsonl"
     seed.write_text("{}\n")
