@@ -143,11 +143,23 @@ def realize(problem, policy, max_candidates, gpus, compile_only, force, no_regis
       factdb realize benchmarks/problems/square_gemm_fp32.py --policy tf32x3 --compile-only
     """
     from fact_db.realize import realize_problem
+
+    def show(p, r):  # each region as soon as it is done: a model's regions take minutes each
+        click.echo(f"== {p.region.rule} {p.region.shape}")
+        if r is None:
+            click.echo(f"  skipped: {p.note}")
+            return
+        if p.note:  # a repeat of an earlier region's workload: its table is above
+            win = r.winner
+            click.echo(f"  {p.note}" + (f"; winner {win.candidate.label} {_ms(win.time_ms)} ms" if win else ""))
+            return
+        _print_result(r, out=lambda s: click.echo("  " + s))
+
     reg = _open_registry(db, not no_registry)
     try:
         report, results = realize_problem(problem, policy=policy, registry=reg, max_candidates=max_candidates,
                                           gpus=_gpus(gpus), jobs=jobs, compile_only=compile_only, force=force,
-                                          progress=not as_json)
+                                          progress=not as_json, on_result=None if as_json else show)
     finally:
         if reg is not None:
             reg.close()
@@ -155,10 +167,3 @@ def realize(problem, policy, max_candidates, gpus, compile_only, force, no_regis
         click.echo(json.dumps({"problem": problem, "policy": policy, "regions": [
             {"rule": p.region.rule, "shape": p.region.shape, "note": p.note,
              "tune": r.as_dict() if r else None} for p, r in results]}, indent=1, default=str))
-        return
-    for p, r in results:
-        click.echo(f"== {p.region.rule} {p.region.shape}")
-        if r is None:
-            click.echo(f"  skipped: {p.note}")
-        else:
-            _print_result(r, out=lambda s: click.echo("  " + s))

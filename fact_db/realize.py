@@ -50,12 +50,28 @@ def plan(report, policy: str) -> list[Planned]:
     return out
 
 
-def realize_problem(problem: str, *, policy: str = "tf32", arch: str = "sm90a", registry=None, **tune_kw):
-    """Discover `problem` and tune every GEMM-family region. Returns [(Planned, TuneResult | None)]."""
+def realize_problem(problem: str, *, policy: str = "tf32", arch: str = "sm90a", registry=None, on_result=None,
+                    **tune_kw):
+    """Discover `problem` and tune every GEMM-family region. Returns (report, [(Planned, TuneResult | None)]).
+
+    Regions with the same workload (a Llama block's K and V projections) are tuned once and
+    share the result; `on_result(planned, result)` is called as each region is done, in order.
+    """
     from .discover import discover_problem
     from .tune import tune
     report = discover_problem(problem, arch="sm90", policy=policy)
     results = []
-    for p in plan(report, policy):
-        results.append((p, tune(p.workload, arch=arch, registry=registry, **tune_kw) if p.workload else None))
+    done: dict[GemmWorkload, tuple[int, object]] = {}
+    for i, p in enumerate(plan(report, policy)):
+        r = None
+        if p.workload is not None:
+            if p.workload in done:
+                j, r = done[p.workload]
+                p.note = f"same workload as region {j + 1}: tuned once"
+            else:
+                r = tune(p.workload, arch=arch, registry=registry, **tune_kw)
+                done[p.workload] = (i, r)
+        results.append((p, r))
+        if on_result is not None:
+            on_result(p, r)
     return report, results

@@ -353,7 +353,9 @@ def candidates(w: GemmWorkload, space: dict, arch: str = "sm90a", gpu: str = "h1
         notes.append("policy fp32: 3xTF32 kernels (tensor-core sums promoted into fp32 every 32 of K) are candidates; "
                      "each is kept only if its error stays within 4x of eager fp32's (cuBLAS SGEMM), which serves "
                      "otherwise")
-    if not out:
+    if budget <= 0:
+        notes.append(f"max_candidates {max_candidates}: eager only, no kernel tried")
+    elif not out:
         notes.append("every configuration in the rule's parameter space was pruned by the arch limits")
     return [eager] + out, notes
 

@@ -1,0 +1,89 @@
+"""Realize (stages 1 and 2 on a model) without a GPU: the plan from discovery to workloads,
+repeated workloads tuned once, regions reported as they finish, and `factdb realize`."""
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from fact_db import tune as tune_mod
+from fact_db.cli.main import cli
+from fact_db.discover import discover_problem
+from fact_db.realize import plan, realize_problem
+
+from conftest import PROBLEMS
+
+
+def test_plan_turns_gemm_regions_into_workloads_and_notes_the_rest():
+    report = discover_problem(str(PROBLEMS / "mingpt_block.py"), arch="sm90", policy="bf16")
+    planned = plan(report, "bf16")
+    assert len(planned) == len(report.regions)
+    gemms = [(p.region.rule, p.workload.shape, p.workload.epilogue) for p in planned if p.workload]
+    assert gemms == [("gemm-bias", "65536x2304x768", "bias"), ("gemm-residual", "65536x768x768", "residual"),
+                     ("gemm-bias-gelu-tanh", "65536x3072x768", "bias_gelu_tanh"),
+                     ("gemm-residual", "65536x768x3072", "residual")]
+    assert all(p.workload.policy == "bf16" and p.workload.dtype == "bfloat16" for p in planned if p.workload)
+    # nn.Linear keeps its weight (out, in): B is column-major, used in place
+    assert {(p.workload.layout_a, p.workload.layout_b) for p in planned if p.workload} == {("row", "col")}
+    others = [p for p in planned if p.workload is None]
+    assert {p.region.rule for p in others} == {"layernorm", "attention-causal"}
+    assert all("not realized yet" in p.note and p.region.template in p.note for p in others)
+
+
+class CountingBuild:
+    def __init__(self):
+        self.sources = 0
+
+    def __call__(self, sources, **kw):
+        from pathlib import Path
+
+        from fact_db import build
+        self.sources += len(sources)
+        return [build.Built(s, build.content_key(s), Path("/nonexistent/k.so")) for s in sources]
+
+
+def test_realize_tunes_a_repeated_workload_once_and_reports_each_region_in_order(monkeypatch):
+    monkeypatch.setattr(tune_mod.build_mod, "build", CountingBuild())
+    timed = []
+
+    def runner(jobs):
+        timed.append(len(jobs))
+        return [{"id": j["id"], "status": "ok", "time_ms": 1.0 if j["kind"] == "eager" else 0.9 + 0.01 * j["id"],
+                 "err": 1e-3, "device": "NVIDIA H100 80GB HBM3"} for j in jobs]
+
+    seen = []
+    report, results = realize_problem(str(PROBLEMS / "llama_block.py"), policy="bf16", runner=runner, gpu="h100",
+                                      max_candidates=4, progress=False, on_result=lambda p, r: seen.append((p, r)))
+    assert seen == results and len(results) == len(report.regions)
+    tuned = [(p, r) for p, r in results if p.workload is not None]
+    distinct = {p.workload for p, _ in tuned}
+    assert len(tuned) == 5 and len(distinct) == 4   # the K and V projections are the same 2048x512x2048 GEMM
+    assert len(timed) == 4                          # ... and tuned once
+    k, v = [(p, r) for p, r in tuned if p.workload.shape == "2048x512x2048"]
+    assert v[1] is k[1] and v[0].note == f"same workload as region {results.index(k) + 1}: tuned once"
+    assert all(r.winner is not None and r.winner.time_ms < 1.0 for _, r in tuned)
+    assert all(r is None and p.note for p, r in results if p.workload is None)
+
+
+def test_realize_cli_lists_every_region_and_needs_no_gpu_with_compile_only():
+    res = CliRunner().invoke(cli, ["realize", str(PROBLEMS / "llama_block.py"), "--policy", "bf16",
+                                   "--compile-only", "--max-candidates", "1", "--no-registry"])
+    assert res.exit_code == 0, res.output
+    assert res.output.count("== ") == 9
+    assert "max_candidates 1: eager only" in res.output
+    assert "skipped: template rmsnorm: not realized yet" in res.output
+    assert "same workload as region 3: tuned once" in res.output
+    j = CliRunner().invoke(cli, ["realize", str(PROBLEMS / "llama_block.py"), "--policy", "bf16", "--compile-only",
+                                 "--max-candidates", "1", "--no-registry", "--json"])
+    assert j.exit_code == 0, j.output
+    regions = json.loads(j.stdout)["regions"]
+    assert len(regions) == 9 and sum(r["tune"] is not None for r in regions) == 5
+    assert {r["tune"]["workload"]["policy"] for r in regions if r["tune"]} == {"bf16"}
+
+
+def test_realize_without_a_gpu_says_so_and_points_at_compile_only():
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    res = CliRunner().invoke(cli, ["realize", str(PROBLEMS / "square_gemm_fp32.py"), "--policy", "bf16",
+                                   "--no-registry"])
+    assert res.exit_code != 0 and "no CUDA GPU is visible" in res.output and "--compile-only" in res.output
