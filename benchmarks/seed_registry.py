@@ -30,14 +30,11 @@ from gemm_realize import workload  # noqa: E402  (benchmarks/ is on sys.path)
 
 def seed_records(doc: dict, only: set[str] | None = None) -> list:
     """KernelRecords for the non-eager winners of results document `doc`."""
-    from fact_db import template, toolchain
-    from fact_db.registry import KernelRecord, canonical_gpu
-    from fact_db.rules import load_rules
-    from fact_db.tune import candidates, rule_for
+    from fact_db import template
+    from fact_db.registry import canonical_gpu
+    from fact_db.tune import candidates, kernel_record, rule_space, with_rule
 
-    rules = load_rules()
     gpu = canonical_gpu(doc.get("gpu") or doc["device"])
-    tc = toolchain.current()
     out = []
     for row in doc["results"]:
         tag = f"{row['problem']}:{row['policy']}"
@@ -45,9 +42,8 @@ def seed_records(doc: dict, only: set[str] | None = None) -> list:
             continue
         if row.get("template") in (None, "eager") or row.get("factdb_ms") is None:
             continue
-        w = workload(row["problem"], row["policy"])
-        w = w.with_(rule=w.rule if w.rule not in ("", "gemm") else rule_for(w))
-        space = dict(rules.get(w.rule).realize.get("params", {}))
+        w = with_rule(workload(row["problem"], row["policy"]))   # as tune() resolves it
+        space, _ = rule_space(w.rule)
         cands, _ = candidates(w, space, "sm90a", gpu, max_candidates=row.get("candidates") or 24)
         match = [c for c in cands if c.label == row["kernel"] and c.template == row["template"]]
         if not match:
@@ -55,13 +51,10 @@ def seed_records(doc: dict, only: set[str] | None = None) -> list:
                              "the candidate list changed since the run, so its configuration cannot be rebuilt. "
                              "Tune the workload again on a GPU instead.")
         c = match[0]
-        out.append(KernelRecord(
-            key=w.key("sm90a", gpu), template=c.template, config={**c.config, "label": c.label},
-            time_ms=row["factdb_ms"], baseline=row["baseline"], baseline_ms=row["baseline_ms"], rel_err=row["rel_err"],
-            baseline_rel_err=row["baseline_rel_err"], status="verified", provenance="seed",
-            source_hash=template.source_hash(template.render(c.template, c.params)),
-            template_hash=toolchain.template_hash(c.template), device_name=doc["device"],
-            cutlass_version=tc.cutlass, nvcc_version=tc.nvcc, factdb_version=tc.factdb,
+        out.append(kernel_record(
+            w.key("sm90a", gpu), c, row["factdb_ms"], row["rel_err"],
+            template.source_hash(template.render(c.template, c.params)), doc["device"], baseline=row["baseline"],
+            baseline_ms=row["baseline_ms"], baseline_rel_err=row["baseline_rel_err"], provenance="seed",
             notes=(f"tuned on {doc['device']} on {doc['date']} by benchmarks/gemm_realize.py; row rebuilt from "
                    f"{doc.get('_path', 'its results JSON')} by benchmarks/seed_registry.py (config regenerated "
                    "by the same deterministic candidate list and matched by label)")))

@@ -363,6 +363,24 @@ def candidates(w: GemmWorkload, space: dict, arch: str = "sm90a", gpu: str = "h1
 # ------------------------------------------------------------------------------------------
 # Tuning.
 
+def with_rule(w: GemmWorkload) -> GemmWorkload:
+    """w with its rule resolved: a plain or unnamed GEMM gets the rule its epilogue implies."""
+    return w.with_(rule=w.rule if w.rule not in ("", "gemm") else rule_for(w))
+
+
+def rule_space(rule: str, rules=None) -> tuple[dict, list[str]]:
+    """The tuner's parameter space from `rule`'s realize.params (the default GEMM space, with a
+    note, for a rule that does not exist), and the notes."""
+    if rules is None:
+        from .rules import load_rules
+        rules = load_rules()
+    try:
+        return dict(rules.get(rule).realize.get("params", {})), []
+    except KeyError:
+        return (dict(rules.get("gemm").realize.get("params", {})),
+                [f"no rule '{rule}': using the default GEMM parameter space"])
+
+
 def current_gpu() -> tuple[str, str]:
     """(canonical short name, full device name) of the current CUDA device; TuneError if none."""
     import torch
@@ -454,8 +472,8 @@ def tune(w: GemmWorkload, *, arch: str = "sm90a", gpu: str | None = None, regist
          compile_only: bool = False, force: bool = False, progress: bool = True, timeout: float = 120.0,
          trials: int = 5, reps: int = 20) -> TuneResult:
     """Tune one workload. `runner(jobs) -> results` replaces the GPU worker pool (tests inject one)."""
-    rule = w.rule if w.rule not in ("", "gemm") else rule_for(w)
-    w = w.with_(rule=rule)
+    w = with_rule(w)
+    rule = w.rule
     device_name = ""
     if gpu is None:
         if compile_only:
@@ -474,15 +492,8 @@ def tune(w: GemmWorkload, *, arch: str = "sm90a", gpu: str | None = None, regist
             return hit
 
     # 2. Candidates.
-    space = {}
-    if rules is None:
-        from .rules import load_rules
-        rules = load_rules()
-    try:
-        space = dict(rules.get(rule).realize.get("params", {}))
-    except KeyError:
-        result.notes.append(f"no rule '{rule}': using the default GEMM parameter space")
-        space = dict(rules.get("gemm").realize.get("params", {}))
+    space, notes = rule_space(rule, rules)
+    result.notes += notes
     cands, notes = candidates(w, space, arch, gpu, max_candidates)
     result.notes += notes
     if registry is not None:  # even with force: a config that failed under this toolchain fails again
@@ -559,23 +570,35 @@ def _from_registry(registry, key, w: GemmWorkload, result: TuneResult) -> TuneRe
 
 def _record(registry, key, w: GemmWorkload, result: TuneResult, device_name: str) -> None:
     """The winner as a kernel row (merged by key), and every candidate as a trial row."""
-    from .registry import KernelRecord, TrialRecord
-    tc = toolchain.current()
-    stamp = {"cutlass_version": tc.cutlass, "nvcc_version": tc.nvcc, "factdb_version": tc.factdb}
+    from .registry import TrialRecord
     registry.add_trials([
         TrialRecord(key=key, template=t.candidate.template, config={**t.candidate.config, "label": t.candidate.label},
                     status=t.status, time_ms=t.time_ms, rel_err=t.err, error=t.error[:2000],
                     config_hash=t.candidate.config_hash, template_hash=toolchain.template_hash(t.candidate.template),
-                    device_name=device_name, **stamp)
+                    device_name=device_name, **_stamp())
         for t in result.trials])
     win = result.winner
     if win is None:
         return
-    c = win.candidate
-    registry.put_kernel(KernelRecord(
-        key=key, template=c.template, config={**c.config, "label": c.label},
-        time_ms=win.time_ms, baseline=result.eager.candidate.label if result.eager else "",
-        baseline_ms=result.eager.time_ms if result.eager else None, rel_err=win.err,
-        baseline_rel_err=result.eager.err if result.eager else None, status="verified", provenance="rule",
-        source_hash=win.source_hash, template_hash=toolchain.template_hash(c.template), device_name=device_name,
-        notes="; ".join(result.notes)[:2000], **stamp))
+    eager = result.eager
+    registry.put_kernel(kernel_record(
+        key, win.candidate, win.time_ms, win.err, win.source_hash, device_name,
+        baseline=eager.candidate.label if eager else "", baseline_ms=eager.time_ms if eager else None,
+        baseline_rel_err=eager.err if eager else None, notes="; ".join(result.notes)[:2000]))
+
+
+def _stamp() -> dict:
+    tc = toolchain.current()
+    return {"cutlass_version": tc.cutlass, "nvcc_version": tc.nvcc, "factdb_version": tc.factdb}
+
+
+def kernel_record(key, c: Candidate, time_ms: float, err: float | None, source_hash: str, device_name: str, *,
+                  baseline: str, baseline_ms: float | None, baseline_rel_err: float | None, notes: str,
+                  provenance: str = "rule"):
+    """The verified registry row of winning candidate `c`, stamped with the toolchain installed now."""
+    from .registry import KernelRecord
+    return KernelRecord(
+        key=key, template=c.template, config={**c.config, "label": c.label}, time_ms=time_ms, baseline=baseline,
+        baseline_ms=baseline_ms, rel_err=err, baseline_rel_err=baseline_rel_err, status="verified",
+        provenance=provenance, source_hash=source_hash, template_hash=toolchain.template_hash(c.template),
+        device_name=device_name, notes=notes, **_stamp())

@@ -1,10 +1,12 @@
 """Realize (stages 1 and 2 on a model) without a GPU: the plan from discovery to workloads,
 repeated workloads tuned once, regions reported as they finish, and `factdb realize`."""
 import json
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
+from fact_db import build
 from fact_db import tune as tune_mod
 from fact_db.cli.main import cli
 from fact_db.discover import discover_problem
@@ -29,20 +31,13 @@ def test_plan_turns_gemm_regions_into_workloads_and_notes_the_rest():
     assert all("not realized yet" in p.note and p.region.template in p.note for p in others)
 
 
-class CountingBuild:
-    def __init__(self):
-        self.sources = 0
-
-    def __call__(self, sources, **kw):
-        from pathlib import Path
-
-        from fact_db import build
-        self.sources += len(sources)
-        return [build.Built(s, build.content_key(s), Path("/nonexistent/k.so")) for s in sources]
+def fake_build(sources, **kw):
+    """Stands in for nvcc: every source 'builds'."""
+    return [build.Built(s, build.content_key(s), Path("/nonexistent/k.so")) for s in sources]
 
 
 def test_realize_tunes_a_repeated_workload_once_and_reports_each_region_in_order(monkeypatch):
-    monkeypatch.setattr(tune_mod.build_mod, "build", CountingBuild())
+    monkeypatch.setattr(tune_mod.build_mod, "build", fake_build)
     timed = []
 
     def runner(jobs):
