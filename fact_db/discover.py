@@ -41,6 +41,15 @@ class Region:
     source: str | None
     assumptions: list = field(default_factory=list)
     subsumes: list = field(default_factory=list)  # rules whose smaller matches this region won over
+    # What realization and composition need, so neither re-derives it: the rule's epilogue,
+    # each operand's role -> graph node name (GEMM: a, b, bias, c; attention: q, k or kt, v;
+    # norms: x, weight, bias), and scalar attributes (b_layout "nk" for a Linear weight,
+    # attention scale and causal, norm eps). `composable` is "" or why composition must
+    # leave the region to eager PyTorch.
+    epilogue: list = field(default_factory=list)
+    operands: dict = field(default_factory=dict)
+    attrs: dict = field(default_factory=dict)
+    composable: str = ""
 
     def as_dict(self) -> dict:
         d = {k: v for k, v in self.__dict__.items() if k != "estimate"}
@@ -63,6 +72,7 @@ class Report:
     partial: bool = False
     note: str = ""
     n_ops: int = 0
+    graph: Graph | None = field(default=None, repr=False)  # the traced graph; graph.program is the ExportedProgram
 
     def as_dict(self) -> dict:
         return {
@@ -104,6 +114,81 @@ def _attn(qshape, lk, dv) -> tuple:
     return prob, f"{'x'.join(map(str, qshape[:-2]))} heads, {qshape[-2]}x{lk}, d={qshape[-1]}", {}
 
 
+def _name(v):
+    return v.name if hasattr(v, "name") else None
+
+
+def _operands(m, template: str) -> tuple[dict, dict, str]:
+    """(operands, attrs, why-not) of a region, read off its matched nodes.
+
+    Operands are graph node names by role; why-not is "" when composition can replace the
+    region, else the reason it stays eager.
+    """
+    comp = m.compute_nodes
+    out_shape = m.output.shape
+    if template.startswith("gemm"):
+        g = next((n for n in comp if n.op in aten.GEMM_OPERANDS), None)
+        if g is None:
+            return {}, {}, "no GEMM node in the region"
+        ia, ib = aten.GEMM_OPERANDS[g.op]
+        a, b = g.args[ia], g.args[ib]
+        ops = {"a": _name(a), "b": _name(b)}
+        attrs = {"b_layout": "nk" if g.op == "aten.linear" else "kn"}
+        why = ""
+        if not (hasattr(a, "shape") and hasattr(b, "shape")) or a.shape is None or b.shape is None:
+            return ops, attrs, "an operand has no known shape"
+        if g.op == "aten.linear":
+            if len(b.shape) != 2:
+                why = f"Linear weight of rank {len(b.shape)}"
+        elif len(b.shape) > 3 or len(a.shape) > 3:
+            why = f"operands of rank {len(a.shape)} and {len(b.shape)} (the kernels take 2-D or 3-D operands)"
+        # The other tensors the region reads: a bias (rank 1) and a residual (the output's shape).
+        for x in m.inputs:
+            if x is a or x is b or x.shape is None:
+                continue
+            if len(x.shape) == 1 and "bias" not in ops:
+                ops["bias"] = x.name
+            elif tuple(x.shape) == tuple(out_shape or ()) and "c" not in ops:
+                ops["c"] = x.name
+            elif x.op not in ("parameter", "buffer", "constant", "input") or x.numel > 1:
+                why = why or f"reads `{x.name}` of shape {list(x.shape)}, neither a bias nor a residual"
+        return ops, attrs, why
+    if template.startswith("fmha"):
+        sdpa = next((n for n in comp if n.op == "aten.scaled_dot_product_attention"), None)
+        if sdpa is not None:
+            q, k, v = sdpa.args[0], sdpa.args[1], sdpa.args[2]
+            attrs = {"causal": bool(sdpa.arg("is_causal", False)), "scale": sdpa.arg("scale"),
+                     "gqa": bool(sdpa.arg("enable_gqa", False))}
+            why = "" if sdpa.arg("attn_mask") is None and not sdpa.arg("dropout_p", 0.0) else "an attention mask or dropout"
+            return {"q": _name(q), "k": _name(k), "v": _name(v)}, attrs, why
+        q, kt, v = m.captures.get("q"), m.captures.get("kt"), m.captures.get("v")
+        scaled = m.bindings.get("scaled")
+        if q is None or kt is None or v is None or scaled is None:
+            return {}, {}, "the pattern did not capture q, k and v"
+        c = scaled.args[1] if len(scaled.args) > 1 else None
+        if not isinstance(c, (int, float)) or c == 0:
+            return {}, {}, "the score scale is not a constant"
+        scale = float(c) if scaled.op == "aten.mul" else 1.0 / float(c)
+        causal = "causal_mask" in (m.rule.realize.get("epilogue") or [])
+        return {"q": _name(q), "kt": _name(kt), "v": _name(v)}, {"causal": causal, "scale": scale, "gqa": False}, ""
+    if template in ("layernorm", "rmsnorm"):
+        out = m.output
+        ops, attrs = {}, {}
+        if out.op == "aten.layer_norm":
+            ops = {"x": _name(out.args[0]), "weight": _name(out.arg("weight")), "bias": _name(out.arg("bias"))}
+            attrs = {"eps": out.arg("eps", 1e-5)}
+        elif out.op == "aten.rms_norm":
+            ops = {"x": _name(out.args[0]), "weight": _name(out.arg("weight"))}
+            attrs = {"eps": out.arg("eps")}
+        else:
+            x, w = m.captures.get("x"), m.captures.get("weight")
+            eps_node = m.bindings.get("eps")
+            ops = {"x": _name(x), "weight": _name(w)}
+            attrs = {"eps": eps_node.args[1] if eps_node is not None and len(eps_node.args) > 1 else None}
+        return {k: v for k, v in ops.items() if v}, attrs, ""
+    return {}, {}, f"template {template}: no composition yet"
+
+
 def _skip_fraction(m) -> float:
     if "causal_mask" not in (m.rule.realize.get("epilogue") or []):
         return 0.0
@@ -129,11 +214,14 @@ def analyse(graph: Graph, rules: RuleSet, *, arch: str = "sm90", gpu: str | None
         est = roofline.estimate(m, dev, policy, _skip_fraction(m))
         prob, shape, layouts = _problem_dims(m)
         lost = sorted({b.rule.id for b in matches if beaten.get(id(b)) is m})
+        tmpl = m.rule.realize.get("template", "")
+        operands, attrs, why = _operands(m, tmpl)
         regions.append(Region(
-            m.rule.id, m.rule.title, m.rule.realize.get("template", ""), m.pattern.label,
+            m.rule.id, m.rule.title, tmpl, m.pattern.label,
             [n.name for n in m.nodes], m.output.name, prob, shape,
             sorted({n.dtype for n in m.compute_nodes if n.dtype and n.dtype != "bool"}), layouts, est,
-            est.eager_s / total if total else 0.0, "miss", m.output.source, m.assumptions, lost))
+            est.eager_s / total if total else 0.0, "miss", m.output.source, m.assumptions, lost,
+            list(m.rule.realize.get("epilogue") or []), operands, attrs, why))
     covered = {n for r in regions for n in r.nodes}
     all_dtypes = {d for r in rules for p in r.patterns for d in p.dtypes}
     uncovered = []
@@ -145,7 +233,7 @@ def analyse(graph: Graph, rules: RuleSet, *, arch: str = "sm90", gpu: str | None
                 why = "no rule matched it; run with --explain to see each rule's reason"
             uncovered.append((n.name, n.op, why))
     return Report(graph.name, arch, dev.name, policy, regions, misses, uncovered, total, trace_s, match_s,
-                  graph.partial, graph.note, len(graph.calls()))
+                  graph.partial, graph.note, len(graph.calls()), graph)
 
 
 def discover_problem(spec: str, *, arch: str = "sm90", gpu: str | None = None, policy: str = "fp32",

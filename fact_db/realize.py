@@ -26,15 +26,15 @@ class Planned:
 
 
 def plan(report, policy: str) -> list[Planned]:
-    """One workload per GEMM-family region of a discovery report (None with a note otherwise)."""
-    from .rules import load_rules
-    rules = load_rules()
+    """One workload per GEMM-family region of a discovery report (None with a note otherwise).
+
+    The epilogue and operand layouts come from the region, as discovery read them."""
     out = []
     for r in report.regions:
         if r.template not in GEMM_TEMPLATES:
             out.append(Planned(r, None, f"template {r.template}: not realized yet (stage 2 covers the GEMM family)"))
             continue
-        epi = EPILOGUE_OF.get(tuple(rules.get(r.rule).realize.get("epilogue") or ["none"]))
+        epi = EPILOGUE_OF.get(tuple(r.epilogue or ["none"]))
         p = r.problem
         la, lb = r.layouts.get("a", "row"), r.layouts.get("b", "row")
         if epi is None or la not in ("row", "col") or lb not in ("row", "col"):

@@ -104,6 +104,9 @@ class Graph:
     name: str = "model"
     partial: bool = False  # True when only part of the model could be traced
     note: str = ""
+    # The torch.export ExportedProgram the nodes were read from (node names are its FX node
+    # names). Composition rewrites it; discovery itself never needs it.
+    program: object = field(default=None, repr=False, compare=False)
 
     def calls(self) -> list:
         return [n for n in self.nodes if n.is_call]
@@ -480,4 +483,4 @@ def _from_fx(ep, name: str, source: str | None, known: dict) -> Graph:
     for node in nodes:
         for a in node.tensor_inputs():
             a.users.append(node)
-    return Graph(nodes, name)
+    return Graph(nodes, name, program=ep)
