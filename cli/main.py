@@ -53,4 +53,4 @@ def main():
         sys.exit(130)
 
 
-from . import discover as _discover, index as _index, query as _query, registry as _registry, rules as _rules, tune as _tune  # noqa: E402,F401,I001  (registers the commands)
+from . import discover as _discover, index as _index, optimize as _optimize, query as _query, registry as _registry, rules as _rules, tune as _tune  # noqa: E402,F401,I001  (registers the commands)

@@ -63,3 +63,16 @@ def time_cuda(fn, input_sets: list, reps: int = 20, warmup: int = 3, flush: bool
         ends[i].record()
     torch.cuda.synchronize(device)
     return summarize([starts[i].elapsed_time(ends[i]) for i in range(reps)])
+
+
+def peak_mib(fn, device="cuda") -> float:
+    """Peak GPU memory one call of `fn()` allocates beyond what was allocated before it, in MiB."""
+    import torch
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    out = fn()
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device) - before
+    del out
+    return peak / 2**20

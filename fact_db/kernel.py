@@ -70,8 +70,10 @@ def operand_layout(t, logical_rows_dim: int = -2) -> tuple[str, int] | None:
 class GemmKernel:
     """A loaded GEMM-family kernel. Call it like `epilogue(alpha * a @ b + beta * c + bias)`."""
 
-    def __init__(self, path: str | Path, template: str, spec: GemmSpec, options: tuple[int, ...] | None = None):
+    def __init__(self, path: str | Path, template: str, spec: GemmSpec, options: tuple[int, ...] | None = None,
+                 build_key: str = ""):
         self.path = Path(path)
+        self.build_key = build_key  # names the op; without it the library's bytes do (never its path)
         self.template = template
         self.spec = spec
         self.options = tuple(options) if options else None
@@ -176,7 +178,10 @@ class GemmKernel:
     # ----------------------------------------------------------------------------------
     @property
     def op_name(self) -> str:
-        h = hashlib.sha256(f"{self.path}|{self.options}|{self.spec}".encode()).hexdigest()[:12]
+        """`k_<hash>` of the build key (or the library's bytes), run-time options and spec: the
+        same kernel gets the same name wherever its `.so` lies (a build cache, an artifact)."""
+        ident = self.build_key or hashlib.sha256(self.path.read_bytes()).hexdigest()
+        h = hashlib.sha256(f"{ident}|{self.template}|{self.options}|{self.spec}".encode()).hexdigest()[:12]
         return f"k_{h}"
 
     def as_op(self):

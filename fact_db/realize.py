@@ -8,7 +8,7 @@ softmax) are listed with a note: stage 2 realizes the GEMM family today.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .workload import GemmWorkload
 
@@ -75,3 +75,233 @@ def realize_problem(problem: str, *, policy: str = "tf32", arch: str = "sm90a", 
         if on_result is not None:
             on_result(p, r)
     return report, results
+
+
+# ------------------------------------------------------------------------------------------
+# Realizing every region of a model for composition.
+
+@dataclass
+class Realized:
+    """How one region of a model will run, and what was measured on the way."""
+
+    index: int
+    region: object                 # discover.Region
+    workload: object | None        # GemmWorkload, AttentionWorkload, or None (not realizable yet)
+    impl: object                   # compose.Impl
+    how: str = "eager"             # registry | tuned | eager | skipped | planned
+    eager_ms: float | None = None  # the region as the model wrote it, under the policy
+    ms: float | None = None        # what runs in the composed model
+    err: float | None = None
+    eager_err: float | None = None
+    registry: str = "miss"         # hit / near (distance) / stale / miss, before realizing
+    notes: list = field(default_factory=list)
+    tune: object | None = None     # TuneResult, for GEMM regions that were tuned or found
+
+    @property
+    def speedup(self) -> float | None:
+        return self.eager_ms / self.ms if self.eager_ms and self.ms else None
+
+    def as_dict(self) -> dict:
+        r = self.region
+        return {"index": self.index + 1, "rule": r.rule, "shape": r.shape, "nodes": r.nodes, "output": r.output,
+                "how": self.how, "impl": {"kind": self.impl.kind, "label": self.impl.label, **self.impl.record},
+                "eager_ms": self.eager_ms, "ms": self.ms, "speedup": self.speedup, "err": self.err,
+                "eager_err": self.eager_err, "registry": self.registry, "notes": self.notes,
+                "workload": self.workload.as_dict() if self.workload is not None else None}
+
+
+def attention_workload(region, graph, policy: str):
+    """The AttentionWorkload of an attention region (None, note when it has none)."""
+    from .attention import AttentionError, AttentionWorkload
+    ops, attrs = region.operands, region.attrs
+    try:
+        q = graph[ops["q"]].shape
+        k = graph[ops["k"]].shape if "k" in ops else tuple(graph[ops["kt"]].shape[:-2]) + tuple(
+            reversed(graph[ops["kt"]].shape[-2:]))
+        v = graph[ops["v"]].shape
+    except (KeyError, TypeError):
+        return None, "attention operands unknown"
+    if q is None or k is None or v is None or len(q) != 4 or len(k) != 4 or len(v) != 4:
+        return None, "attention on tensors that are not [batch, heads, length, dim]"
+    try:
+        w = AttentionWorkload(q[0], q[1], k[1], q[2], k[2], q[3], v[3], causal=bool(attrs.get("causal")),
+                              scale=attrs.get("scale"), policy=policy, rule=region.rule)
+    except AttentionError as e:
+        return None, str(e)
+    return w, ""
+
+
+def _registry_state(registry, key) -> str:
+    if registry is None or key is None:
+        return "miss"
+    hit = registry.lookup(key)
+    if hit is None:
+        return "miss"
+    if hit.stale:
+        return "stale"
+    return "hit" if hit.exact else f"near ({hit.distance:.2f})"
+
+
+def gemm_impl(result, w: GemmWorkload):
+    """The compose.Impl of a tuned GEMM region: its winner's kernel op, or eager."""
+    from .compose import Impl
+    from .kernel import GemmKernel, GemmSpec
+    from .tune import _spec
+    win = result.winner if result is not None else None
+    if win is None:
+        return Impl.eager("no candidate verified")
+    c = win.candidate
+    if c.template == "eager":
+        return Impl.eager(f"eager is the fastest verified candidate ({win.time_ms:.3f} ms)" if win.time_ms else
+                          "eager is the fastest verified candidate")
+    spec = _spec(w, c)
+    k = GemmKernel(win.so, c.template, GemmSpec(**spec), c.options, build_key=win.build_key)
+    key = w.key(result.arch, result.gpu)
+    return Impl("gemm", c.label, k.as_op(), {
+        "template": c.template, "spec": spec, "options": list(c.options or ()), "build_key": win.build_key,
+        "so": str(win.so), "config": c.config, "registry_key": key.as_dict(), "registry_digest": key.digest(),
+        "op": f"factdb::{k.op_name}"})
+
+
+def choose_attention(w, *, trials: int = 4, reps: int = 20, device="cuda", timer=None):
+    """Verify and time the attention candidates the library offers at `w`'s policy: the
+    explicit form (the model's own ops), PyTorch's SDPA dispatch, and each SDPA backend that
+    accepts the dtype. Returns (rows, best): rows are dicts (label, impl kind, ok, ms, err,
+    eager_err, note), best the fastest verified row. In-process: library code only.
+    """
+    import os
+
+    import torch
+
+    from .attention import backends_for, library_op, sdpa
+    from .bench import time_cuda
+    from .verify import bound_for, rel_err
+    from .workload import policy_mode
+    scale = w.softmax_scale
+    cands = [("explicit", "eager", lambda x: w.eager(x)),
+             ("sdpa", "sdpa", lambda x: sdpa(x["q"], x["k"], x["v"], scale, w.causal))]
+    for b in backends_for(w.dtype):
+        cands.append((f"sdpa-{b}", "attention", (lambda op: lambda x: op(x["q"], x["k"], x["v"], scale, w.causal))(
+            library_op(b))))
+    timer = timer or (lambda fn, sets: time_cuda(fn, sets, reps=reps, device=device).median_ms)
+    inputs = []
+    for t in range(trials):
+        gen = torch.Generator(device=device)
+        gen.manual_seed(int.from_bytes(os.urandom(8), "little") & ((1 << 62) - 1))
+        inputs.append(w.make_inputs("randn" if t % 2 == 0 else "rand", device=device, generator=gen))
+    refs = [w.reference(x) for x in inputs]
+    eager_errs = [rel_err(w.eager(x), r) for x, r in zip(inputs, refs)]
+    tf32_errs = [rel_err(w.eager(x, policy="tf32"), r) for x, r in zip(inputs, refs)] if w.policy == "tf32x3" \
+        else [0.0] * trials
+    rows = []
+    for label, kind, fn in cands:
+        row = {"label": label, "kind": kind, "ok": True, "ms": None, "err": 0.0, "eager_err": max(eager_errs), "note": ""}
+        try:
+            with policy_mode(w.policy):
+                for t, (x, r) in enumerate(zip(inputs, refs)):
+                    err = rel_err(fn(x), r)
+                    bound = bound_for(w.policy, "randn" if t % 2 == 0 else "rand", eager_errs[t], tf32_errs[t])
+                    row["err"] = max(row["err"], err) if err == err else float("nan")
+                    if not err <= bound:
+                        row["ok"], row["note"] = False, f"error {err:.3g} > bound {bound:.3g}"
+                        break
+                if row["ok"]:
+                    row["ms"] = timer(fn, inputs[:3])
+        except RuntimeError as e:  # a backend that does not take this problem says so at the call
+            row["ok"], row["note"] = False, f"not available: {str(e).splitlines()[0][:160]}"
+        rows.append(row)
+    ok = [r for r in rows if r["ok"] and r["ms"] is not None]
+    return rows, (min(ok, key=lambda r: r["ms"]) if ok else None)
+
+
+def _attention_impl(best):
+    from .attention import library_op
+    from .compose import Impl
+    if best is None or best["kind"] == "eager":
+        return Impl.eager("the explicit form is the fastest verified candidate" if best else "no candidate verified")
+    if best["kind"] == "sdpa":
+        return Impl("sdpa", "scaled_dot_product_attention (PyTorch's backend choice)", None, {"library": "sdpa"})
+    backend = best["label"].split("-", 1)[1]
+    return Impl("attention", f"SDPA {backend} backend", library_op(backend),
+                {"library": best["label"], "op": f"factdb::sdpa_{backend}"})
+
+
+def realize_regions(report, policy: str, *, registry=None, arch: str = "sm90a", gpu: str | None = None,
+                    max_candidates: int = 24, budget_s: float | None = None, gpus: list[int] | None = None,
+                    runner=None, plan_only: bool = False, force: bool = False, progress: bool = True,
+                    on_result=None, attention_chooser=None) -> list[Realized]:
+    """Decide how every region of `report` runs: registry first, then tuning (GEMM family)
+    or timing the library candidates (attention), within `budget_s` seconds; everything else
+    stays eager, with the reason. Regions are tuned in order of estimated gain; a workload
+    repeated across regions is tuned once. `plan_only` looks things up and tunes nothing
+    (what `factdb optimize` shows without a GPU).
+    """
+    import time
+
+    from .compose import Impl
+    from .tune import from_registry, tune
+    t0 = time.perf_counter()
+    planned = {id(p.region): p for p in plan(report, policy)}
+    gpu_name = gpu or "h100"
+    out: list[Realized] = []
+    for i, r in enumerate(report.regions):
+        p = planned[id(r)]
+        rz = Realized(i, r, p.workload, Impl.eager(), "eager", notes=[p.note] if p.note else [])
+        if p.workload is None and r.template.startswith("fmha"):
+            w, note = attention_workload(r, report.graph, policy)
+            rz.workload = w
+            rz.notes = [note] if note else []
+        if r.composable:
+            rz.notes.append(f"not composable: {r.composable}")
+        elif isinstance(rz.workload, GemmWorkload) and registry is not None:
+            rz.registry = _registry_state(registry, rz.workload.key(arch, gpu_name))
+        out.append(rz)
+    order = sorted(out, key=lambda z: -z.region.estimate.gain_s)
+    done: dict = {}
+    for rz in order:
+        w = rz.workload
+        if w is None or rz.region.composable:
+            rz.how = "eager"
+        elif plan_only:
+            rz.how = "planned"
+        elif w in done:
+            src = done[w]
+            rz.impl, rz.how, rz.tune = src.impl, src.how, src.tune
+            rz.eager_ms, rz.ms, rz.err, rz.eager_err = src.eager_ms, src.ms, src.err, src.eager_err
+            rz.notes.append(f"same workload as region {src.index + 1}: realized once")
+        elif isinstance(w, GemmWorkload):
+            over = budget_s is not None and time.perf_counter() - t0 > budget_s
+            res = None
+            if over:
+                res = from_registry(w, registry, arch=arch, gpu=gpu_name) if registry is not None else None
+                rz.how = "registry" if res else "skipped"
+                if res is None:
+                    rz.notes.append("skipped: the tuning budget was spent; eager serves it")
+            else:
+                res = tune(w, arch=arch, gpu=gpu, registry=registry, max_candidates=max_candidates, gpus=gpus,
+                           runner=runner, force=force, progress=progress)
+                rz.how = "registry" if res.from_registry else "tuned"
+            if res is not None:
+                rz.tune = res
+                rz.impl = gemm_impl(res, w)
+                rz.notes += res.notes
+                if res.eager:
+                    rz.eager_ms, rz.eager_err = res.eager.time_ms, res.eager.err
+                if res.winner:
+                    rz.ms, rz.err = res.winner.time_ms, res.winner.err
+            done[w] = rz
+        else:  # attention: the library candidates, timed here
+            chooser = attention_chooser or choose_attention
+            rows, best = chooser(w)
+            explicit = next((x for x in rows if x["label"] == "explicit"), None)
+            rz.impl = _attention_impl(best)
+            rz.how = "tuned"
+            rz.eager_ms = explicit["ms"] if explicit else None
+            rz.eager_err = explicit["err"] if explicit else None
+            if best:
+                rz.ms, rz.err = best["ms"], best["err"]
+            rz.notes += [f"{x['label']}: {'%.3f ms' % x['ms'] if x['ms'] else x['note'] or 'failed'}" for x in rows]
+            done[w] = rz
+        if on_result is not None:
+            on_result(rz)
+    return out

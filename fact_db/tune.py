@@ -538,7 +538,17 @@ def _run_jobs(jobs: list[dict], runner, gpus, timeout: float, progress: bool) ->
     return res
 
 
-def _from_registry(registry, key, w: GemmWorkload, result: TuneResult) -> TuneResult | None:
+def from_registry(w: GemmWorkload, registry, *, arch: str = "sm90a", gpu: str = "h100",
+                  cached_only: bool = False) -> TuneResult | None:
+    """The registry's verified, current row for exactly `w` on `gpu` as a TuneResult (its kernel
+    from the build cache, or rebuilt unless `cached_only`), or None: what a run out of tuning
+    budget, or a call on new input shapes, may still use."""
+    w = with_rule(w)
+    result = TuneResult(w, w.rule, arch, gpu, None, None)
+    return _from_registry(registry, w.key(arch, gpu), w, result, cached_only=cached_only)
+
+
+def _from_registry(registry, key, w: GemmWorkload, result: TuneResult, cached_only: bool = False) -> TuneResult | None:
     hit = registry.lookup(key)
     if hit is None or not hit.exact:
         return None
@@ -553,6 +563,10 @@ def _from_registry(registry, key, w: GemmWorkload, result: TuneResult) -> TuneRe
                   key.arch, float("nan"), cfg.get("label", "") or "from registry")
     so, bkey = "", ""
     if c.template != "eager":
+        if cached_only:
+            src = build_mod.Source(c.template, template.render(c.template, c.params), c.arch)
+            if not (build_mod.cache_dir() / build_mod.content_key(src) / "kernel.so").is_file():
+                return None
         b = build_candidates([c], progress=False)[c.config_hash]
         if not b.ok:
             result.notes.append(f"registry row {key.digest()} no longer builds: {b.error}; tuning again")

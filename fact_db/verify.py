@@ -111,3 +111,115 @@ def verify(run, workload, trials: int = 5, device="cuda") -> Verdict:
                            f"error {err:.3g} on {dist} inputs exceeds the {workload.policy} bound {bound:.3g} "
                            f"(eager {workload.policy}: {eager_err:.3g})", results)
     return Verdict(True, worst, worst_eager, "", results)
+
+
+# ------------------------------------------------------------------------------------------
+# A whole model (composition's end-to-end check).
+
+# KernelBench's own correctness check: torch.allclose(out, ref, atol=tol, rtol=tol) with the
+# tolerance of the output dtype (1e-4 for float32, 1e-2 for half precision).
+KERNELBENCH_TOL = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 1e-2}
+
+
+@dataclass
+class ModelTrial:
+    dist: str           # `like` (drawn like the problem's inputs) or `randn` (zero-mean)
+    err: float          # composed model vs the float64 model
+    eager_err: float    # eager under the same policy vs the float64 model
+    bound: float
+    allclose: bool      # KernelBench's check of composed against eager
+    max_abs_diff: float
+    ok: bool
+    reason: str = ""
+
+
+@dataclass
+class ModelVerdict:
+    ok: bool
+    err: float
+    eager_err: float
+    reason: str = ""
+    trials: list = field(default_factory=list)
+    kernelbench_tol: float = 0.0
+
+    def as_dict(self) -> dict:
+        return {"ok": self.ok, "err": self.err, "eager_err": self.eager_err, "reason": self.reason,
+                "kernelbench_tol": self.kernelbench_tol, "trials": [t.__dict__ for t in self.trials]}
+
+
+def _leaves(out):
+    import torch
+    from torch.utils._pytree import tree_flatten
+    return [x for x in tree_flatten(out)[0] if isinstance(x, torch.Tensor)]
+
+
+def _flat(out):
+    import torch
+    xs = [x.detach().reshape(-1).to(torch.float64) for x in _leaves(out) if x.is_floating_point()]
+    return torch.cat(xs) if xs else torch.zeros(0, dtype=torch.float64)
+
+
+def _clone(tree):
+    import torch
+    from torch.utils._pytree import tree_map
+    return tree_map(lambda x: x.clone() if isinstance(x, torch.Tensor) else x, tree)
+
+
+def _same_tensors(a, b) -> bool:
+    import torch
+    la, lb = _leaves(a), _leaves(b)
+    return len(la) == len(lb) and all(x.shape == y.shape and torch.equal(x, y) for x, y in zip(la, lb))
+
+
+def verify_model(composed, eager, reference, draw, policy: str, *, trials: int = 5, eager_tf32=None,
+                 out_dtype: str = "float32") -> ModelVerdict:
+    """Check a composed model end to end (DESIGN.md, "Composition contract").
+
+    `composed`, `eager` (the model under the same policy) and `reference` (the model in
+    float64, given float64 inputs) are called as `f(*inputs)`; `draw(t) -> (inputs, dist)`
+    gives fresh inputs for trial t (`like` the problem's, or zero-mean `randn`). Each trial
+    measures both errors against the float64 model, applies the policy's bound (the table in
+    this module's docstring; tf32x3 needs `eager_tf32`), runs KernelBench's allclose of the
+    composed output against eager at `out_dtype`'s tolerance, and checks that the composed
+    model leaves its inputs as eager does. At least 5 trials.
+    """
+    import torch
+    trials = max(trials, 5)
+    tol = KERNELBENCH_TOL.get(out_dtype, 1e-4)
+    results, worst, worst_eager = [], 0.0, 0.0
+    for t in range(trials):
+        inputs, dist = draw(t)
+        ins_eager, ins_comp = _clone(inputs), _clone(inputs)
+        ref = _flat(reference(*[x.to(torch.float64) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+                                for x in _clone(inputs)]))
+        e_out = eager(*ins_eager)
+        try:
+            c_out = composed(*ins_comp)
+        except Exception as ex:  # noqa: BLE001  (a composed model that raises fails verification, saying how)
+            reason = f"the composed model raised {type(ex).__name__}: {str(ex).splitlines()[0] if str(ex) else ''}"
+            results.append(ModelTrial(dist, float("nan"), float("nan"), float("nan"), False, float("nan"), False, reason))
+            return ModelVerdict(False, float("nan"), float("nan"), reason, results, tol)
+        ef, cf = _flat(e_out), _flat(c_out)
+        if cf.shape != ref.shape or ef.shape != ref.shape:
+            reason = f"output of {cf.numel()} values, the float64 model gives {ref.numel()}"
+            results.append(ModelTrial(dist, float("nan"), float("nan"), float("nan"), False, float("nan"), False, reason))
+            return ModelVerdict(False, float("nan"), float("nan"), reason, results, tol)
+        err, eager_err = rel_err(cf, ref), rel_err(ef, ref)
+        tf32_err = rel_err(_flat(eager_tf32(*_clone(inputs))), ref) if policy == "tf32x3" and eager_tf32 else 0.0
+        bound = bound_for(policy, "randn" if dist == "randn" else "rand", eager_err, tf32_err)
+        close = bool(torch.allclose(cf, ef, atol=tol, rtol=tol)) if cf.numel() else True
+        diff = float((cf - ef).abs().max()) if cf.numel() else 0.0
+        reason = ""
+        if not _same_tensors(ins_comp, ins_eager):
+            reason = "the composed model left its inputs different from what eager leaves"
+        elif not err <= bound:
+            reason = f"error {err:.3g} on {dist} inputs exceeds the {policy} bound {bound:.3g} (eager: {eager_err:.3g})"
+        elif not close:
+            reason = f"KernelBench's allclose at {tol:g} against eager fails (max abs difference {diff:.3g})"
+        ok = not reason
+        results.append(ModelTrial(dist, err, eager_err, bound, close, diff, ok, reason))
+        if err > worst or err != err:
+            worst, worst_eager = err, eager_err
+        if not ok:
+            return ModelVerdict(False, err, eager_err, reason, results, tol)
+    return ModelVerdict(True, worst, worst_eager, "", results, tol)

@@ -1,0 +1,222 @@
+"""`factdb optimize PROBLEM` (all three stages: a faster model, its artifact, its report) and
+`factdb bench [PROBLEM...]` (optimize over the benchmark problems, results as JSON)."""
+from __future__ import annotations
+
+import json
+import math
+import time
+from datetime import date
+from pathlib import Path
+
+import click
+
+from .main import cli, handle_errors
+from .tune import POLICIES, _gpus, _open_registry
+
+PEERS = ("compile", "max-autotune")
+
+
+def _peers(spec: str) -> tuple:
+    if spec in ("", "none"):
+        return ()
+    out = tuple(p.strip() for p in spec.split(",") if p.strip())
+    bad = [p for p in out if p not in PEERS]
+    if bad:
+        raise click.BadParameter(f"unknown peer {', '.join(bad)}: use compile, max-autotune, both "
+                                 "(compile,max-autotune) or none", param_hint="--peers")
+    return out
+
+
+def _f(x, fmt="{:.3f}") -> str:
+    return fmt.format(x) if isinstance(x, (int, float)) and math.isfinite(x) else "-"
+
+
+def _plan_table(report) -> str:
+    rows = [("#", "RULE", "PROBLEM", "REGISTRY", "WOULD", "EST GAIN")]
+    for z in report.regions:
+        r = z.region
+        if z.how == "planned":
+            would = "use the registry's kernel" if z.registry == "hit" else "tune"
+        else:
+            would = "eager: " + ("; ".join(n for n in z.notes if n) or "no kernel for this region yet")
+        rows.append((str(z.index + 1), r.rule, r.shape, z.registry, would,
+                     f"{max(r.estimate.gain_s, 0) * 1e3:.3f} ms"))
+    widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
+
+
+def _common(fn):
+    for opt in reversed([
+        click.option("--policy", type=click.Choice(POLICIES), default="fp32", show_default=True,
+                     help="Precision policy for the whole model (DESIGN.md's table); baselines run at the same policy."),
+        click.option("--max-candidates", type=click.IntRange(1, 512), default=12, show_default=True,
+                     help="Candidates per region, eager included."),
+        click.option("--budget", type=click.FloatRange(0, None), default=None,
+                     help="Minutes of tuning; regions left after it use the registry or stay eager (listed)."),
+        click.option("--gpus", default=None, help="GPUs that verify and time candidates: all, or 0,1 (default: current)."),
+        click.option("--peers", default="compile,max-autotune", show_default=True,
+                     help="torch.compile variants timed beside fact-db: compile, max-autotune, both, or none."),
+        click.option("--no-bench", is_flag=True, help="Verify but do not time the variants end to end."),
+        click.option("--force", is_flag=True, help="Tune again even where the registry has a kernel."),
+        click.option("--db", default=None, help="Registry URL (default: $FACTDB_DB, else $FACTDB_HOME/fact.duckdb)."),
+        click.option("--no-registry", is_flag=True, help="Neither read nor write the registry."),
+    ]):
+        fn = opt(fn)
+    return fn
+
+
+@cli.command()
+@click.argument("problem")
+@_common
+@click.option("--out", type=click.Path(file_okay=False), default=None,
+              help="Artifact directory (default: $FACTDB_HOME/artifacts/<problem>-<policy>-<time>).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@handle_errors
+def optimize(problem, policy, max_candidates, budget, gpus, peers, no_bench, force, db, no_registry, out, as_json):
+    """Discover, realize and compose PROBLEM into a faster model; verify it end to end,
+    time it against eager PyTorch and torch.compile, save it as an artifact and report.
+
+    PROBLEM is anything `factdb discover` takes; its file is Python that runs (the model is
+    built on the GPU). Without a GPU, optimize stops after discovery and the registry
+    lookup and prints the plan: which regions have a registry row, which would be tuned.
+    Load the result with `fact_db.load(DIR)`: nothing is tuned again.
+
+    \b
+    Example:
+      factdb optimize benchmarks/problems/mingpt_block.py --policy fp32 --out out/mingpt-fp32
+      factdb optimize benchmarks/problems/llama_block.py --policy bf16 --budget 5 --peers compile
+    """
+    import torch
+
+    from fact_db.optimize import optimize_problem, plan_problem
+    from fact_db.report import markdown, report_dict
+    reg = _open_registry(db, not no_registry)
+    try:
+        if not torch.cuda.is_available():
+            report = plan_problem(problem, policy=policy, registry=reg)
+            if as_json:
+                click.echo(json.dumps(report_dict(report), indent=1))
+                return
+            click.echo(f"{report.problem}: no CUDA GPU here, so this is the plan (nothing tuned or run), "
+                       f"policy {policy}")
+            click.echo(_plan_table(report))
+            for n in report.notes:
+                click.echo(f"note: {n}")
+            return
+        fast = optimize_problem(problem, policy=policy, registry=reg, max_candidates=max_candidates, budget=budget,
+                                gpus=_gpus(gpus), out=out, bench=not no_bench, peers=_peers(peers), force=force,
+                                progress=not as_json)
+    finally:
+        if reg is not None:
+            reg.close()
+    report = fast.report
+    if as_json:
+        click.echo(json.dumps({**report_dict(report), "artifact": str(fast.artifact)}, indent=1))
+    else:
+        click.echo(markdown(report))
+        click.echo(f"artifact: {fast.artifact}  (load it with fact_db.load('{fast.artifact}'))")
+    if report.verification is not None and not report.verification.ok:
+        raise click.ClickException(f"end-to-end verification failed: {report.verification.reason}; the artifact "
+                                   "runs eager PyTorch")
+
+
+def bench_row(problem: str, fast, wall_s: float) -> dict:
+    """One row of the e2e results: the GEMM results' fields plus compile_ms, max_autotune_ms,
+    peak_mib and eager_peak_mib."""
+    from fact_db.report import clean, speedups
+    r = fast.report
+    v = {x.name: x for x in r.variants}
+    fdb, base, fp32 = v.get("fact-db"), v.get(f"eager {r.policy}") or v.get("eager fp32"), v.get("eager fp32")
+    comp, mat = v.get("torch.compile"), v.get("torch.compile max-autotune-no-cudagraphs")
+    ver = r.verification
+    kernels = [z for z in r.regions if z.impl.kind != "eager"]
+    return clean({
+        "problem": problem, "policy": r.policy, "factdb_ms": fdb.ms if fdb else None,
+        "baseline": base.name if base else None, "baseline_ms": base.ms if base else None,
+        "speedup": speedups(r)["vs_eager_policy"], "vs_fp32": speedups(r)["vs_eager_fp32"],
+        "eager_fp32_ms": fp32.ms if fp32 else None,
+        "rel_err": ver.err if ver else None, "baseline_rel_err": ver.eager_err if ver else None,
+        "verified": bool(ver and ver.ok), "verify_reason": ver.reason if ver else "",
+        "compile_ms": comp.ms if comp else None, "compile_s": comp.compile_s if comp else None,
+        "max_autotune_ms": mat.ms if mat else None, "max_autotune_compile_s": mat.compile_s if mat else None,
+        "vs_compile": speedups(r)["vs_compile"], "vs_max_autotune": speedups(r)["vs_max_autotune"],
+        "peak_mib": fdb.peak_mib if fdb else None, "eager_peak_mib": base.peak_mib if base else None,
+        "regions": len(r.regions), "kernels": len(kernels),
+        "from_registry": sum(1 for z in r.regions if z.how == "registry"),
+        "region_rows": [{"rule": z.region.rule, "shape": z.region.shape, "runs": z.impl.label, "how": z.how,
+                         "eager_ms": z.eager_ms, "ms": z.ms} for z in r.regions],
+        "stages_s": r.stages_s, "wall_s": wall_s, "notes": r.notes, "artifact": str(fast.artifact),
+        "variants": [x.as_dict() for x in r.variants],
+    })
+
+
+@cli.command()
+@click.argument("problems", nargs=-1)
+@click.option("--policy", "policies", multiple=True, type=click.Choice(POLICIES),
+              help="Policies to run (repeatable; default: fp32 and bf16).")
+@click.option("--max-candidates", type=click.IntRange(1, 512), default=12, show_default=True)
+@click.option("--budget", type=click.FloatRange(0, None), default=None, help="Minutes of tuning per problem.")
+@click.option("--gpus", default=None, help="GPUs for verification and timing: all, or 0,1.")
+@click.option("--peers", default="compile,max-autotune", show_default=True, help="torch.compile variants to time.")
+@click.option("--db", default=None, help="Registry URL.")
+@click.option("--results", type=click.Path(dir_okay=False), default=None,
+              help="Results file (default: benchmarks/results/<gpu>-<date>-e2e.json in the source tree).")
+@click.option("--json", "as_json", is_flag=True, help="Print the results JSON too.")
+@handle_errors
+def bench(problems, policies, max_candidates, budget, gpus, peers, db, results, as_json):
+    """Run `optimize` over benchmark problems (default: every file in benchmarks/problems/)
+    under each policy, and write one results JSON: a row per problem and policy with
+    fact-db, eager, torch.compile and max-autotune times, errors and peak memory, plus the
+    device, date and commit. A problem that fails is a row with its error; the rest go on.
+
+    \b
+    Example:
+      factdb bench benchmarks/problems/mingpt_block.py --policy fp32 --policy bf16
+      factdb bench --policy bf16 --peers compile --results /tmp/e2e.json
+    """
+    import torch
+
+    from fact_db import paths
+    from fact_db.optimize import device_info, optimize_problem, toolchain_info
+    if not torch.cuda.is_available():
+        raise click.ClickException("no CUDA GPU is visible: `factdb bench` times models on an H100/H200; "
+                                   "`factdb optimize PROBLEM` prints the plan without one")
+    probs = list(problems) or sorted(str(p) for p in (paths.ROOT / "benchmarks" / "problems").glob("*.py"))
+    pols = list(policies) or ["fp32", "bf16"]
+    info = device_info(torch.device("cuda"))
+    out = Path(results) if results else paths.ROOT / "benchmarks" / "results" / \
+        f"{info['gpu']}-{date.today().isoformat()}-e2e.json"
+    rows = []
+    reg = _open_registry(db, True)
+    try:
+        for prob in probs:
+            for pol in pols:
+                t0 = time.perf_counter()
+                click.echo(f"== {prob} {pol}", err=True)
+                try:
+                    fast = optimize_problem(prob, policy=pol, registry=reg, max_candidates=max_candidates,
+                                            budget=budget, gpus=_gpus(gpus), peers=_peers(peers))
+                    rows.append(bench_row(Path(prob).stem, fast, time.perf_counter() - t0))
+                    r = rows[-1]
+                    click.echo(f"   fact-db {_f(r['factdb_ms'])} ms, {_f(r['speedup'], '{:.2f}')}x over "
+                               f"{r['baseline']}, verified {r['verified']}", err=True)
+                except Exception as e:  # noqa: BLE001  (one failing problem must not lose the others' rows)
+                    rows.append({"problem": Path(prob).stem, "policy": pol, "error": f"{type(e).__name__}: {e}",
+                                 "wall_s": time.perf_counter() - t0})
+                    click.echo(f"   failed: {type(e).__name__}: {e}", err=True)
+                    torch.cuda.empty_cache()
+    finally:
+        if reg is not None:
+            reg.close()
+    import sys
+    sys.path.insert(0, str(paths.ROOT / "benchmarks"))
+    from _provenance import commit
+    doc = {"device": info["name"], "gpu": info["gpu"], "date": date.today().isoformat(), "commit": commit(),
+           "toolchain": toolchain_info(), "max_candidates": max_candidates, "budget_min": budget, "results": rows}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(doc, indent=1))
+    tmp.replace(out)
+    click.echo(f"wrote {out}")
+    if as_json:
+        click.echo(json.dumps(doc, indent=1))

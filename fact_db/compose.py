@@ -1,0 +1,315 @@
+"""Compose: the model's exported program with each realized region replaced by its
+kernel's op, everything else left as it was (DESIGN.md, "Composition contract").
+
+    >>> gm, notes = rewrite(report.graph.program, report.regions, impls)   # impls: {index: Impl}
+    >>> model = ComposedModule(gm, fallback, policy="fp32", optimized_for=signature((x,)))
+    >>> model(x)                                                    # called like the original
+
+An `Impl` says how one region runs: `eager` (its nodes stay), `gemm` (a GEMM-family
+kernel's op `(a, b, bias, c, alpha, beta) -> d`, see fact_db/kernel.py), `attention` (an
+op `(q, k, v, scale, causal) -> o` in SDPA's layout: a CUTLASS kernel or an SDPA backend
+forced, see fact_db/attention.py) or `sdpa` (`aten.scaled_dot_product_attention` itself,
+PyTorch choosing the backend). Operands come from discovery (`Region.operands`), never
+re-derived here.
+
+`ComposedModule` guards its inputs: a call whose tensor shapes or dtypes differ from the
+ones optimized for runs a variant for that signature (`variants(signature, args)`, e.g.
+composed from kernels the registry has for those shapes) or the eager fallback, with a
+one-time warning; never a kernel on a shape it was not verified for. Precision policies
+apply to the whole model: `bf16`/`fp16` run it in that dtype (inputs cast at entry, the
+output cast back), `tf32` turns TF32 on for what stays in PyTorch.
+"""
+from __future__ import annotations
+
+import functools
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+
+from .errors import FactError
+
+HALF_POLICIES = {"bf16": "bfloat16", "fp16": "float16"}
+
+
+class ComposeError(FactError):
+    """A region cannot be replaced in the exported program (a missing operand, a shape the op cannot take)."""
+
+
+@dataclass
+class Impl:
+    """How one region runs in the composed module."""
+
+    kind: str                  # eager | gemm | attention | sdpa
+    label: str = ""            # what runs, for the report
+    op: object = None          # the torch op for gemm / attention
+    record: dict = field(default_factory=dict)  # what an artifact needs to load it again
+    note: str = ""
+
+    @classmethod
+    def eager(cls, note: str = "") -> Impl:
+        return cls("eager", "eager PyTorch", note=note)
+
+
+def _fx_resolver(gm, program):
+    """name -> FX node of `gm`, the unlifted `program`, for the exported program's node names
+    (the names discovery's regions use). Call nodes and user inputs keep their names when a
+    program is unlifted; parameters, buffers and constants become `get_attr` nodes, found
+    through the program's graph signature."""
+    by_name = {n.name: n for n in gm.graph.nodes}
+    attrs = {n.target: n for n in gm.graph.nodes if n.op == "get_attr"}
+    sig = program.graph_signature
+    fqns = {**sig.inputs_to_parameters, **sig.inputs_to_buffers, **sig.inputs_to_lifted_tensor_constants}
+    replaced: dict = {}  # a replaced region's output name -> the node that computes it now
+
+    def fx(name):
+        if name is None:
+            return None
+        if name in replaced:
+            return replaced[name]
+        if name in fqns:
+            if fqns[name] in attrs:
+                return attrs[fqns[name]]
+            raise ComposeError(f"operand `{name}` ({fqns[name]}) has no node in the unlifted program")
+        if name in by_name:
+            return by_name[name]
+        raise ComposeError(f"operand `{name}` is not a node of the exported program")
+    fx.replaced = replaced
+    return fx
+
+
+def _shapes(program) -> dict:
+    """name -> shape of every tensor node of the exported program."""
+    out = {}
+    for n in program.graph.nodes:
+        v = n.meta.get("val")
+        if isinstance(v, torch.Tensor):
+            out[n.name] = tuple(int(d) for d in v.shape)
+    return out
+
+
+def _attr_tensor(gm, target: str):
+    return functools.reduce(getattr, target.split("."), gm)
+
+
+def _gemm_nodes(gm, g, shapes, r, impl, fx, index: int):
+    """FX nodes computing region `r` with a GEMM kernel op; returns the node of its result."""
+    aten = torch.ops.aten
+    ops, attrs = r.operands, r.attrs
+    a, b = fx(ops["a"]), fx(ops["b"])
+    weight = _attr_tensor(gm, b.target) if b.op == "get_attr" else None
+    sa, sb, sout = shapes.get(ops["a"]), shapes.get(ops["b"]), shapes.get(r.output)
+    if sa is None or sb is None or sout is None:
+        raise ComposeError(f"region {r.rule} at `{r.output}`: operand shapes unknown")
+    nk = attrs.get("b_layout") == "nk"
+    if nk:
+        b = g.call_function(aten.t.default, (b,))
+        n = sb[0]
+    else:
+        n = sb[-1]
+    k = sa[-1]
+    flatten = len(sb) == 2 and len(sa) != 2  # (..., K) @ (K, N): one 2-D GEMM over the leading dims
+    if len(sa) > 3 or (len(sb) == 3 and len(sa) not in (2, 3)):
+        raise ComposeError(f"region {r.rule} at `{r.output}`: operands of rank {len(sa)} and {len(sb)}")
+    if flatten:
+        a = g.call_function(aten.reshape.default, (a, [-1, k]))
+    bias = fx(ops.get("bias"))
+    spec = impl.record.get("spec", {})
+    epi = spec.get("epilogue", "none")
+    if bias is None and (epi.startswith("bias") or epi == "residual"):
+        # The kernel adds a bias (a residual region without one, as in Llama): zeros cost a row read.
+        if weight is None:
+            raise ComposeError(f"region {r.rule} at `{r.output}`: the kernel adds a bias, the region has none, "
+                               "and its weight is not a parameter to take a device from")
+        name = f"_factdb_zero_bias_{index}"
+        gm.register_buffer(name, torch.zeros(n, dtype=weight.dtype, device=weight.device))
+        bias = g.get_attr(name)
+    c = fx(ops.get("c"))
+    if c is not None and flatten:
+        c = g.call_function(aten.reshape.default, (c, [-1, n]))
+    y = g.call_function(impl.op, (a, b, bias, c, 1.0, 1.0 if c is not None else 0.0))
+    if flatten:
+        y = g.call_function(aten.view.default, (y, list(sout)))
+    return y
+
+
+def _attention_nodes(gm, g, shapes, r, impl, fx, index: int):
+    aten = torch.ops.aten
+    ops, attrs = r.operands, r.attrs
+    q, v = fx(ops["q"]), fx(ops["v"])
+    if "k" in ops:
+        k = fx(ops["k"])
+    else:
+        k = g.call_function(aten.transpose.int, (fx(ops["kt"]), -2, -1))
+    sq = shapes.get(ops["q"])
+    if sq is None or len(sq) != 4:
+        raise ComposeError(f"region {r.rule} at `{r.output}`: q of rank {len(sq) if sq else '?'} (attention ops take 4-D q, k, v)")
+    scale = attrs.get("scale")
+    scale = float(scale) if scale is not None else sq[-1] ** -0.5
+    causal = bool(attrs.get("causal"))
+    if impl.kind == "sdpa":
+        kw = {"is_causal": causal, "scale": scale}
+        if attrs.get("gqa"):
+            kw["enable_gqa"] = True
+        return g.call_function(aten.scaled_dot_product_attention.default, (q, k, v), kw)
+    return g.call_function(impl.op, (q, k, v, scale, causal))
+
+
+_BUILDERS = {"gemm": _gemm_nodes, "attention": _attention_nodes, "sdpa": _attention_nodes}
+
+
+def rewrite(program, regions: list, impls: dict):
+    """The unlifted GraphModule of ExportedProgram `program` with every region whose Impl is
+    not eager replaced by its op. Regions need `rule`, `nodes`, `output`, `operands`,
+    `attrs` and `composable` (discover.Region has them; an artifact stores them). Returns
+    (GraphModule, notes); a region that cannot be replaced stays eager, with a note.
+    """
+    if program is None:
+        raise ComposeError("no exported program to compose (the graph was traced without one)")
+    gm = program.module()
+    fx = _fx_resolver(gm, program)
+    shapes = _shapes(program)
+    g = gm.graph
+    notes = []
+    for i, r in enumerate(regions):
+        impl = impls.get(i)
+        if impl is None or impl.kind == "eager":
+            continue
+        if r.composable:
+            notes.append(f"region {i + 1} {r.rule}: stays eager ({r.composable})")
+            impl.kind, impl.note = "eager", r.composable
+            continue
+        build = _BUILDERS.get(impl.kind)
+        if build is None:
+            raise ComposeError(f"unknown implementation kind '{impl.kind}' for region {i + 1} ({r.rule})")
+        out = fx(r.output)
+        try:
+            with g.inserting_before(out):
+                new = build(gm, g, shapes, r, impl, fx, i)
+        except ComposeError as e:
+            notes.append(f"region {i + 1} {r.rule}: stays eager ({e})")
+            impl.kind, impl.note = "eager", str(e)
+            continue
+        out.replace_all_uses_with(new)
+        fx.replaced[r.output] = new
+        # The region's own nodes, now unused: erased explicitly, since DCE keeps ops it thinks
+        # impure (dropout, even at p=0, which discovery looked through as the identity).
+        mine = {n.name for n in g.nodes} & set(r.nodes)
+        for node in reversed(list(g.nodes)):
+            if node.name in mine and not node.users and node.op == "call_function":
+                g.erase_node(node)
+    g.eliminate_dead_code()
+    g.lint()
+    gm.recompile()
+    return gm, notes
+
+
+# ------------------------------------------------------------------------------------------
+# The composed module.
+
+def signature(args, kwargs=None) -> tuple:
+    """What a call is guarded on: the call's structure (positional count, keyword names) and
+    every tensor leaf's shape, dtype and device type; other leaves by value. Plain tuples
+    and strings, so an artifact's manifest can hold it (see `signature_from_json`)."""
+    from torch.utils._pytree import tree_flatten
+    kwargs = dict(kwargs or {})
+    leaves, _ = tree_flatten((tuple(args), kwargs))
+    out = []
+    for x in leaves:
+        if isinstance(x, torch.Tensor):
+            out.append(("T", tuple(int(d) for d in x.shape), str(x.dtype).replace("torch.", ""), x.device.type))
+        else:
+            out.append(("V", repr(x)))
+    return (f"{len(args)} args; kwargs {sorted(kwargs)}", tuple(out))
+
+
+def signature_from_json(data) -> tuple:
+    """The tuple form of a signature read back from JSON (lists become tuples)."""
+    head, leaves = data
+    return (head, tuple(("T", tuple(x[1]), x[2], x[3]) if x[0] == "T" else ("V", x[1]) for x in leaves))
+
+
+def describe(sig: tuple) -> str:
+    parts = [f"{'x'.join(map(str, leaf[1])) or 'scalar'} {leaf[2]}" if leaf[0] == "T" else leaf[1]
+             for leaf in sig[1]]
+    return ", ".join(parts)
+
+
+def policy_dtype(policy: str):
+    return getattr(torch, HALF_POLICIES[policy]) if policy in HALF_POLICIES else None
+
+
+def cast_floats(tree, dtype):
+    """Floating tensors of a pytree cast to `dtype` (others untouched)."""
+    from torch.utils._pytree import tree_map
+    return tree_map(lambda x: x.to(dtype) if isinstance(x, torch.Tensor) and x.is_floating_point() else x, tree)
+
+
+class ComposedModule(torch.nn.Module):
+    """The optimized model: the composed graph for the input signature it was optimized for;
+    for any other, a variant (from `variants(sig, args, kwargs) -> (module | None, why)`) or
+    the eager fallback, with a one-time warning."""
+
+    def __init__(self, gm, fallback, *, policy: str, optimized_for: tuple, variants=None, regions=None,
+                 name: str = "model", also_for=()):
+        super().__init__()
+        self.gm = gm
+        self.fallback = fallback
+        self.policy = policy
+        self.name = name
+        self.regions = list(regions or [])  # [(rule, Impl)], for repr and the report
+        self.optimized_for = optimized_for
+        # Signatures that run the composed graph too: the same inputs already cast to the
+        # policy's dtype (what a caller who keeps bf16 activations passes).
+        self.also_for = tuple(also_for)
+        self._variants: dict = {}
+        self._variant_factory = variants
+        self._warned: set = set()
+
+    def _target(self, args, kwargs):
+        sig = signature(args, kwargs)
+        if sig == self.optimized_for or sig in self.also_for:
+            return self.gm
+        if sig in self._variants:
+            return self._variants[sig][0]
+        target, why = None, "no kernels for that signature"
+        if self._variant_factory is not None:
+            try:
+                target, why = self._variant_factory(sig, args, kwargs)
+            except Exception as e:  # noqa: BLE001  (a variant that cannot be built must not break the call)
+                target, why = None, f"building a variant failed: {type(e).__name__}: {e}"
+        what = why if target is not None else f"eager PyTorch ({why})"
+        if target is None:
+            target = self.fallback
+        self._variants[sig] = (target, what)
+        if sig not in self._warned:
+            self._warned.add(sig)
+            warnings.warn(f"fact-db: {self.name} was optimized for inputs ({describe(self.optimized_for)}) and "
+                          f"called with ({describe(sig)}): running {what}", stacklevel=3)
+        return target
+
+    def forward(self, *args, **kwargs):
+        # Inference only: the kernels have no backward (their ops register none).
+        with torch.no_grad():
+            return run_at_policy(self._target(args, kwargs), self.policy, args, kwargs)
+
+    def extra_repr(self) -> str:
+        replaced = sum(1 for _, impl in self.regions if impl.kind != "eager")
+        return f"policy={self.policy}, regions={len(self.regions)}, replaced={replaced}"
+
+
+def run_at_policy(fn, policy: str, args, kwargs=None):
+    """`fn(*args, **kwargs)` the way `policy` runs a float32 model: bf16/fp16 cast floating
+    inputs in and the output back to the first floating input's dtype; tf32 enables TF32."""
+    from .workload import policy_mode
+    kwargs = kwargs or {}
+    dt = policy_dtype(policy)
+    if dt is not None:
+        from torch.utils._pytree import tree_flatten
+        leaves = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, torch.Tensor) and x.is_floating_point()]
+        back = leaves[0].dtype if leaves else torch.float32
+        args, kwargs = cast_floats((args, kwargs), dt)
+        out = fn(*args, **kwargs)
+        return cast_floats(out, back) if back != dt else out
+    with policy_mode(policy):
+        return fn(*args, **kwargs)

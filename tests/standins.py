@@ -1,0 +1,62 @@
+"""Stand-ins for compiled kernels, for tests that compose on the CPU.
+
+A stand-in op has the exact signature and semantics of a GEMM-family kernel op
+(`(a, b, bias, c, alpha, beta) -> epilogue(alpha * a @ b + beta * c + bias)`, see
+fact_db/kernel.py) and counts its calls, so a test can check both that the composed
+module computes the model's function and that the kernel op really ran.
+"""
+from __future__ import annotations
+
+import collections
+
+import torch
+import torch.nn.functional as F
+
+CALLS: collections.Counter = collections.Counter()
+_ACT = {"none": None, "bias": lambda t: t, "bias_relu": F.relu, "bias_gelu": F.gelu,
+        "bias_gelu_tanh": lambda t: F.gelu(t, approximate="tanh"), "bias_silu": F.silu, "residual": lambda t: t}
+_OPS: dict = {}
+
+
+def gemm_op(epilogue: str):
+    """torch.ops.factdb_test.gemm_<epilogue>, a CPU/CUDA stand-in for a GEMM kernel op."""
+    if epilogue in _OPS:
+        return _OPS[epilogue]
+    name = f"gemm_{epilogue}"
+
+    @torch.library.custom_op(f"factdb_test::{name}", mutates_args=(),
+                             schema="(Tensor a, Tensor b, Tensor? bias, Tensor? c, float alpha, float beta) -> Tensor")
+    def op(a, b, bias, c, alpha, beta):
+        CALLS[name] += 1
+        y = alpha * torch.matmul(a, b)
+        if c is not None:
+            y = y + beta * c
+        if bias is not None and epilogue != "none":
+            y = y + bias
+        act = _ACT[epilogue]
+        return act(y) if act is not None else y
+
+    @op.register_fake
+    def _(a, b, bias, c, alpha, beta):
+        lead = a.shape[:-2] if a.dim() == 3 else (b.shape[:-2] if b.dim() == 3 else ())
+        return a.new_empty((*lead, a.shape[-2], b.shape[-1]))
+    _OPS[epilogue] = getattr(torch.ops.factdb_test, name)
+    return _OPS[epilogue]
+
+
+def attention_op():
+    """torch.ops.factdb_test.attention(q, k, v, scale, causal): the explicit math, counted."""
+    if "attention" in _OPS:
+        return _OPS["attention"]
+
+    @torch.library.custom_op("factdb_test::attention", mutates_args=(),
+                             schema="(Tensor q, Tensor k, Tensor v, float scale, bool causal) -> Tensor")
+    def op(q, k, v, scale, causal):
+        CALLS["attention"] += 1
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale).contiguous()
+
+    @op.register_fake
+    def _(q, k, v, scale, causal):
+        return q.new_empty((*q.shape[:-1], v.shape[-1]))
+    _OPS["attention"] = torch.ops.factdb_test.attention
+    return _OPS["attention"]
