@@ -3,6 +3,9 @@
 >>> import fact_db
 >>> report = fact_db.discover(model, (x,))          # what would be built, and why
 >>> for r in report.regions: print(r.rule, r.shape, r.estimate.gain_s)
+>>> fast = fact_db.optimize(model, (x,), policy="fp32")   # a faster model (needs an H100/H200)
+>>> fast.report.speedup, fast.artifact
+>>> fast = fact_db.load(fast.artifact)               # again, tuning nothing
 """
 from importlib.metadata import PackageNotFoundError, version as _version
 
@@ -11,7 +14,7 @@ try:
 except PackageNotFoundError:  # running from a source tree that is not installed
     __version__ = "0.0.0"
 
-__all__ = ["discover", "__version__"]
+__all__ = ["discover", "optimize", "load", "plan", "__version__"]
 
 
 def __getattr__(name):
@@ -19,7 +22,11 @@ def __getattr__(name):
     (and commands that need no tracing, such as `factdb query` and `factdb registry`) do not
     pay for importing torch. The module `fact_db.discover` is itself callable as its
     `discover()` function, so the name means the same whichever was imported first."""
+    import importlib
     if name == "discover":
-        import importlib
         return importlib.import_module(".discover", __name__)
+    if name in ("optimize", "plan"):
+        return getattr(importlib.import_module(".optimize", __name__), name)
+    if name == "load":
+        return importlib.import_module(".artifact", __name__).load
     raise AttributeError(f"module 'fact_db' has no attribute '{name}'")

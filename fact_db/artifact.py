@@ -33,6 +33,7 @@ from pathlib import Path
 
 from . import paths
 from .errors import FactError
+from .report import clean, write_all
 
 FORMAT = 1
 
@@ -76,8 +77,6 @@ def _dynamic_export(module, example_inputs):
 def save(directory: Path, fast, discovery, report, *, module=None, example_inputs=None) -> Path:
     """Write the artifact of composed module `fast` (see module docstring); returns its path."""
     import torch
-
-    from .report import clean, write_all
     directory = Path(directory)
     if directory.exists() and not (directory / "manifest.json").is_file() and any(directory.iterdir()):
         raise ArtifactError(f"`{directory}` exists and is not a fact-db artifact; choose another --out or remove it")

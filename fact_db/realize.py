@@ -290,6 +290,9 @@ def realize_regions(report, policy: str, *, registry=None, arch: str = "sm90a", 
                 if res.winner:
                     rz.ms, rz.err = res.winner.time_ms, res.winner.err
             done[w] = rz
+        elif budget_s is not None and time.perf_counter() - t0 > budget_s:
+            rz.how = "skipped"
+            rz.notes.append("skipped: the tuning budget was spent; the model's own attention serves it")
         else:  # attention: the library candidates, timed here
             chooser = attention_chooser or choose_attention
             rows, best = chooser(w)

@@ -1,0 +1,414 @@
+"""Composition on the CPU: the graph rewrite with stand-in kernel ops, the composed module's
+guards and policies, verification, the artifact, and `factdb optimize`'s plan without a GPU.
+
+Stand-in ops (tests/standins.py) have the kernels' exact signatures and semantics and count
+their calls, so these tests check both that a composed model computes the model's function
+and that the kernels really ran in it.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+import standins
+from fact_db.compose import ComposeError, ComposedModule, Impl, rewrite, run_at_policy, signature
+from fact_db.realize import Realized, plan, realize_regions
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _mingpt(n_embd=64, n_head=4, max_seqlen=32):
+    spec = importlib.util.spec_from_file_location("mingpt_small", ROOT / "benchmarks" / "problems" / "mingpt_block.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    torch.manual_seed(0)
+    return mod.Model(n_embd, n_head, 0.0, 0.0, max_seqlen).eval()
+
+
+@pytest.fixture(scope="module")
+def block():
+    model = _mingpt()
+    x = torch.rand(2, 16, 64)
+    import fact_db
+    return model, x, fact_db.discover(model, (x,))
+
+
+def standin_impls(disc, policy="fp32", broken: str | None = None) -> dict:
+    """A stand-in Impl for every GEMM and attention region (`broken`: an epilogue whose op ignores its bias)."""
+    impls = {}
+    for i, (r, p) in enumerate(zip(disc.regions, plan(disc, policy))):
+        if p.workload is not None:
+            e = p.workload.epilogue
+            op = standins.gemm_op("none" if e == broken else e)
+            impls[i] = Impl("gemm", f"stand-in {e}", op, {"spec": {"epilogue": e, "dtype": p.workload.dtype},
+                                                          "standin": "none" if e == broken else e})
+        elif r.template.startswith("fmha"):
+            impls[i] = Impl("attention", "stand-in attention", standins.attention_op(), {"standin": "attention"})
+    return impls
+
+
+def standin_realizer(broken=None):
+    def realize(disc, policy):
+        impls = standin_impls(disc, policy, broken)
+        return [Realized(i, r, p.workload, impls.get(i, Impl.eager("not realized in this test")),
+                         "tuned" if i in impls else "eager", eager_ms=1.0 if i in impls else None,
+                         ms=0.5 if i in impls else None)
+                for i, (r, p) in enumerate(zip(disc.regions, plan(disc, policy)))]
+    return realize
+
+
+def standin_loader(rec):
+    if "standin" not in rec:
+        return None
+    op = standins.attention_op() if rec["standin"] == "attention" else standins.gemm_op(rec["standin"])
+    return Impl(rec["kind"], rec.get("label", ""), op, rec)
+
+
+# ------------------------------------------------------------------------------------------
+# The rewrite.
+
+def test_rewrite_replaces_every_region_and_computes_the_model(block):
+    model, x, disc = block
+    impls = standin_impls(disc)
+    assert len(impls) == 5  # qkv, attention, attention projection + residual, MLP up + GELU, MLP down + residual
+    gm, notes = rewrite(disc.graph.program, disc.regions, impls)
+    assert notes == []
+    targets = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+    # The regions' own ops are gone: no explicit attention, no linear, no hand-written GELU, no dropout.
+    for gone in ("aten.softmax", "aten.masked_fill", "aten.linear", "aten.tanh", "aten.dropout", "aten.pow"):
+        assert not any(t.startswith(gone) for t in targets), (gone, targets)
+    assert sum(t.startswith("factdb_test.") for t in targets) == 5
+    assert any(t.startswith("aten.layer_norm") for t in targets)  # not realized: left as it was
+    before = standins.CALLS.copy()
+    y = gm(x)
+    assert torch.allclose(y, model(x), atol=1e-5, rtol=1e-5)
+    assert sum((standins.CALLS - before).values()) == 5
+    gm.graph.lint()
+
+
+def test_rewrite_keeps_a_region_eager_when_its_op_cannot_take_it(block):
+    model, x, disc = block
+    impls = standin_impls(disc)
+    i = next(i for i, r in enumerate(disc.regions) if r.rule == "attention-causal")
+    disc.regions[i].composable = "a reason discovery gave"
+    try:
+        gm, notes = rewrite(disc.graph.program, disc.regions, impls)
+    finally:
+        disc.regions[i].composable = ""
+    assert any("attention-causal: stays eager (a reason discovery gave)" in n for n in notes)
+    assert any(str(n.target).startswith("aten.softmax") for n in gm.graph.nodes)
+    assert torch.allclose(gm(x), model(x), atol=1e-5, rtol=1e-5)
+
+
+def test_rewrite_refuses_a_missing_program(block):
+    _, _, disc = block
+    with pytest.raises(ComposeError, match="no exported program"):
+        rewrite(None, disc.regions, {})
+
+
+def test_sdpa_replaces_explicit_attention(block):
+    model, x, disc = block
+    i = next(i for i, r in enumerate(disc.regions) if r.rule == "attention-causal")
+    gm, _ = rewrite(disc.graph.program, disc.regions, {i: Impl("sdpa", "sdpa")})
+    targets = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+    assert "aten.scaled_dot_product_attention.default" in targets
+    assert not any(t.startswith("aten.masked_fill") for t in targets)
+    assert torch.allclose(gm(x), model(x), atol=1e-5, rtol=1e-5)
+
+
+def test_a_residual_region_without_bias_gets_a_zero_bias():
+    class Proj(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.o = torch.nn.Linear(32, 32, bias=False)
+
+        def forward(self, x, h):
+            return h + self.o(x)
+    import fact_db
+    m, x, h = Proj().eval(), torch.randn(4, 8, 32), torch.randn(4, 8, 32)
+    disc = fact_db.discover(m, (x, h))
+    [r] = [r for r in disc.regions if r.rule == "gemm-residual"]
+    assert "bias" not in r.operands and r.operands["c"] == "h"
+    op = standins.gemm_op("residual")
+    gm, _ = rewrite(disc.graph.program, disc.regions, {disc.regions.index(r): Impl(
+        "gemm", "stand-in", op, {"spec": {"epilogue": "residual"}})})
+    assert torch.allclose(gm(x, h), m(x, h), atol=1e-5)
+    assert any(n.op == "get_attr" and "zero_bias" in str(n.target) for n in gm.graph.nodes)
+
+
+# ------------------------------------------------------------------------------------------
+# The composed module.
+
+def _composed(block, policy="fp32", variants=None):
+    model, x, disc = block
+    gm, _ = rewrite(disc.graph.program, disc.regions, standin_impls(disc))
+    return ComposedModule(gm, model, policy=policy, optimized_for=signature((x,)), variants=variants)
+
+
+def test_other_shapes_run_eager_with_one_warning(block):
+    model, x, _ = block
+    fast = _composed(block)
+    x2 = torch.rand(3, 20, 64)
+    before = standins.CALLS.copy()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        y1, y2 = fast(x2), fast(x2)
+    assert torch.equal(y1, model(x2)) and torch.equal(y2, y1)
+    assert len(seen) == 1 and "3x20x64 float32" in str(seen[0].message) and "eager" in str(seen[0].message)
+    assert standins.CALLS == before  # no kernel ran on a shape it was not made for
+    # Another dtype: the fallback is what eager does with it, here the same error.
+    with pytest.raises(RuntimeError) as eager_err:
+        model(x.double())
+    with warnings.catch_warnings(record=True) as seen, pytest.raises(RuntimeError) as err:
+        warnings.simplefilter("always")
+        fast(x.double())
+    assert str(err.value) == str(eager_err.value)
+    assert len(seen) == 1 and "float64" in str(seen[0].message)
+
+
+def test_a_variant_serves_other_shapes_when_one_can_be_built(block):
+    model, x, _ = block
+    made = []
+
+    def variants(sig, args, kwargs):
+        made.append(sig)
+        return (lambda *a: model(*a) * 1.0), "a variant for these shapes"
+    fast = _composed(block, variants=variants)
+    x2 = torch.rand(1, 8, 64)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert torch.allclose(fast(x2), model(x2))
+        fast(x2)
+    assert len(made) == 1 and "a variant for these shapes" in str(seen[0].message)
+
+
+def test_a_variant_that_fails_to_build_falls_back_to_eager(block):
+    model, _, _ = block
+
+    def variants(sig, args, kwargs):
+        raise RuntimeError("no such kernel")
+    fast = _composed(block, variants=variants)
+    x2 = torch.rand(1, 8, 64)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert torch.equal(fast(x2), model(x2))
+    assert "building a variant failed: RuntimeError: no such kernel" in str(seen[0].message)
+
+
+@pytest.mark.slow
+def test_composed_module_under_torch_compile_fullgraph(block):
+    model, x, _ = block
+    fast = _composed(block)
+    compiled = torch.compile(fast, fullgraph=True)
+    before = standins.CALLS.copy()
+    assert torch.allclose(compiled(x), model(x), atol=1e-5, rtol=1e-5)
+    assert sum((standins.CALLS - before).values()) == 5
+
+
+def test_half_policies_run_the_model_in_that_dtype():
+    model = _mingpt()
+    x = torch.rand(2, 16, 64)
+    half = _mingpt().to(torch.bfloat16)
+    y = run_at_policy(half, "bf16", (x,))
+    assert y.dtype == torch.float32
+    assert torch.equal(y, half(x.to(torch.bfloat16)).float())
+    assert not torch.equal(y, model(x))
+
+
+# ------------------------------------------------------------------------------------------
+# optimize end to end on the CPU (realization and timing injected), the artifact.
+
+def _optimize(tmp_path, **kw):
+    from fact_db.optimize import optimize
+    model = _mingpt()
+    x = torch.rand(2, 16, 64)
+    fast = optimize(model, (x,), policy=kw.pop("policy", "fp32"), realizer=kw.pop("realizer", standin_realizer()),
+                    timer=lambda fn, xs: 1.0, peers=(), out=tmp_path / "art", progress=False, **kw)
+    return model, x, fast
+
+
+def test_optimize_end_to_end_with_stand_ins(tmp_path):
+    model, x, fast = _optimize(tmp_path)
+    r = fast.report
+    assert r.verification.ok and len(r.verification.trials) >= 5
+    assert {t.dist for t in r.verification.trials} == {"like", "randn"}
+    assert [v.name for v in r.variants] == ["eager fp32", "fact-db"]
+    before = standins.CALLS.copy()
+    assert torch.allclose(fast(x), model(x), atol=1e-5)
+    assert sum((standins.CALLS - before).values()) == 5
+    art = Path(fast.artifact)
+    for f in ("manifest.json", "program.pt2", "fallback.pt2", "report.json", "report.md", "report.png"):
+        assert (art / f).is_file(), f
+    d = json.loads((art / "report.json").read_text(), parse_constant=lambda c: pytest.fail(f"JSON has {c}"))
+    assert d["verification"]["ok"] and len(d["regions"]) == 7
+    assert {s["rule"] for s in d["skipped"]} == {"layernorm"}
+    md = (art / "report.md").read_text()
+    assert "| fact-db |" in md and "Left to eager PyTorch" in md
+
+
+def test_optimize_returns_eager_when_verification_fails(tmp_path):
+    model, x, fast = _optimize(tmp_path, realizer=standin_realizer(broken="bias"))
+    v = fast.report.verification
+    assert not v.ok and "bound" in v.reason
+    assert any("verification failed" in n for n in fast.report.notes)
+    before = standins.CALLS.copy()
+    assert torch.equal(fast(x), model(x))  # the returned module is eager: right, if not faster
+    assert standins.CALLS == before
+
+
+def test_artifact_round_trip_tunes_nothing(tmp_path):
+    from fact_db.artifact import load
+    model, x, fast = _optimize(tmp_path)
+    again = load(fast.artifact, loader=standin_loader)
+    before = standins.CALLS.copy()
+    assert torch.allclose(again(x), model(x), atol=1e-5)
+    assert sum((standins.CALLS - before).values()) == 5
+    assert sum("loaded" in n for n in again.load_notes) == 5
+    x2 = torch.rand(3, 24, 64)  # another shape: the dynamic-shape eager fallback saved beside the program
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        assert torch.allclose(again(x2), model(x2), atol=1e-5)
+
+
+def test_artifact_kernels_run_eager_without_an_sm90_gpu(tmp_path):
+    from fact_db.artifact import load
+    model, x, fast = _optimize(tmp_path)
+    mf = Path(fast.artifact) / "manifest.json"
+    m = json.loads(mf.read_text())
+    for r in m["regions"]:  # pretend the GEMMs are CUTLASS kernels built on an H100
+        if r["impl"].get("standin") not in (None, "attention"):
+            r["impl"] = {"kind": "gemm", "label": "split3 ...", "template": "gemm_fp32tc_sm90",
+                         "spec": {"dtype": "float32", "layout_a": "row", "layout_b": "col", "epilogue": "bias"},
+                         "options": [0, 1, 1, 0], "build_key": "0" * 24, "so": "kernels/x/kernel.so",
+                         "so_sha256": "0", "source": "kernels/x/kernel.cu", "source_sha256": "0"}
+    mf.write_text(json.dumps(m))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        again = load(fast.artifact, loader=standin_loader)
+    assert sum("eager: no sm90 GPU here" in n for n in again.load_notes) == 4
+    assert any("run eager" in str(w.message) for w in seen)
+    assert torch.allclose(again(x), model(x), atol=1e-5)
+
+
+def test_artifact_refuses_edits_and_foreign_directories(tmp_path):
+    from fact_db.artifact import ArtifactError, load
+    _, _, fast = _optimize(tmp_path)
+    art = Path(fast.artifact)
+    with open(art / "program.pt2", "ab") as f:
+        f.write(b"\0")
+    with pytest.raises(ArtifactError, match=r"program.pt2.*changed after it was saved"):
+        load(art)
+    (art / "program.pt2").unlink()
+    with pytest.raises(ArtifactError, match="is missing"):
+        load(art)
+    with pytest.raises(ArtifactError, match="no manifest.json"):
+        load(tmp_path)
+    m = json.loads((art / "manifest.json").read_text())
+    m["format"] = 99
+    (art / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(ArtifactError, match="format 99"):
+        load(art)
+
+
+def test_a_failed_save_leaves_the_previous_artifact(tmp_path, monkeypatch):
+    from fact_db import artifact
+    _, _, fast = _optimize(tmp_path)
+    art = Path(fast.artifact)
+    before = sorted(p.name for p in art.iterdir())
+    mtime = (art / "manifest.json").stat().st_mtime_ns
+
+    def fail(*a, **k):
+        raise OSError("disk full")
+    monkeypatch.setattr(artifact, "write_all", fail)
+    with pytest.raises(OSError, match="disk full"):
+        _optimize(tmp_path)
+    assert sorted(p.name for p in art.iterdir()) == before
+    assert (art / "manifest.json").stat().st_mtime_ns == mtime
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".art.")]
+
+
+def test_save_refuses_a_directory_that_is_not_an_artifact(tmp_path):
+    from fact_db.artifact import ArtifactError
+    (tmp_path / "art").mkdir()
+    (tmp_path / "art" / "mine.txt").write_text("keep me")
+    with pytest.raises(ArtifactError, match="is not a fact-db artifact"):
+        _optimize(tmp_path)
+    assert (tmp_path / "art" / "mine.txt").read_text() == "keep me"
+
+
+# ------------------------------------------------------------------------------------------
+# Bad input.
+
+def test_tuple_and_dict_outputs_and_in_place_inputs(tmp_path):
+    from fact_db.optimize import optimize
+
+    class Outs(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(32, 64)
+            self.b = torch.nn.Linear(64, 32)
+
+        def forward(self, x, acc):
+            h = torch.relu(self.a(x))
+            acc.add_(1.0)  # in place on an input
+            return self.b(h), {"h": h, "acc": acc * 2}
+    m = Outs().eval()
+    x, acc = torch.randn(8, 32), torch.randn(8, 32)
+    fast = optimize(m, (x, acc), realizer=standin_realizer(), timer=lambda fn, xs: 1.0, peers=(), progress=False,
+                    out=tmp_path / "outs")
+    assert fast.report.verification.ok, fast.report.verification.reason
+    a1, a2 = acc.clone(), acc.clone()
+    y, d = fast(x, a1)
+    y0, d0 = m(x, a2)
+    assert torch.allclose(y, y0, atol=1e-5) and torch.allclose(d["h"], d0["h"], atol=1e-5)
+    assert torch.equal(a1, a2)  # the input was changed exactly as eager changes it
+
+
+def test_a_model_that_raises_names_the_line():
+    from fact_db.errors import TraceError
+    from fact_db.optimize import optimize
+
+    class Bad(torch.nn.Module):
+        def forward(self, x):
+            raise ValueError("boom")
+    with pytest.raises(TraceError, match="boom"):
+        optimize(Bad(), (torch.randn(2, 2),), realizer=standin_realizer(), progress=False, save=False)
+
+
+def test_a_spent_budget_leaves_regions_to_the_registry_or_eager(block):
+    _, _, disc = block
+    out = realize_regions(disc, "fp32", registry=None, budget_s=0.0, progress=False)
+    gemms = [z for z in out if z.workload is not None and z.region.template == "gemm_sm90"]
+    assert gemms and all(z.how == "skipped" and z.impl.kind == "eager" for z in gemms)
+    assert all(any("budget was spent" in n for n in z.notes) for z in gemms)
+
+
+def test_optimize_without_a_gpu_says_so():
+    from fact_db.optimize import OptimizeError, optimize
+    with pytest.raises(OptimizeError, match="no CUDA GPU"):
+        optimize(_mingpt(), (torch.rand(2, 16, 64),), progress=False, save=False)
+
+
+def test_factdb_optimize_prints_the_plan_without_a_gpu(tmp_path):
+    env = {**__import__("os").environ, "FACTDB_HOME": str(tmp_path), "FACTDB_SEED": ""}
+    exe = shutil.which("factdb") or sys.executable
+    cmd = ([exe] if exe.endswith("factdb") else [exe, "-m", "fact_db.cli"])
+    p = subprocess.run(cmd + ["optimize", str(ROOT / "benchmarks/problems/mingpt_block.py"), "--policy", "bf16",
+                              "--json"], capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stderr
+    d = json.loads(p.stdout, parse_constant=lambda c: pytest.fail(f"JSON has {c}"))
+    assert d["plan_only"] and [r["rule"] for r in d["regions"]][:3] == ["layernorm", "gemm-bias", "attention-causal"]
+    hows = {r["rule"]: r["how"] for r in d["regions"]}
+    assert hows["gemm-bias"] == "planned" and hows["layernorm"] == "eager"
+    p = subprocess.run(cmd + ["optimize", str(ROOT / "benchmarks/problems/mingpt_block.py")], capture_output=True,
+                       text=True, env=env, timeout=300)
+    assert p.returncode == 0 and "no CUDA GPU here, so this is the plan" in p.stdout
+    assert "REGISTRY" in p.stdout and "tune" in p.stdout
