@@ -28,7 +28,10 @@ def machine(**versions) -> dict:
 
 def commit(paths: list[str] | None = None, dirty_note: str = "+dirty") -> str:
     """HEAD, with `dirty_note` appended when tracked files (or just `paths`) differ from it,
-    so results from uncommitted code say so; "unknown" outside a git checkout."""
+    so results from uncommitted code say so; "unknown" outside a git checkout. A copy of the
+    tree without .git (a GPU host's) names its commit in FACTDB_COMMIT."""
+    if os.environ.get("FACTDB_COMMIT"):
+        return os.environ["FACTDB_COMMIT"]
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True, text=True,
                               check=True).stdout.strip()

@@ -257,6 +257,13 @@ def realize_regions(report, policy: str, *, registry=None, arch: str = "sm90a", 
             rz.registry = _registry_state(registry, rz.workload.key(arch, gpu_name))
         out.append(rz)
     order = sorted(out, key=lambda z: -z.region.estimate.gain_s)
+    if not plan_only and runner is None and budget_s is None:
+        # Every region's candidates compile in one parallel batch, not region by region.
+        from .tune import prebuild
+        gemms = list(dict.fromkeys(z.workload for z in order if isinstance(z.workload, GemmWorkload)
+                                   and not z.region.composable))
+        prebuild(gemms, arch=arch, gpu=gpu_name, registry=registry, max_candidates=max_candidates, force=force,
+                 progress=progress)
     done: dict = {}
     for rz in order:
         w = rz.workload

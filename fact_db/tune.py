@@ -88,6 +88,7 @@ class Trial:
     build_key: str = ""
     source_hash: str = ""
     device: str = ""
+    gpu: str = ""              # the worker's CUDA_VISIBLE_DEVICES: which GPU verified and timed it
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -463,7 +464,8 @@ def evaluate(w: GemmWorkload, cands: list[Candidate], *, gpus: list[int] | None 
     for (c, b), r in zip(runnable, res):
         out.append(Trial(c, r.get("status", "crashed"), r.get("time_ms"), r.get("err"), r.get("eager_err"),
                          r.get("error", ""), so=str(b.path) if b else "", build_key=b.key if b else "",
-                         source_hash=template.source_hash(b.source.code) if b else "", device=r.get("device", "")))
+                         source_hash=template.source_hash(b.source.code) if b else "", device=r.get("device", ""),
+                         gpu=str(r.get("gpu", ""))))
     return Evaluation(out, compile_s, bench_s)
 
 
@@ -492,18 +494,9 @@ def tune(w: GemmWorkload, *, arch: str = "sm90a", gpu: str | None = None, regist
             return hit
 
     # 2. Candidates.
-    space, notes = rule_space(rule, rules)
+    cands, notes = candidate_list(w, arch=arch, gpu=gpu, registry=registry, rules=rules,
+                                  max_candidates=max_candidates)
     result.notes += notes
-    cands, notes = candidates(w, space, arch, gpu, max_candidates)
-    result.notes += notes
-    if registry is not None:  # even with force: a config that failed under this toolchain fails again
-        failed = registry.failed_configs(key, toolchain.current())
-        if failed:
-            kept = [c for c in cands if c.config_hash not in failed]
-            if len(kept) < len(cands):
-                result.notes.append(f"{len(cands) - len(kept)} configuration(s) that failed before under this "
-                                    "toolchain were not tried again")
-            cands = kept
 
     # 3-4. Build, verify and time.
     ev = evaluate(w, cands, gpus=gpus, runner=runner, jobs=jobs, compile_only=compile_only, progress=progress,
@@ -521,6 +514,45 @@ def tune(w: GemmWorkload, *, arch: str = "sm90a", gpu: str | None = None, regist
     if registry is not None:
         _record(registry, key, w, result, device_name)
     return result
+
+
+def candidate_list(w: GemmWorkload, *, arch: str = "sm90a", gpu: str = "h100", registry=None, rules=None,
+                   max_candidates: int = 24) -> tuple[list[Candidate], list[str]]:
+    """The candidates `tune` tries for `w` (eager first), with notes: the rule's parameter space,
+    pruned and ranked, minus configurations that failed before under this toolchain (even
+    with force: they would fail again)."""
+    w = with_rule(w)
+    space, notes = rule_space(w.rule, rules)
+    cands, more = candidates(w, space, arch, gpu, max_candidates)
+    notes += more
+    if registry is not None:
+        failed = registry.failed_configs(w.key(arch, gpu), toolchain.current())
+        if failed:
+            kept = [c for c in cands if c.config_hash not in failed]
+            if len(kept) < len(cands):
+                notes.append(f"{len(cands) - len(kept)} configuration(s) that failed before under this "
+                             "toolchain were not tried again")
+            cands = kept
+    return cands, notes
+
+
+def prebuild(workloads: list[GemmWorkload], *, arch: str = "sm90a", gpu: str = "h100", registry=None,
+             max_candidates: int = 24, force: bool = False, jobs: int | None = None, progress: bool = True) -> int:
+    """Build every candidate of every workload in one parallel batch (what `tune` would build
+    for each, skipping workloads the registry answers), so a model's regions compile together
+    instead of one region at a time. Returns the number of sources built or found cached."""
+    cands = []
+    for w in workloads:
+        w = with_rule(w)
+        if registry is not None and not force:
+            hit = registry.lookup(w.key(arch, gpu))
+            if hit is not None and hit.exact and not hit.stale and hit.record.status == "verified":
+                continue
+        cands += candidate_list(w, arch=arch, gpu=gpu, registry=registry, max_candidates=max_candidates)[0]
+    cands = [c for c in cands if c.template != "eager"]
+    if not cands:
+        return 0
+    return len({b.key for b in build_candidates(cands, jobs=jobs, progress=progress).values()})
 
 
 def _run_jobs(jobs: list[dict], runner, gpus, timeout: float, progress: bool) -> list[dict]:

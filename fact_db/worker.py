@@ -54,7 +54,8 @@ def _run_job(job: dict, cache: dict) -> dict:
                      alpha=1.0, beta=1.0 if "c" in inputs else 0.0, out=out)
     verdict = verify(run, w, trials=job.get("trials", 5))
     res = {"id": job["id"], "err": verdict.err, "eager_err": verdict.eager_err,
-           "device": torch.cuda.get_device_name()}
+           "device": torch.cuda.get_device_name(), "gpu": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+           "uuid": str(getattr(torch.cuda.get_device_properties(0), "uuid", ""))}
     if not verdict.ok:
         status = "launch_error" if verdict.reason.startswith("launch failed") else "verify_failed"
         return {**res, "status": status, "error": verdict.reason}
