@@ -558,13 +558,12 @@ def prebuild(workloads: list[GemmWorkload], *, arch: str = "sm90a", gpu: str = "
 def _run_jobs(jobs: list[dict], runner, gpus, timeout: float, progress: bool) -> list[dict]:
     if runner is not None:
         return runner(jobs)
-    from .worker import WorkerPool
+    from .worker import shared_pool
     bar = None
     if progress:
         from tqdm import tqdm
         bar = tqdm(total=len(jobs), desc="verify+time", unit="cand", leave=False)
-    with WorkerPool(gpus, timeout=timeout) as pool:
-        res = pool.run(jobs, progress=(lambda r: bar.update(1)) if bar else None)
+    res = shared_pool(gpus, timeout).run(jobs, progress=(lambda r: bar.update(1)) if bar else None)
     if bar is not None:
         bar.close()
     return res

@@ -32,6 +32,9 @@ _INPUT_SETS = 3
 
 def _run_job(job: dict, cache: dict) -> dict:
     import torch
+    if job["kind"] == "ping":  # start-up only: torch imported, CUDA context made
+        torch.cuda.init()
+        return {"id": job["id"], "status": "ok", "gpu": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
 
     from .bench import time_cuda
     from .kernel import GemmKernel, GemmSpec
@@ -197,6 +200,16 @@ class WorkerPool:
             t.join()
         return [r for r in results if r is not None]
 
+    def warm(self) -> None:
+        """Start every worker now (import torch, create its CUDA context), in parallel, so the
+        first job on each GPU does not pay for it."""
+        jobs = [{"id": i, "kind": "ping"} for i in range(len(self.slots))]
+        threads = [threading.Thread(target=self._run_one, args=(s, j)) for s, j in zip(self.slots, jobs)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
     def close(self) -> None:
         for slot in self.slots:
             if slot.proc is not None and slot.proc.poll() is None:
@@ -212,6 +225,28 @@ class WorkerPool:
 
     def __exit__(self, *exc):
         self.close()
+
+
+_SHARED: dict = {}
+
+
+def shared_pool(gpus: list[int] | None, timeout: float = 120.0) -> WorkerPool:
+    """One pool per (GPUs, time limit) for the whole process, its workers kept between uses, so
+    tuning a model's regions one after another starts each GPU's worker once, not per region.
+    Closed at exit; a crashed or timed-out worker is replaced as usual."""
+    import atexit
+    key = (tuple(gpus) if gpus else None, timeout)
+    if key not in _SHARED:
+        if not _SHARED:
+            atexit.register(close_shared)
+        _SHARED[key] = WorkerPool(gpus, timeout=timeout)
+    return _SHARED[key]
+
+
+def close_shared() -> None:
+    for pool in _SHARED.values():
+        pool.close()
+    _SHARED.clear()
 
 
 if __name__ == "__main__":

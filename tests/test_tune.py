@@ -376,6 +376,33 @@ def test_worker_pool_spreads_over_gpus(tmp_path):
     assert {r["gpu"] for r in res} == {"0", "1"}
 
 
+def test_warm_pool_starts_every_worker_once_and_keeps_it(tmp_path):
+    fake = tmp_path / "worker.py"
+    fake.write_text(textwrap.dedent("""\
+        import json, os, sys
+        for line in sys.stdin:
+            job = json.loads(line)
+            print(json.dumps({"id": job["id"], "status": "ok", "pid": os.getpid(),
+                              "gpu": os.environ.get("CUDA_VISIBLE_DEVICES")}), flush=True)
+    """))
+    with WorkerPool(gpus=[0, 1], timeout=10, command=[sys.executable, str(fake)]) as pool:
+        pool.warm()
+        pids = {s.gpu: s.proc.pid for s in pool.slots}
+        assert len(set(pids.values())) == 2 and all(s.proc.poll() is None for s in pool.slots)
+        res = pool.run([{"id": i} for i in range(6)])
+        assert {r["pid"] for r in res} <= set(pids.values())  # no worker started again
+
+
+def test_shared_pool_is_one_pool_per_gpus_and_limit():
+    from fact_db import worker
+    try:
+        a, b = worker.shared_pool([0, 1], 30.0), worker.shared_pool([0, 1], 30.0)
+        assert a is b and worker.shared_pool([0], 30.0) is not a and worker.shared_pool([0, 1], 60.0) is not a
+    finally:
+        worker.close_shared()
+    assert worker._SHARED == {}
+
+
 # --------------------------------------------------------------------------------------
 # CLI
 
