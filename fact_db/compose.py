@@ -133,6 +133,33 @@ def _gemm_nodes(gm, g, shapes, r, impl, fx, index: int):
     return y
 
 
+def _dual_gemm_nodes(gm, g, shapes, r, impl, fx, index: int):
+    """silu(x Wg) * (x Wu) as one GEMM over [Wg; Wu] (a buffer made here), split, SiLU, product."""
+    aten = torch.ops.aten
+    ops, nk = r.operands, r.attrs.get("b_layout") == "nk"
+    wg, wu = fx(ops["w_gate"]), fx(ops["w_up"])
+    if wg.op != "get_attr" or wu.op != "get_attr":
+        raise ComposeError(f"region {r.rule} at `{r.output}`: gate and up weights are not parameters")
+    tg, tu = _attr_tensor(gm, wg.target), _attr_tensor(gm, wu.target)
+    name = f"_factdb_gate_up_{index}"
+    gm.register_buffer(name, torch.cat([tg, tu], dim=0 if nk else 1).detach())
+    w = g.get_attr(name)
+    n = tg.shape[0] if nk else tg.shape[1]
+    sa, sout = shapes.get(ops["a"]), shapes.get(r.output)
+    if sa is None or sout is None:
+        raise ComposeError(f"region {r.rule} at `{r.output}`: operand shapes unknown")
+    a = fx(ops["a"])
+    if len(sa) != 2:
+        a = g.call_function(aten.reshape.default, (a, [-1, sa[-1]]))
+    y = g.call_function(impl.op, (a, g.call_function(aten.t.default, (w,)) if nk else w, None, None, 1.0, 0.0))
+    parts = g.call_function(aten.split.Tensor, (y, n, -1))
+    import operator
+    gate = g.call_function(operator.getitem, (parts, 0))
+    up = g.call_function(operator.getitem, (parts, 1))
+    out = g.call_function(aten.mul.Tensor, (g.call_function(aten.silu.default, (gate,)), up))
+    return g.call_function(aten.view.default, (out, list(sout))) if len(sa) != 2 else out
+
+
 def _attention_nodes(gm, g, shapes, r, impl, fx, index: int):
     aten = torch.ops.aten
     ops, attrs = r.operands, r.attrs
@@ -179,7 +206,8 @@ def rewrite(program, regions: list, impls: dict):
             notes.append(f"region {i + 1} {r.rule}: stays eager ({r.composable})")
             impl.kind, impl.note = "eager", r.composable
             continue
-        build = _BUILDERS.get(impl.kind)
+        build = _dual_gemm_nodes if impl.kind == "gemm" and r.template.startswith("dual_gemm") else \
+            _BUILDERS.get(impl.kind)
         if build is None:
             raise ComposeError(f"unknown implementation kind '{impl.kind}' for region {i + 1} ({r.rule})")
         out = fx(r.output)

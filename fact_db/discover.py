@@ -153,6 +153,20 @@ def _operands(m, template: str) -> tuple[dict, dict, str]:
             elif x.op not in ("parameter", "buffer", "constant", "input") or x.numel > 1:
                 why = why or f"reads `{x.name}` of shape {list(x.shape)}, neither a bias nor a residual"
         return ops, attrs, why
+    if template.startswith("dual_gemm"):
+        g, u = m.bindings.get("gate"), m.bindings.get("up")
+        if g is None or u is None or g.op not in aten.GEMM_OPERANDS or u.op != g.op:
+            return {}, {}, "the gate and up products are not GEMMs of one form"
+        ia, ib = aten.GEMM_OPERANDS[g.op]
+        x, wg, wu = g.args[ia], g.args[ib], u.args[ib]
+        if u.args[ia] is not x or any(getattr(w, "op", None) != "parameter" for w in (wg, wu)):
+            return {}, {}, "the gate and up weights are not parameters read by the same input"
+        if g.op == "aten.linear" and (len(g.args) > 2 and g.args[2] is not None):
+            return {}, {}, "a gate or up projection with a bias"
+        if len(wg.shape or ()) != 2 or wg.shape != wu.shape:
+            return {}, {}, "gate and up weights of different shapes"
+        return ({"a": _name(x), "w_gate": _name(wg), "w_up": _name(wu)},
+                {"b_layout": "nk" if g.op == "aten.linear" else "kn"}, "")
     if template.startswith("fmha"):
         sdpa = next((n for n in comp if n.op == "aten.scaled_dot_product_attention"), None)
         if sdpa is not None:

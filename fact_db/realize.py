@@ -31,6 +31,16 @@ def plan(report, policy: str) -> list[Planned]:
     The epilogue and operand layouts come from the region, as discovery read them."""
     out = []
     for r in report.regions:
+        if r.template.startswith("dual_gemm") and r.operands and not r.composable:
+            # On Hopper: one GEMM over the concatenated gate and up weights (x read once, one
+            # launch); SiLU and the product stay in PyTorch.
+            p = r.problem
+            w = GemmWorkload(p["M"], 2 * p["N"], p["K"], 1, policy=policy, layout_a="row",
+                             layout_b="col" if r.attrs.get("b_layout") == "nk" else "row", epilogue="none",
+                             rule="gemm")
+            out.append(Planned(r, w, "one GEMM over the concatenated gate and up weights; SiLU and the product "
+                                     "stay in PyTorch"))
+            continue
         if r.template not in GEMM_TEMPLATES:
             out.append(Planned(r, None, f"template {r.template}: not realized yet (stage 2 covers the GEMM family)"))
             continue

@@ -412,3 +412,24 @@ def test_factdb_optimize_prints_the_plan_without_a_gpu(tmp_path):
                        text=True, env=env, timeout=300)
     assert p.returncode == 0 and "no CUDA GPU here, so this is the plan" in p.stdout
     assert "REGISTRY" in p.stdout and "tune" in p.stdout
+
+
+def test_swiglu_runs_as_one_gemm_over_concatenated_weights():
+    import fact_db
+    spec = importlib.util.spec_from_file_location("llama_small", ROOT / "benchmarks" / "problems" / "llama_block.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    torch.manual_seed(0)
+    model = mod.Model(128, 4, 2, 320, 1e-5).eval()
+    x = torch.randn(2, 16, 128)
+    disc = fact_db.discover(model, (x,))
+    i, (r, p) = next((i, rp) for i, rp in enumerate(zip(disc.regions, plan(disc, "fp32")))
+                     if rp[0].rule == "dual-gemm-swiglu")
+    assert (p.workload.m, p.workload.n, p.workload.k, p.workload.epilogue) == (32, 640, 128, "none")
+    before = standins.CALLS.copy()
+    gm, notes = rewrite(disc.graph.program, disc.regions, {i: Impl("gemm", "stand-in", standins.gemm_op("none"),
+                                                                   {"spec": {"epilogue": "none"}})})
+    assert not notes
+    assert torch.allclose(gm(x), model(x), atol=1e-5, rtol=1e-5)
+    assert (standins.CALLS - before)["gemm_none"] == 1  # gate and up: one GEMM
+    assert sum(str(n.target).startswith("aten.linear") for n in gm.graph.nodes) == 5  # q, k, v, o, down stay
