@@ -1,0 +1,137 @@
+"""Composition on a GPU with real CUTLASS kernels: an artifact loaded in a fresh process
+(nothing tuned), the composed module under torch.compile(fullgraph=True) and CUDA graph
+capture, another input shape, and op names that do not depend on where the kernels lie.
+
+The artifact is FACTDB_TEST_ARTIFACT (e.g. what `factdb optimize ... --out DIR` just wrote
+on this machine); without it the test optimizes a small minGPT block itself (a few
+kernels to build). Skipped where no sm90 GPU, nvcc or CUTLASS is present.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import warnings
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                       reason="needs an sm90 GPU (H100/H200)"),
+    pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc"),
+]
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _inputs(manifest: dict, batch: int | None = None):
+    leaves = [leaf for leaf in manifest["signature"][1] if leaf[0] == "T"]
+    out = []
+    for _, shape, dtype, _dev in leaves:
+        shape = list(shape)
+        if batch is not None:
+            shape[0] = batch
+        out.append(torch.rand(*shape, device="cuda", dtype=getattr(torch, dtype)))
+    return out
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory):
+    given = os.environ.get("FACTDB_TEST_ARTIFACT")
+    if given:
+        return Path(given)
+    from fact_db.optimize import optimize
+    spec = importlib.util.spec_from_file_location("mingpt", ROOT / "benchmarks" / "problems" / "mingpt_block.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    torch.manual_seed(0)
+    model = mod.Model(256, 4, 0.0, 0.0, 128).cuda().eval()
+    x = torch.rand(8, 128, 256, device="cuda")
+    fast = optimize(model, (x,), policy="fp32", max_candidates=2, peers=(), progress=False,
+                    out=tmp_path_factory.mktemp("art") / "mingpt")
+    assert fast.report.verification.ok, fast.report.verification.reason
+    return Path(fast.artifact)
+
+
+@pytest.fixture(scope="module")
+def loaded(artifact):
+    from fact_db.artifact import load
+    fast = load(artifact)
+    assert not [n for n in fast.load_notes if ": eager:" in n], fast.load_notes
+    return fast
+
+
+def test_loaded_artifact_runs_its_kernels_and_matches_its_program(artifact, loaded):
+    manifest = json.loads((artifact / "manifest.json").read_text())
+    kernels = [r for r in manifest["regions"] if r["impl"]["kind"] == "gemm"]
+    assert kernels, "the artifact has no kernel to check"
+    targets = {str(n.target) for n in loaded.gm.graph.nodes if n.op == "call_function"}
+    assert {r["impl"]["op"].replace("::", ".") + ".default" for r in kernels} <= targets
+    x = _inputs(manifest)
+    eager = torch.export.load(artifact / "program.pt2").module()
+    from fact_db.compose import run_at_policy
+    with torch.no_grad():
+        y, ref = loaded(*x), run_at_policy(eager, manifest["policy"], x)
+    err = (torch.linalg.vector_norm((y - ref).double()) / torch.linalg.vector_norm(ref.double())).item()
+    assert err < 1e-3, err
+
+
+def test_op_names_come_from_build_keys_not_paths(artifact, tmp_path):
+    from fact_db.kernel import GemmKernel, GemmSpec
+    manifest = json.loads((artifact / "manifest.json").read_text())
+    impl = next(r["impl"] for r in manifest["regions"] if r["impl"]["kind"] == "gemm")
+    moved = tmp_path / "elsewhere" / "k.so"
+    moved.parent.mkdir()
+    shutil.copy2(artifact / impl["so"], moved)
+    a = GemmKernel(artifact / impl["so"], impl["template"], GemmSpec(**impl["spec"]), tuple(impl["options"]),
+                   build_key=impl["build_key"])
+    b = GemmKernel(moved, impl["template"], GemmSpec(**impl["spec"]), tuple(impl["options"]),
+                   build_key=impl["build_key"])
+    assert a.op_name == b.op_name == impl["op"].split("::")[1]
+
+
+def test_composed_module_under_torch_compile_and_cuda_graphs(artifact, loaded):
+    manifest = json.loads((artifact / "manifest.json").read_text())
+    x = _inputs(manifest)
+    with torch.no_grad():
+        want = loaded(*x)
+    compiled = torch.compile(loaded, fullgraph=True)
+    with torch.no_grad():
+        got = compiled(*x)
+    torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
+    static = [t.clone() for t in x]
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s), torch.no_grad():
+        for _ in range(2):
+            loaded(*static)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g), torch.no_grad():
+        out = loaded(*static)
+    fresh = _inputs(manifest)
+    for t, f in zip(static, fresh):
+        t.copy_(f)
+    g.replay()
+    torch.cuda.synchronize()
+    with torch.no_grad():
+        torch.testing.assert_close(out, loaded(*fresh), rtol=1e-3, atol=1e-3)
+
+
+def test_another_batch_size_is_right_and_warns_once(artifact, loaded):
+    manifest = json.loads((artifact / "manifest.json").read_text())
+    x = _inputs(manifest, batch=3)
+    from fact_db.compose import run_at_policy
+    eager = torch.export.load(artifact / "fallback.pt2").module()
+    with warnings.catch_warnings(record=True) as seen, torch.no_grad():
+        warnings.simplefilter("always")
+        y = loaded(*x)
+        loaded(*x)
+    assert sum("called with" in str(w.message) for w in seen) == 1
+    with torch.no_grad():
+        torch.testing.assert_close(y, run_at_policy(eager, manifest["policy"], x), rtol=1e-3, atol=1e-3)
