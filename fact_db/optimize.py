@@ -339,6 +339,10 @@ def measure(module, model_p, fast, policy: str, draw, ref_model, *, peers=PEERS,
         label = "torch.compile" + (f" {mode}" if mode else "")
         runs.append((label, ("compile", mode), sets_p))
     runs.append(("fact-db", lambda *x: fast(*x), sets_p))
+    if "compile" in peers and composed_ok:
+        # The composed module under torch.compile(fullgraph=True): Inductor fuses what the
+        # regions left to PyTorch (norms, views, casts) around the kernels' ops.
+        runs.append(("fact-db + torch.compile", ("compile-composed", None), sets_p))
     out = []
     bar = None
     if progress:
@@ -350,8 +354,12 @@ def measure(module, model_p, fast, policy: str, draw, ref_model, *, peers=PEERS,
             if isinstance(fn, tuple):
                 import torch._dynamo
                 torch._dynamo.reset()
-                compiled = _compiled(model_p, fn[1])
-                fn = plain(compiled, policy)
+                if fn[0] == "compile-composed":
+                    compiled = torch.compile(fast, fullgraph=True)
+                    fn = (lambda c: lambda *x: c(*x))(compiled)
+                else:
+                    compiled = _compiled(model_p, fn[1])
+                    fn = plain(compiled, policy)
                 t0 = time.perf_counter()
                 fn(*xs[0])
                 if torch.cuda.is_available():

@@ -433,3 +433,18 @@ def test_swiglu_runs_as_one_gemm_over_concatenated_weights():
     assert torch.allclose(gm(x), model(x), atol=1e-5, rtol=1e-5)
     assert (standins.CALLS - before)["gemm_none"] == 1  # gate and up: one GEMM
     assert sum(str(n.target).startswith("aten.linear") for n in gm.graph.nodes) == 5  # q, k, v, o, down stay
+
+
+def test_measure_times_every_peer_and_the_composed_module_compiled(tmp_path):
+    """The benchmark stage on CPU with an injected timer: which variants run, in what order,
+    each with its error against float64; torch.compile of the composed module works."""
+    model, x, fast = _optimize(tmp_path, bench=False)
+    from fact_db.optimize import like_drawer, measure
+    ref = _mingpt().double()
+    ref.load_state_dict(model.state_dict())
+    variants = measure(model, model, fast, "fp32", like_drawer((x,)), ref, peers=("compile",),
+                       timer=lambda fn, xs: 2.0, progress=False)
+    assert [v.name for v in variants] == ["eager fp32", "torch.compile", "fact-db", "fact-db + torch.compile"]
+    for v in variants:
+        assert v.ms == 2.0 and not v.note and v.err is not None and v.err < 1e-6, v
+    assert variants[1].compile_s > 0 and variants[3].compile_s > 0
