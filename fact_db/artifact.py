@@ -252,8 +252,9 @@ def load(directory, *, loader=None):
         notes.append(f"made by fact-db {manifest.get('factdb_version')}, loaded by {tc.get('factdb')}")
     regions, impls = [], {}
     for i, entry in enumerate(manifest["regions"]):
-        regions.append(types.SimpleNamespace(**{k: entry[k] for k in ("rule", "nodes", "output", "operands", "attrs",
-                                                                      "composable", "epilogue")}))
+        regions.append(types.SimpleNamespace(**{k: entry.get(k) for k in ("rule", "template", "nodes", "output",
+                                                                          "operands", "attrs", "composable",
+                                                                          "epilogue")}))
         rec = entry["impl"]
         impl = loader(rec) if loader is not None else None
         what = "loaded"

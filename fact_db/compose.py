@@ -206,7 +206,7 @@ def rewrite(program, regions: list, impls: dict):
             notes.append(f"region {i + 1} {r.rule}: stays eager ({r.composable})")
             impl.kind, impl.note = "eager", r.composable
             continue
-        build = _dual_gemm_nodes if impl.kind == "gemm" and r.template.startswith("dual_gemm") else \
+        build = _dual_gemm_nodes if impl.kind == "gemm" and (r.template or "").startswith("dual_gemm") else \
             _BUILDERS.get(impl.kind)
         if build is None:
             raise ComposeError(f"unknown implementation kind '{impl.kind}' for region {i + 1} ({r.rule})")

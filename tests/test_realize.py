@@ -51,8 +51,10 @@ def test_realize_tunes_a_repeated_workload_once_and_reports_each_region_in_order
     assert seen == results and len(results) == len(report.regions)
     tuned = [(p, r) for p, r in results if p.workload is not None]
     distinct = {p.workload for p, _ in tuned}
-    assert len(tuned) == 5 and len(distinct) == 4   # the K and V projections are the same 2048x512x2048 GEMM
-    assert len(timed) == 4                          # ... and tuned once
+    # q, k, v, o projections, the SwiGLU gate+up pair as one GEMM over concatenated weights, the down projection;
+    # the K and V projections are the same 2048x512x2048 GEMM, tuned once
+    assert len(tuned) == 6 and len(distinct) == 5
+    assert len(timed) == 5
     k, v = [(p, r) for p, r in tuned if p.workload.shape == "2048x512x2048"]
     assert v[1] is k[1] and v[0].note == f"same workload as region {results.index(k) + 1}: tuned once"
     assert all(r.winner is not None and r.winner.time_ms < 1.0 for _, r in tuned)
@@ -71,7 +73,7 @@ def test_realize_cli_lists_every_region_and_needs_no_gpu_with_compile_only():
                                  "--max-candidates", "1", "--no-registry", "--json"])
     assert j.exit_code == 0, j.output
     regions = json.loads(j.stdout)["regions"]
-    assert len(regions) == 9 and sum(r["tune"] is not None for r in regions) == 5
+    assert len(regions) == 9 and sum(r["tune"] is not None for r in regions) == 6
     assert {r["tune"]["workload"]["policy"] for r in regions if r["tune"]} == {"bf16"}
 
 
