@@ -35,6 +35,9 @@ def _run_job(job: dict, cache: dict) -> dict:
     if job["kind"] == "ping":  # start-up only: torch imported, CUDA context made
         torch.cuda.init()
         return {"id": job["id"], "status": "ok", "gpu": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
+    if job["kind"] == "attention":  # fact_db/attention_tune.py: a library backend or an attention kernel
+        from .attention_tune import run_job
+        return run_job(job, cache)
 
     from .bench import time_cuda
     from .kernel import GemmKernel, GemmSpec
