@@ -186,7 +186,19 @@ def bench(problems, policies, max_candidates, budget, gpus, peers, db, results, 
     info = device_info(torch.device("cuda"))
     out = Path(results) if results else paths.ROOT / "benchmarks" / "results" / \
         f"{info['gpu']}-{date.today().isoformat()}-e2e.json"
+    import sys
+    sys.path.insert(0, str(paths.ROOT / "benchmarks"))
+    from _provenance import commit
     rows = []
+    doc = {"device": info["name"], "gpu": info["gpu"], "date": date.today().isoformat(), "commit": commit(),
+           "toolchain": toolchain_info(), "max_candidates": max_candidates, "budget_min": budget, "results": rows}
+
+    def write():  # after every row, atomically: a run cut short keeps the rows it finished
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(doc, indent=1))
+        tmp.replace(out)
+
     reg = _open_registry(db, True)
     try:
         for prob in probs:
@@ -205,18 +217,11 @@ def bench(problems, policies, max_candidates, budget, gpus, peers, db, results, 
                                  "wall_s": time.perf_counter() - t0})
                     click.echo(f"   failed: {type(e).__name__}: {e}", err=True)
                     torch.cuda.empty_cache()
+                write()
     finally:
         if reg is not None:
             reg.close()
-    import sys
-    sys.path.insert(0, str(paths.ROOT / "benchmarks"))
-    from _provenance import commit
-    doc = {"device": info["name"], "gpu": info["gpu"], "date": date.today().isoformat(), "commit": commit(),
-           "toolchain": toolchain_info(), "max_candidates": max_candidates, "budget_min": budget, "results": rows}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(doc, indent=1))
-    tmp.replace(out)
+    write()
     click.echo(f"wrote {out}")
     if as_json:
         click.echo(json.dumps(doc, indent=1))
