@@ -28,6 +28,9 @@ from pathlib import Path
 from .errors import FactError
 
 PEERS = ("compile", "max-autotune")  # torch.compile default, and max-autotune-no-cudagraphs
+# Peers that can be asked for besides: torch.compile's CUDA-graph mode, the peer to compare
+# with when the composed module replays a CUDA graph on a launch-bound model.
+MORE_PEERS = ("reduce-overhead",)
 POLICIES = ("fp32", "tf32x3", "tf32", "bf16", "fp16")
 
 
@@ -192,7 +195,8 @@ def plan(module, example_inputs, *, policy: str = "fp32", registry=None, gpu: st
 def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max_candidates: int = 24,
              budget: float | None = None, gpus: list[int] | None = None, out: str | Path | None = None,
              bench: bool = True, peers=PEERS, trials: int = 5, make_inputs=None, name: str | None = None,
-             progress: bool = True, force: bool = False, save: bool = True, realizer=None, timer=None):
+             progress: bool = True, force: bool = False, save: bool = True, realizer=None, timer=None,
+             cuda_graph: bool = True):
     """Optimize `module` for `example_inputs` under `policy`; returns the composed module
     (an nn.Module called like `module`) with `.report` (OptimizeReport) and `.artifact`.
 
@@ -200,6 +204,9 @@ def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max
     else eager (the report lists them). `make_inputs()` draws fresh inputs like the
     problem's (default: like `example_inputs`). `realizer(discovery, policy)` and
     `timer(fn, input_sets) -> ms` replace GPU realization and timing (tests on CPU).
+    `cuda_graph`: the composed module replays itself as a CUDA graph for the signature it was
+    optimized for (one launch per call; checked bitwise against the graph run op by op on
+    its first call, and off with a note if that fails).
     """
     import torch
 
@@ -237,7 +244,8 @@ def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max
         fast = ComposedModule(gm, model_p, policy=policy, optimized_for=signature(inputs), name=name,
                               regions=[(z.region.rule, z.impl) for z in realized],
                               variants=_variant_factory(model_p, policy, registry, realized, info),
-                              also_for=[signature(inputs_p)] if inputs_p is not inputs else [])
+                              also_for=[signature(inputs_p)] if inputs_p is not inputs else [],
+                              cuda_graph=cuda_graph)
     draw = like_drawer(inputs, make_inputs)
     with stage("verify", report, progress):
         ref_model = copy.deepcopy(module).to(torch.float64)
@@ -246,11 +254,17 @@ def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max
             trials=trials, eager_tf32=(lambda *x: run_at_policy(module, "tf32", x)) if policy == "tf32x3" else None,
             out_dtype={"bf16": "bfloat16", "fp16": "float16"}.get(policy, "float32"))
         report.verification = verdict
+        if getattr(fast, "graph_note", ""):
+            report.notes.append(fast.graph_note)
+        rounded = next((t.rounding for t in verdict.trials if t.rounding), "") if verdict.ok else ""
+        if rounded:
+            report.notes.append(rounded)
         if not verdict.ok:
             report.notes.append(f"end-to-end verification failed ({verdict.reason}): the returned module runs "
                                 f"eager PyTorch under the {policy} policy")
             fast = ComposedModule(model_p, model_p, policy=policy, optimized_for=signature(inputs), name=name,
-                                  regions=[], variants=None)
+                                  regions=[], variants=None,
+                                  also_for=[signature(inputs_p)] if inputs_p is not inputs else [])
     if bench:
         with stage("benchmark", report, progress):
             report.variants = measure(module, model_p, fast, policy, draw, ref_model, peers=peers, timer=timer,
@@ -333,12 +347,16 @@ def measure(module, model_p, fast, policy: str, draw, ref_model, *, peers=PEERS,
     if policy != "fp32":
         runs.append((f"eager {policy}", plain(model_p, policy), sets_p))
     for peer in peers:
-        mode = {"compile": None, "max-autotune": "max-autotune-no-cudagraphs"}.get(peer, "invalid")
+        mode = {"compile": None, "max-autotune": "max-autotune-no-cudagraphs",
+                "reduce-overhead": "reduce-overhead"}.get(peer, "invalid")
         if mode == "invalid":
-            raise OptimizeError(f"unknown peer '{peer}': use compile or max-autotune")
+            raise OptimizeError(f"unknown peer '{peer}': use compile, max-autotune or reduce-overhead")
         label = "torch.compile" + (f" {mode}" if mode else "")
         runs.append((label, ("compile", mode), sets_p))
     runs.append(("fact-db", lambda *x: fast(*x), sets_p))
+    if getattr(fast, "cuda_graph", False) and composed_ok and torch.cuda.is_available():
+        # The same composed graph run op by op: what the CUDA graph saves in launches.
+        runs.append(("fact-db, no CUDA graph", lambda *x: plain(fast.gm, policy)(*x), sets_p))
     if "compile" in peers and composed_ok:
         # The composed module under torch.compile(fullgraph=True): Inductor fuses what the
         # regions left to PyTorch (norms, views, casts) around the kernels' ops.
