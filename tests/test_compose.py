@@ -448,3 +448,19 @@ def test_measure_times_every_peer_and_the_composed_module_compiled(tmp_path):
     for v in variants:
         assert v.ms == 2.0 and not v.note and v.err is not None and v.err < 1e-6, v
     assert variants[1].compile_s > 0 and variants[3].compile_s > 0
+
+
+def test_the_cuda_graph_is_kept_only_where_it_is_faster(block):
+    """choose_graph keeps the graph on a launch-bound model and turns it off where copying
+    inputs in and outputs out costs more than the launches it saves (timings injected)."""
+    from fact_db.optimize import choose_graph
+    model, x, disc = block
+    gm, _ = rewrite(disc.graph.program, disc.regions, {})
+    draw = lambda t: ((torch.rand_like(x),), "like")  # noqa: E731
+    for graph_ms, ops_ms, on in ((0.43, 1.12, True), (0.31, 0.17, False)):
+        fast = ComposedModule(gm, model, policy="fp32", optimized_for=signature((x,)), cuda_graph=True)
+        fast._graphs["sig"] = object()
+        timer = lambda fn, xs, g=graph_ms, o=ops_ms, f=fast: g if fn.__name__ == "<lambda>" else o  # noqa: E731
+        note = choose_graph(fast, "fp32", draw, timer)
+        assert fast.cuda_graph is on and bool(fast._graphs) is on
+        assert note.startswith("CUDA graph on" if on else "CUDA graph off") and f"{ops_ms:.3f}" in note

@@ -51,14 +51,30 @@ def test_a_bf16_model_further_from_float64_than_eager_fails_kernelbench():
     assert not v.ok and "KernelBench's allclose at 0.01" in v.reason
 
 
-def test_differences_beyond_two_ulps_are_not_rounding():
+def test_differences_beyond_two_ulps_are_not_rounding_but_may_be_eagers_error():
+    # eager 4 ulps off on half the elements, the composed model exact: not the format's
+    # rounding, but eager's own error (the composed output is the closer one everywhere)
     v = verify_model(lambda x: _bf16(x), lambda x: _nudged(x, 4), reference, _draw, "bf16", out_dtype="bfloat16")
-    assert not v.ok and "KernelBench's allclose" in v.reason
-    assert v.trials[-1].rounding == ""
+    assert v.ok, v.reason
+    assert all("ulp" not in t.rounding and "eager's own error" in t.rounding for t in v.trials)
 
 
-def test_float32_outputs_never_take_a_failed_allclose_as_rounding():
-    def off(x):
-        return x * (1 + 3e-4)
-    v = verify_model(lambda x: x * 1.0, off, reference, _draw, "fp32", out_dtype="float32")
-    assert not v.ok and "KernelBench's allclose at 0.0001" in v.reason
+def test_a_float32_model_more_accurate_than_eager_passes_where_eager_itself_is_off():
+    # eager carries an error of 3e-4 relative on some elements (a library's large-K sum); the
+    # composed model is exact: allclose(composed, eager) at 1e-4 fails, by eager's error
+    def eager(x):
+        y = x * 1.0
+        y[::7] *= 1 + 3e-4
+        return y
+    v = verify_model(lambda x: x * 1.0, eager, reference, _draw, "fp32", out_dtype="float32")
+    assert v.ok, v.reason
+    assert all(not t.allclose and "eager's own error" in t.rounding for t in v.trials)
+
+
+def test_a_float32_model_off_where_eager_is_right_still_fails():
+    def composed(x):
+        y = x * 1.0
+        y[::7] *= 1 + 3e-4
+        return y
+    v = verify_model(composed, lambda x: x * 1.0, reference, _draw, "fp32", out_dtype="float32")
+    assert not v.ok
