@@ -286,6 +286,9 @@ class ComposedModule(torch.nn.Module):
         self.cuda_graph = cuda_graph
         self._graphs: dict = {}
         self.graph_note = ""
+        # Set where eager PyTorch timed faster than the composed graph for the signature it was
+        # optimized for: fact-db then never returns a module slower than what the user had.
+        self.prefer_eager = False
         self.fallback = fallback
         self.policy = policy
         self.name = name
@@ -301,6 +304,8 @@ class ComposedModule(torch.nn.Module):
     def _target(self, args, kwargs):
         sig = signature(args, kwargs)
         if sig == self.optimized_for or sig in self.also_for:
+            if self.prefer_eager:
+                return self.fallback
             if self.cuda_graph and not self.graph_note and _can_graph(args, kwargs):
                 g = self._graphs.get(sig)
                 if g is None:
@@ -333,7 +338,8 @@ class ComposedModule(torch.nn.Module):
     def extra_repr(self) -> str:
         replaced = sum(1 for _, impl in self.regions if impl.kind != "eager")
         graph = ", cuda_graph" if self.cuda_graph and not self.graph_note else ""
-        return f"policy={self.policy}, regions={len(self.regions)}, replaced={replaced}{graph}"
+        eager = ", runs eager (faster)" if self.prefer_eager else ""
+        return f"policy={self.policy}, regions={len(self.regions)}, replaced={replaced}{graph}{eager}"
 
 
 def _can_graph(args, kwargs) -> bool:

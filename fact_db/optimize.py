@@ -164,6 +164,34 @@ def choose_graph(fast, policy: str, draw, timer=None) -> str:
     return f"CUDA graph on: replayed {graph_ms:.3f} ms, op by op {ops_ms:.3f} ms"
 
 
+def keep_faster_than_eager(fast, model_p, policy: str, draw, timer=None, margin: float = 0.0) -> str:
+    """Eager PyTorch is always a candidate: where the model at the policy, run eagerly, times
+    faster than the composed module on three fresh input sets, the module runs eager for the
+    signature it was optimized for (`prefer_eager`), and the note says so with both times."""
+    import torch
+
+    from .bench import time_cuda
+    from .compose import cast_floats, policy_dtype, run_at_policy
+    dt = policy_dtype(policy)
+    sets = [draw(2 * i + 1)[0] for i in range(3)]
+    sets = [cast_floats(x, dt) for x in sets] if dt else sets
+    timer = timer or (lambda fn, xs: time_cuda(lambda x: fn(*x), xs))
+
+    def eager(*x):
+        with torch.no_grad():
+            return run_at_policy(model_p, policy, x)
+
+    def ms(fn) -> float:
+        t = timer(fn, sets)
+        return getattr(t, "median_ms", t)
+    ours, theirs = ms(lambda *x: fast(*x)), ms(eager)
+    if theirs < ours * (1 - margin):
+        fast.prefer_eager = True
+        return (f"eager PyTorch is faster than the composed module ({theirs:.3f} against {ours:.3f} ms): the "
+                f"returned module runs eager for these inputs")
+    return ""
+
+
 def at_policy(module, policy: str):
     """The model as `policy` runs it: a copy in bf16/fp16 for the half policies, else itself."""
     from .compose import policy_dtype
@@ -301,8 +329,12 @@ def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max
             fast = ComposedModule(model_p, model_p, policy=policy, optimized_for=signature(inputs), name=name,
                                   regions=[], variants=None,
                                   also_for=[signature(inputs_p)] if inputs_p is not inputs else [])
-    if verdict.ok and getattr(fast, "cuda_graph", False) and _on_gpu(inputs):
-        report.notes.append(choose_graph(fast, policy, draw, timer))
+    if verdict.ok and _on_gpu(inputs):
+        if getattr(fast, "cuda_graph", False):
+            report.notes.append(choose_graph(fast, policy, draw, timer))
+        note = keep_faster_than_eager(fast, model_p, policy, draw, timer)
+        if note:
+            report.notes.append(note)
     if bench:
         with stage("benchmark", report, progress):
             report.variants = measure(module, model_p, fast, policy, draw, ref_model, peers=peers, timer=timer,
@@ -392,7 +424,9 @@ def measure(module, model_p, fast, policy: str, draw, ref_model, *, peers=PEERS,
         label = "torch.compile" + (f" {mode}" if mode else "")
         runs.append((label, ("compile", mode), sets_p))
     runs.append(("fact-db", lambda *x: fast(*x), sets_p))
-    if getattr(fast, "cuda_graph", False) and composed_ok and torch.cuda.is_available():
+    if getattr(fast, "prefer_eager", False):
+        runs.append(("fact-db composed (slower: not returned)", lambda *x: plain(fast.gm, policy)(*x), sets_p))
+    elif getattr(fast, "cuda_graph", False) and composed_ok and torch.cuda.is_available():
         # The same composed graph run op by op: what the CUDA graph saves in launches.
         runs.append(("fact-db, no CUDA graph", lambda *x: plain(fast.gm, policy)(*x), sets_p))
     if "compile" in peers and composed_ok:
@@ -433,6 +467,8 @@ def measure(module, model_p, fast, policy: str, draw, ref_model, *, peers=PEERS,
             v.note = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
         if label == "fact-db" and not composed_ok:
             v.note = (v.note + "; " if v.note else "") + "verification failed: this is eager PyTorch"
+        elif label == "fact-db" and getattr(fast, "prefer_eager", False):
+            v.note = (v.note + "; " if v.note else "") + "eager timed faster than the composed graph: this is eager"
         out.append(v)
         if bar is not None:
             bar.update(1)
