@@ -27,8 +27,31 @@ def handle_errors(fn):
                 for f in e.faults:
                     click.echo(str(f), err=True)
             msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+            if isinstance(e, KeyError) and not isinstance(e, FactError):
+                msg = f"internal error: no entry {msg!r} (rerun with --debug for the traceback, and report it)"
             raise click.ClickException(msg) from None
+        except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort, KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as e:  # noqa: BLE001  (the last line of defence: one sentence, never a bare traceback)
+            if Ctx.debug:
+                traceback.print_exc()
+            raise click.ClickException(_one_sentence(e)) from None
     return wrapper
+
+
+def _one_sentence(e: Exception) -> str:
+    """An unexpected exception as one sentence: files that cannot be written (a read-only
+    $FACTDB_HOME) named with what to do, anything else as an internal error."""
+    import os
+    first = str(e).splitlines()[0] if str(e) else ""
+    home = os.environ.get("FACTDB_HOME", "~/.factdb")
+    if isinstance(e, OSError):
+        where = e.filename or home
+        return (f"cannot use {where}: {e.strerror or first}; point FACTDB_HOME (now {home}) or --db at a writable "
+                "directory")
+    if type(e).__module__.startswith("duckdb") and type(e).__name__ in ("IOException", "PermissionException"):
+        return f"a database file cannot be opened or written ({first}); check that FACTDB_HOME ({home}) is writable"
+    return f"internal error: {type(e).__name__}: {first} (rerun with --debug for the traceback, and report it)"
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

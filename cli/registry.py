@@ -73,9 +73,17 @@ def list_(rule, arch, gpu, policy, status, db_url, as_json):
         for r in recs:
             k = r.key
             sp = f"{r.speedup:.2f}x" if r.speedup else "-"
-            click.echo(f"{r.digest:16}  {k.rule:{w}}  {k.arch:6} {k.gpu:6} {k.policy:6} {k.shape:20} {k.epilogue:14} "
-                       f"{k.dtype_in:8} {_fmt_ms(r.time_ms):>9} {_fmt_ms(r.baseline_ms):>9} {sp:>7}  {r.status}")
+            click.echo(_safe(f"{r.digest:16}  {k.rule:{w}}  {k.arch:6} {k.gpu:6} {k.policy:6} {k.shape:20} "
+                             f"{k.epilogue:14} {k.dtype_in:8} {_fmt_ms(r.time_ms):>9} {_fmt_ms(r.baseline_ms):>9} "
+                             f"{sp:>7}  {r.status}"))
     click.echo(f"{len(recs)} kernels in {where}", err=True)
+
+
+def _safe(text) -> str:
+    """Text from imported rows with control characters escaped (an ESC sequence from someone
+    else's registry must not drive the terminal)."""
+    text = str(text)
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 @registry.command()
@@ -110,11 +118,11 @@ def show(digest, db_url, as_json):
         if name == "config":
             value = json.dumps(value, sort_keys=True)
         if value not in ("", None):
-            click.echo(f"{name + ':':18} {value}")
+            click.echo(f"{name + ':':18} {_safe(value)}")
     click.echo(f"trials: {len(trials)}")
     for t in trials:
-        click.echo(f"  {t.created_at[:19]}  {t.status:13} {_fmt_ms(t.time_ms):>9} ms  {t.config_hash}  "
-                   f"{json.dumps(t.config, sort_keys=True)}" + (f"  {t.error.splitlines()[0]}" if t.error else ""))
+        click.echo(_safe(f"  {t.created_at[:19]}  {t.status:13} {_fmt_ms(t.time_ms):>9} ms  {t.config_hash}  "
+                         f"{json.dumps(t.config, sort_keys=True)}" + (f"  {t.error.splitlines()[0]}" if t.error else "")))
 
 
 @registry.command()
