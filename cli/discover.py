@@ -68,8 +68,12 @@ def _print(report, explain: bool):
               help="Precision policy the kernels may use (see DESIGN.md); eager is estimated at the same policy.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--explain", is_flag=True, help="Say, for every rule that matched nowhere, the nearest candidate and why it missed.")
+@click.option("--max-memory", type=click.IntRange(256, None), default=None,
+              help="MiB the problem's code may allocate (default 8192, or $FACTDB_PROBLEM_MAX_MEMORY).")
+@click.option("--timeout", type=click.FloatRange(1, None), default=None,
+              help="Seconds building and tracing may take (default 300, or $FACTDB_PROBLEM_TIMEOUT).")
 @handle_errors
-def discover(problem, arch, gpu, policy, as_json, explain):
+def discover(problem, arch, gpu, policy, as_json, explain, max_memory, timeout):
     """Trace PROBLEM, match the rules and rank the regions worth building.
 
     PROBLEM is a KernelBench-format file (Model, get_inputs, get_init_inputs), a module
@@ -77,10 +81,39 @@ def discover(problem, arch, gpu, policy, as_json, explain):
     (module, example_inputs). The model is built and traced on the meta device: nothing
     runs at full size and no GPU is needed.
 
+    A problem file is Python that runs: building the model executes its code. It runs in a
+    child process under a memory limit and a time limit (--max-memory, --timeout); a file
+    that allocates, loops or exits is stopped and named, with how it ended.
+
     \b
     Example:
       factdb discover benchmarks/problems/mingpt_block.py --policy tf32 --explain
     """
+    from fact_db import sandbox
+    if not sandbox.in_child():
+        mem, tmo = sandbox.limits(max_memory, timeout)
+        args = ["discover", problem, "--arch", arch, "--policy", policy] + (["--gpu", gpu] if gpu else []) + \
+            (["--json"] if as_json else []) + (["--explain"] if explain else [])
+        from .main import Ctx
+        rc = sandbox.run((["--debug"] if Ctx.debug else []) + args, problem, max_memory_mb=mem, timeout_s=tmo)
+        if rc:
+            raise click.exceptions.Exit(rc)
+        return
+    try:
+        _discover(problem, arch, gpu, policy, as_json, explain)
+    except MemoryError:
+        sandbox.mark_done("error")
+        raise click.ClickException(f"{problem}: building or tracing ran out of memory (the limit is "
+                                   f"{sandbox.limits(max_memory, None)[0]} MiB: --max-memory)") from None
+    except (SystemExit, KeyboardInterrupt):
+        raise  # the problem file's own exit: the parent names it, unmarked
+    except BaseException:
+        sandbox.mark_done("error")
+        raise
+    sandbox.mark_done("ok")
+
+
+def _discover(problem, arch, gpu, policy, as_json, explain):
     from fact_db.discover import analyse
     from fact_db.errors import TraceError
     from fact_db.rules import load_rules

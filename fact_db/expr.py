@@ -81,6 +81,7 @@ class Expr:
             _check_node(node, source)
             if isinstance(node, ast.Name) and node.id not in FUNCTIONS:
                 names.add(node.id)
+        _fold_constants(tree.body, source)
         return cls(source.strip(), tree, frozenset(names))
 
     def evaluate(self, env: dict):
@@ -144,6 +145,22 @@ def _binop(op, a, b, source):
         return _bounded(_BINOPS[op](a, b), source)
     except OverflowError:
         raise ExprError(f"a number overflows in `{_short(source)}`") from None
+
+
+def _fold_constants(node, source):
+    """Evaluate, under the limits, every operation whose operands are constants, so that
+    `9**9**9` or `'a' * 10**11` is refused when the rule is validated, not when it matches."""
+    if isinstance(node, (ast.BinOp, ast.UnaryOp)) and not any(isinstance(n, (ast.Name, ast.Call, ast.Attribute))
+                                                                for n in ast.walk(node)):
+        try:
+            _eval(node, {}, source)
+        except ExprError:
+            raise
+        except Exception as e:  # noqa: BLE001  (1 / 0 and the like: refused, with what)
+            raise ExprError(f"a constant part of `{_short(source)}` fails: {type(e).__name__}: {e}") from None
+        return
+    for child in ast.iter_child_nodes(node):
+        _fold_constants(child, source)
 
 
 def _check_node(node, source):
