@@ -44,6 +44,45 @@ def limits(max_memory_mb: int | None, timeout_s: float | None) -> tuple[int, flo
     return mem, tmo
 
 
+MAX_OUTPUT = 4 * 1024 * 1024  # bytes of the child's stdout (and of its stderr) passed on; a file that prints more is cut
+
+
+class _Capped:
+    """Reads a pipe to its end in a thread, keeping at most MAX_OUTPUT bytes."""
+
+    def __init__(self, pipe):
+        import threading
+        self.pipe, self.kept, self.size, self.dropped = pipe, [], 0, 0
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self):
+        while True:
+            chunk = self.pipe.read1(65536) if hasattr(self.pipe, "read1") else self.pipe.read(65536)
+            if not chunk:
+                return
+            room = MAX_OUTPUT - self.size
+            if room > 0:
+                self.kept.append(chunk[:room])
+                self.size += min(room, len(chunk))
+            self.dropped += max(0, len(chunk) - max(room, 0))
+
+    def text(self) -> str:
+        self.thread.join(timeout=5)
+        out = b"".join(self.kept).decode("utf-8", "replace")
+        return out + (f"\n[{self.dropped} more bytes of output cut]\n" if self.dropped else "")
+
+
+def _relay(readers) -> None:
+    """The child's stdout and stderr, passed on through click (so CliRunner and pipes see them)."""
+    import click
+    out, err = readers[0].text(), readers[1].text()
+    if out:
+        click.echo(out, nl=False)
+    if err:
+        click.echo(err, nl=False, err=True)
+
+
 def run(args: list[str], problem: str, *, max_memory_mb: int, timeout_s: float) -> int:
     """Run `python -m fact_db.cli ARGS` in a child under the limits, its output passed
     through; returns its exit code, or raises ProblemError saying how the problem file ended it."""
@@ -61,14 +100,18 @@ def run(args: list[str], problem: str, *, max_memory_mb: int, timeout_s: float) 
     os.close(fd)
     env = dict(os.environ, **{ENV_CHILD: done})
     try:
-        child = subprocess.Popen([sys.executable, "-m", "fact_db.cli", *args], env=env, preexec_fn=limit)
+        child = subprocess.Popen([sys.executable, "-m", "fact_db.cli", *args], env=env, preexec_fn=limit,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        readers = [_Capped(child.stdout), _Capped(child.stderr)]
         try:
             rc = child.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             os.killpg(child.pid, signal.SIGKILL)
             child.wait()
+            _relay(readers)
             raise ProblemError(f"{problem}: building and tracing did not finish within {timeout_s:g} s (a loop in "
                                "the problem file?); it was stopped. Raise --timeout if it needs longer") from None
+        _relay(readers)
         with open(done) as f:
             status = f.read()
     finally:
