@@ -6,7 +6,7 @@ import time
 
 import click
 
-from .main import cli, handle_errors
+from .main import arch_choice, cli, handle_errors, jdump, model_arch
 
 # The choices are spelled out here so that `factdb --help` and commands other than
 # discover do not import torch (fact_db.roofline does); a test checks they match.
@@ -64,7 +64,8 @@ def _print(report, explain: bool):
 
 @cli.command()
 @click.argument("problem")
-@click.option("--arch", type=click.Choice(["sm90", "sm80"]), default="sm90", show_default=True, help="Target architecture.")
+@click.option("--arch", type=arch_choice(), default="sm90", show_default=True,
+              help="Target architecture (sm90 and sm90a are the same here).")
 @click.option("--gpu", type=click.Choice(GPUS), help="GPU for the roofline (default: h100 for sm90, a100 for sm80).")
 @click.option("--policy", type=click.Choice(POLICIES), default="fp32", show_default=True,
               help="Precision policy the kernels may use (see DESIGN.md); eager is estimated at the same policy.")
@@ -94,6 +95,7 @@ def discover(problem, arch, gpu, policy, as_json, explain, db, no_registry, max_
       factdb discover benchmarks/problems/mingpt_block.py --policy tf32 --explain
     """
     from fact_db import sandbox
+    arch = model_arch(arch)
     if not sandbox.in_child():
         mem, tmo = sandbox.limits(max_memory, timeout)
         args = ["discover", problem, "--arch", arch, "--policy", policy] + (["--gpu", gpu] if gpu else []) + \
@@ -159,7 +161,7 @@ def _discover(problem, arch, gpu, policy, as_json, explain, db, no_registry):
         if as_json:
             d = report.as_dict()
             d["error"] = str(e)
-            click.echo(json.dumps(d, indent=2))
+            click.echo(jdump(d, indent=2))
         else:
             _print(report, explain)
         raise click.ClickException(str(e)) from None
@@ -168,6 +170,6 @@ def _discover(problem, arch, gpu, policy, as_json, explain, db, no_registry):
     if as_json:
         d = report.as_dict()
         d["registry"] = report.registry_note
-        click.echo(json.dumps(d, indent=2, default=str))
+        click.echo(jdump(d, indent=2, default=str))
     else:
         _print(report, explain)

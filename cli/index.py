@@ -5,7 +5,7 @@ import json
 
 import click
 
-from .main import cli, handle_errors
+from .main import cli, handle_errors, jdump
 
 _db_option = click.option(
     "--db", "db_url", envvar="FACTDB_DB", metavar="URL",
@@ -50,7 +50,7 @@ def build(force, as_json, db_url):
     for w in rep.warnings:
         click.echo(f"warning: {w}", err=True)
     if as_json:
-        click.echo(json.dumps(rep.as_dict(), indent=2))
+        click.echo(jdump(rep.as_dict(), indent=2))
         return
     docs = ", ".join(f"{rep.docs.get(k, 0)} {k}s" for k in index.KINDS)
     click.echo(f"indexed {docs}: {rep.added} added, {rep.updated} updated, {rep.removed} removed, "
@@ -77,7 +77,7 @@ def status(as_json, quick, db_url):
     from fact_db import index
     st = index.status(db_url, check_sources=not quick)
     if as_json:
-        click.echo(json.dumps(st, indent=2, default=str))
+        click.echo(jdump(st, indent=2, default=str))
         return
     if not st["exists"]:
         click.echo(f"no index at {st['store']}; `factdb index build` builds it (and `factdb query` does on first use)")

@@ -14,6 +14,46 @@ class Ctx:
     debug = False
 
 
+# One vocabulary across commands: both spellings of Hopper are accepted everywhere; each
+# command maps them to what it needs (discovery's roofline: sm90; kernels: sm90a).
+ARCHES = ("sm90", "sm90a", "sm80")
+DTYPES = ("float32", "bfloat16", "float16", "fp32", "bf16", "fp16")
+
+
+def arch_choice():
+    return click.Choice(ARCHES)
+
+
+def build_arch(arch: str) -> str:
+    """The arch kernels are built for: sm90 is built as sm90a (the wgmma/TMA features)."""
+    return "sm90a" if arch == "sm90" else arch
+
+
+def model_arch(arch: str) -> str:
+    """The arch discovery's roofline knows: sm90a is sm90."""
+    return "sm90" if arch == "sm90a" else arch
+
+
+def _finite(x):
+    import math
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    return x
+
+
+def jdump(obj, **kw) -> str:
+    """JSON for --json output: NaN and infinities become null (strict JSON parsers refuse them)."""
+    import json
+    default = kw.pop("default", None)
+    if default is not None:  # objects rendered first, so their floats are cleaned too
+        obj = json.loads(json.dumps(obj, default=default))
+    return json.dumps(_finite(obj), allow_nan=False, **kw)
+
+
 def handle_errors(fn):
     """Turn fact-db's user errors into one-sentence ClickExceptions (tracebacks with --debug)."""
     @functools.wraps(fn)

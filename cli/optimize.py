@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from .main import cli, handle_errors
+from .main import cli, handle_errors, jdump
 from .tune import POLICIES, _gpus, _open_registry
 
 PEERS = ("compile", "max-autotune")
@@ -99,7 +99,7 @@ def optimize(problem, policy, max_candidates, budget, gpus, peers, no_bench, no_
         if not torch.cuda.is_available():
             report = plan_problem(problem, policy=policy, registry=reg)
             if as_json:
-                click.echo(json.dumps(report_dict(report), indent=1))
+                click.echo(jdump(report_dict(report), indent=1))
                 return
             click.echo(f"{report.problem}: no CUDA GPU here, so this is the plan (nothing tuned or run), "
                        f"policy {policy}")
@@ -115,7 +115,7 @@ def optimize(problem, policy, max_candidates, budget, gpus, peers, no_bench, no_
             reg.close()
     report = fast.report
     if as_json:
-        click.echo(json.dumps({**report_dict(report), "artifact": str(fast.artifact)}, indent=1))
+        click.echo(jdump({**report_dict(report), "artifact": str(fast.artifact)}, indent=1))
     else:
         click.echo(markdown(report))
         click.echo(f"artifact: {fast.artifact}  (load it with fact_db.load('{fast.artifact}'))")
@@ -204,7 +204,7 @@ def bench(problems, policies, max_candidates, budget, gpus, peers, no_cuda_graph
     def write():  # after every row, atomically: a run cut short keeps the rows it finished
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(doc, indent=1))
+        tmp.write_text(jdump(doc, indent=1))
         tmp.replace(out)
 
     reg = _open_registry(db, True)
@@ -233,4 +233,4 @@ def bench(problems, policies, max_candidates, budget, gpus, peers, no_cuda_graph
     write()
     click.echo(f"wrote {out}")
     if as_json:
-        click.echo(json.dumps(doc, indent=1))
+        click.echo(jdump(doc, indent=1))

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from .main import cli, handle_errors
+from .main import cli, handle_errors, jdump
 
 _db_option = click.option(
     "--db", "db_url", envvar="FACTDB_DB", metavar="URL",
@@ -64,7 +64,7 @@ def list_(rule, arch, gpu, policy, status, db_url, as_json):
         recs = list(reg.kernels(rule=rule, arch=arch, gpu=gpu, policy=policy, status=status))
         where = reg.where
     if as_json:
-        click.echo(json.dumps([r.as_dict() for r in recs], indent=2))
+        click.echo(jdump([r.as_dict() for r in recs], indent=2))
         return
     if recs:
         w = max(len(r.key.rule) for r in recs)
@@ -112,7 +112,7 @@ def show(digest, db_url, as_json):
         rec = reg.get(found[0])
         trials = reg.trials(found[0])
     if as_json:
-        click.echo(json.dumps({"kernel": rec.as_dict(), "trials": [t.as_dict() for t in trials]}, indent=2))
+        click.echo(jdump({"kernel": rec.as_dict(), "trials": [t.as_dict() for t in trials]}, indent=2))
         return
     for name, value in rec.as_dict().items():
         if name == "config":
@@ -171,7 +171,7 @@ def import_(file, db_url, as_json):
             click.echo(f"{e.path}:{line}: {why}", err=True)
         raise
     if as_json:
-        click.echo(json.dumps(rep.as_dict(), indent=2))
+        click.echo(jdump(rep.as_dict(), indent=2))
     else:
         click.echo(f"{rep.path}: {rep.inserted} inserted, {rep.replaced} replaced, {rep.kept} kept")
 
@@ -194,7 +194,7 @@ def revalidate(db_url, as_json, dry_run):
     with _open(db_url) as reg:
         changes = reg.revalidate(dry_run=dry_run)
     if as_json:
-        click.echo(json.dumps([c.as_dict() for c in changes], indent=2))
+        click.echo(jdump([c.as_dict() for c in changes], indent=2))
         return
     for c in changes:
         click.echo(f"{c.digest}  {c.rule} {c.shape}: {c.old_status} -> {c.new_status} ({c.reason})")
@@ -218,7 +218,7 @@ def gc(days, dry_run, db_url, as_json):
     with _open(db_url) as reg:
         rep = reg.gc(days, dry_run=dry_run)
     if as_json:
-        click.echo(json.dumps(rep.as_dict(), indent=2))
+        click.echo(jdump(rep.as_dict(), indent=2))
         return
     verb = "would delete" if dry_run else "deleted"
     click.echo(f"{verb} {len(rep.kernels)} kernel rows and {rep.trials} orphan trials")
