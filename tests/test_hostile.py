@@ -89,3 +89,41 @@ def test_hostile_input_ends_bounded_with_one_sentence(case, tmp_path):
                 assert con.execute("select count(*) from kernels").fetchone()[0] == 0
             finally:
                 con.close()
+
+
+def _cli(home, *args, env_extra=None, **kw):
+    env = dict(os.environ, FACTDB_HOME=str(home), HF_HUB_OFFLINE="1", **(env_extra or {}))
+    return subprocess.run([sys.executable, "-m", "fact_db.cli", *args], capture_output=True, text=True, env=env,
+                          timeout=60, preexec_fn=_limit, **kw)
+
+
+@pytest.mark.parametrize("args", [["query", "gemm with bias"], ["index", "build"], ["registry", "list"]])
+def test_an_unwritable_home_is_one_sentence_naming_it(tmp_path, args):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    home = blocker / "home"  # cannot be created: its parent is a file (root ignores permission bits)
+    p = _cli(home, *args)
+    out = p.stdout + p.stderr
+    assert p.returncode == 1 and "Traceback" not in out, out[-2000:]
+    assert str(home) in out and "FACTDB_HOME" in out and out.count("Error:") == 1, out[-2000:]
+
+
+def test_text_from_an_imported_row_is_shown_with_control_characters_escaped(tmp_path):
+    home = tmp_path / "home"
+    seed = {"FACTDB_SEED": str(ROOT / "index" / "kernels.jsonl")}
+    assert _cli(home, "registry", "list", env_extra=seed).returncode == 0  # a registry with the shipped seed rows
+    exp = _cli(home, "registry", "export", "-")
+    rows = exp.stdout.splitlines()
+    assert rows, exp.stderr
+    row = json.loads(rows[0])
+    row.pop("digest", None)
+    row["m"] += 64  # a new key, so the import inserts it
+    row["notes"] = "\x1b[2J\x1b[31mowned\x07"
+    f = tmp_path / "evil.jsonl"
+    f.write_text(json.dumps(row) + "\n")
+    imp = _cli(home, "registry", "import", str(f))
+    assert imp.returncode == 0, imp.stdout + imp.stderr
+    listed = _cli(home, "registry", "list", "--json").stdout
+    digest = next(r["digest"] for r in json.loads(listed) if r.get("notes", "").endswith("owned\x07"))
+    shown = _cli(home, "registry", "show", digest).stdout
+    assert "\\x1b[2J\\x1b[31mowned\\x07" in shown and "\x1b" not in shown and "\x07" not in shown
