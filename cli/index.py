@@ -61,6 +61,25 @@ def build(force, as_json, db_url):
     click.echo(f"{rep.store} in {rep.seconds:.1f} s")
 
 
+@index_.command("ship-vectors")
+@click.option("--out", type=click.Path(dir_okay=False), default=None,
+              help="File to write (default: index/vectors.npz in the source tree).")
+@_db_option
+@handle_errors
+def ship_vectors(out, db_url):
+    """Write the embeddings of the shipped rules and CUTLASS examples to index/vectors.npz,
+    which a fresh install's first index build reads instead of embedding them (registry
+    kernels are never included). Run it after changing rules or the pinned model.
+
+    \b
+    Example:
+      factdb index ship-vectors
+    """
+    from fact_db import index
+    n = index.ship_vectors(db_url, out)
+    click.echo(f"wrote {n} vectors to {out or index.SHIPPED_VECTORS}")
+
+
 @index_.command()
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
 @click.option("--quick", is_flag=True, help="Skip comparing the index with the sources (rules, examples, registry).")
