@@ -34,8 +34,8 @@ from sqlalchemy.pool import NullPool, StaticPool
 from . import paths
 from .errors import FactError
 
-SCHEMA_VERSION = 1  # the newest schema this fact-db writes; see MIGRATIONS
-REGISTRY_TABLES = ("factdb_meta", "kernels", "trials", "rules", "examples")
+SCHEMA_VERSION = 2  # the newest schema this fact-db writes; see MIGRATIONS
+REGISTRY_TABLES = ("factdb_meta", "kernels", "trials", "rules", "examples", "attention_kernels")
 INDEX_PREFIX = "index_"
 DEFAULT_TIMEOUT_S = 30.0
 
@@ -193,8 +193,31 @@ def _m001_initial(conn: sa.Connection) -> None:
     md.create_all(conn, checkfirst=False)
 
 
+def _m002_attention(conn: sa.Connection) -> None:
+    # one row per tuned attention workload: its key (batch, heads, KV heads, lengths, head
+    # dims, causal, scale, dtype, policy, arch, gpu) and the winner (an SDPA backend, the
+    # explicit form, or a family kernel with its config), with every trial as JSON
+    md = sa.MetaData()
+    S, T, I, D = sa.String, sa.Text, sa.BigInteger, sa.Double
+    sa.Table(
+        "attention_kernels", md, sa.Column("digest", S, primary_key=True),
+        sa.Column("arch", S, nullable=False), sa.Column("gpu", S, nullable=False),
+        sa.Column("batch", I, nullable=False), sa.Column("heads", I, nullable=False),
+        sa.Column("kv_heads", I, nullable=False), sa.Column("lq", I, nullable=False),
+        sa.Column("lk", I, nullable=False), sa.Column("d", I, nullable=False), sa.Column("dv", I, nullable=False),
+        sa.Column("causal", sa.Boolean, nullable=False), sa.Column("scale", D, nullable=False),
+        sa.Column("dtype", S, nullable=False), sa.Column("policy", S, nullable=False),
+        sa.Column("label", S, nullable=False), sa.Column("kind", S, nullable=False),
+        sa.Column("template", S, nullable=False), sa.Column("config", T, nullable=False),
+        sa.Column("time_ms", D), sa.Column("rel_err", D), sa.Column("device_name", S, nullable=False),
+        sa.Column("trials", T, nullable=False), sa.Column("created_at", S, nullable=False),
+    )
+    md.create_all(conn, checkfirst=True)
+
+
 MIGRATIONS: list[tuple[int, str, object]] = [
     (1, "m001_initial", _m001_initial),
+    (2, "m002_attention", _m002_attention),
 ]
 assert [v for v, _, _ in MIGRATIONS] == list(range(1, SCHEMA_VERSION + 1))
 

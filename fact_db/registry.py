@@ -890,6 +890,46 @@ class Registry:
         self.db.meta["seed_sha256"] = sha
 
     # ----------------------------------------------------------------------------------
+    # attention rows (fact_db/attention_tune.py): one per workload key, the winner and its trials
+    @staticmethod
+    def attention_digest(w, arch: str, gpu: str = "") -> str:
+        key = (arch, canonical_gpu(gpu) if gpu else "", w.batch, w.heads, w.kv_heads, w.lq, w.lk, w.d, w.dv,
+               bool(w.causal), float(w.softmax_scale), w.dtype, w.policy)
+        return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:32]
+
+    def attention_get(self, w, arch: str, gpu: str = ""):
+        """The stored winner for attention workload `w` (an AttnTrial), or None."""
+        import sqlalchemy as sa
+
+        from .attention_tune import AttnTrial
+        with self.db.begin(write=False) as conn:
+            row = conn.execute(sa.text("SELECT label, kind, template, config, time_ms, rel_err FROM attention_kernels "
+                                       "WHERE digest = :d"), {"d": self.attention_digest(w, arch, gpu)}).first()
+        if row is None:
+            return None
+        return AttnTrial(row[0], row[1], "ok", time_ms=row[4], err=row[5], template=row[2],
+                         config=json.loads(row[3]) if row[3] else {})
+
+    def attention_put(self, w, arch: str, best, trials, gpu: str = "", device_name: str = "") -> None:
+        """Store (replace) the winner for `w`, with every trial."""
+        import dataclasses
+
+        import sqlalchemy as sa
+        digest = self.attention_digest(w, arch, gpu)
+        row = {"digest": digest, "arch": arch, "gpu": canonical_gpu(gpu) if gpu else "", "batch": w.batch,
+               "heads": w.heads, "kv_heads": w.kv_heads, "lq": w.lq, "lk": w.lk, "d": w.d, "dv": w.dv,
+               "causal": bool(w.causal), "scale": float(w.softmax_scale), "dtype": w.dtype, "policy": w.policy,
+               "label": best.label, "kind": best.kind, "template": best.template or "",
+               "config": json.dumps(best.config or {}, sort_keys=True), "time_ms": best.time_ms, "rel_err": best.err,
+               "device_name": device_name,
+               "trials": json.dumps([dataclasses.asdict(t) for t in trials], default=str), "created_at": utcnow()}
+        cols = ", ".join(row)
+        vals = ", ".join(f":{k}" for k in row)
+        with self.db.begin() as conn:
+            conn.execute(sa.text("DELETE FROM attention_kernels WHERE digest = :d"), {"d": digest})
+            conn.execute(sa.text(f"INSERT INTO attention_kernels ({cols}) VALUES ({vals})"), row)
+
+    # ----------------------------------------------------------------------------------
     def put_kernel(self, rec: KernelRecord, *, toolchain=None, template_hashes: dict | None = None) -> str:
         """Merge one kernel row by key: 'inserted', 'replaced' or 'kept' (see the module docstring)."""
         return self.put_kernels([rec], toolchain=toolchain, template_hashes=template_hashes).outcomes[0]

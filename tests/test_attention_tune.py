@@ -1,0 +1,135 @@
+"""CPU tests of the attention tuner, the fmha_sm90 family, the attention registry rows and
+the worker job (run in-process here with a stand-in kernel)."""
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from fact_db import attention_tune as at
+from fact_db import fmha_sm90
+from fact_db.attention import AttentionWorkload
+from fact_db.registry import Registry
+
+
+def W(**kw):
+    base = dict(batch=2, heads=4, kv_heads=4, lq=64, lk=64, d=64, dv=64, causal=True, policy="bf16")
+    return AttentionWorkload(**{**base, **kw})
+
+
+@pytest.mark.parametrize("d", [64, 96, 128])
+def test_fmha_sm90_configs_cover_head_dims(d):
+    w = W(d=d, dv=d)
+    assert fmha_sm90.applies(w, "sm90a") is None
+    cfgs = fmha_sm90.configs(w, 8)
+    assert cfgs and all(c["tile_d"] == (64 if d == 64 else 128) and c["causal"] for c in cfgs)
+    assert fmha_sm90.label(cfgs[0]).startswith("fmha q128")
+    src = fmha_sm90.source(w, cfgs[0])
+    assert "CausalFusion" in src.code and "Int<%d>" % cfgs[0]["tile_d"] in src.code
+    assert "fact_fmha_sm90_launch" in src.code and src.arch == "sm90a"
+    assert "ResidualFusion" in fmha_sm90.source(W(causal=False), fmha_sm90.configs(W(causal=False), 1)[0]).code
+
+
+@pytest.mark.parametrize("kw,why", [
+    (dict(d=160, dv=160), "head dims"), (dict(d=60, dv=60), "multiples of 8"), (dict(d=64, dv=128), "equal"),
+    (dict(policy="fp32"), "bfloat16/float16"), (dict(lq=1), "sequence length 1"),
+    (dict(lq=128, lk=64), "lq <= lk"),
+])
+def test_fmha_sm90_refuses_what_it_cannot_serve(kw, why):
+    assert why in fmha_sm90.applies(W(**kw), "sm90a")
+
+
+def test_fmha_sm90_refuses_other_arch():
+    assert "Hopper" in fmha_sm90.applies(W(), "sm80")
+
+
+def test_gqa_and_ragged_lengths_apply():
+    assert fmha_sm90.applies(W(heads=8, kv_heads=2, lq=100, lk=100), "sm90a") is None
+
+
+def test_candidates_are_library_backends_plus_family_kernels():
+    cands, notes = at.candidates(W(), "sm90a", 8, fams=[fmha_sm90])
+    labels = [c.label for c in cands]
+    assert labels[:5] == ["explicit", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "sdpa-math"]
+    assert [c.kind for c in cands[5:]] == ["kernel", "kernel"] and notes == []
+    cands, notes = at.candidates(W(d=160, dv=160), "sm90a", 8, fams=[fmha_sm90])
+    assert all(c.kind != "kernel" for c in cands) and "head dims" in notes[0]
+    cands, _ = at.candidates(W(), "sm90a", 1, fams=[fmha_sm90])
+    assert sum(c.kind == "kernel" for c in cands) == 1
+    fp32 = W(policy="fp32")
+    assert [c.label for c in at.candidates(fp32, "sm90a", 8, fams=[fmha_sm90])[0]] == [
+        "explicit", "sdpa-efficient", "sdpa-math"]
+
+
+class _Kernel:
+    """A stand-in AttentionKernel: the right answer, or one that ignores the causal mask."""
+
+    def __init__(self, ignore_mask: bool):
+        self.ignore_mask = ignore_mask
+
+    def __call__(self, q, k, v, scale, causal):
+        return torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, is_causal=causal and not self.ignore_mask, scale=scale,
+            enable_gqa=q.shape[1] != k.shape[1])
+
+
+def _run_on_cpu(monkeypatch, job, kernel):
+    import fact_db.attention_kernel as ak
+    monkeypatch.setattr(ak, "AttentionKernel", lambda *a, **k: kernel)
+    real = AttentionWorkload.make_inputs
+    monkeypatch.setattr(AttentionWorkload, "make_inputs",
+                        lambda self, dist, device="cuda", generator=None: real(self, dist, "cpu", None))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "cpu")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch, "Generator", lambda device=None: types.SimpleNamespace(manual_seed=lambda s: None))
+    import fact_db.bench as bench
+    monkeypatch.setattr(bench, "time_cuda", lambda fn, sets, reps=20: (
+        [fn(s) for s in sets], types.SimpleNamespace(median_ms=1.0, p10_ms=0.9, p90_ms=1.1))[1])
+    return at.run_job(job, {})
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(heads=4, kv_heads=2, lq=40, lk=40), dict(causal=False, lq=33, lk=70)])
+def test_run_job_passes_a_correct_kernel(monkeypatch, kw):
+    w = W(policy="fp32", **kw)
+    c = at.AttnCandidate("k", "kernel", template="fmha_sm90", so="x.so")
+    res = _run_on_cpu(monkeypatch, at.job_for(c, w, trials=2), _Kernel(False))
+    assert res["status"] == "ok" and res["time_ms"] == 1.0, res
+
+
+def test_run_job_fails_a_kernel_that_ignores_the_causal_mask(monkeypatch):
+    w = W(policy="fp32")
+    c = at.AttnCandidate("k", "kernel", template="fmha_sm90", so="x.so")
+    res = _run_on_cpu(monkeypatch, at.job_for(c, w, trials=2), _Kernel(True))
+    assert res["status"] == "verify_failed" and "bound" in res["error"]
+
+
+def test_tune_picks_fastest_verified_and_writes_the_registry(monkeypatch):
+    w = W()
+    times = {"explicit": 3.0, "sdpa-flash": 1.5, "sdpa-efficient": 2.0, "sdpa-cudnn": None, "sdpa-math": 9.0,
+             "fmha q128 k64 hd64 coop": 1.0, "fmha q128 k64 hd64 pingpong": 0.5}
+
+    class Pool:
+        def run(self, jobs):
+            return [{"status": "verify_failed" if "pingpong" in j["so"] else
+                     ("launch_error" if times[self.label(j)] is None else "ok"),
+                     "time_ms": times[self.label(j)], "err": 0.01} for j in jobs]
+
+        def label(self, j):
+            return j["so"] or ("explicit" if j["cand"] == "eager" else f"sdpa-{j['backend']}")
+
+    def fake_build(cands, jobs=None, progress=False):
+        for c in cands:
+            if c.kind == "kernel":
+                c.so, c.build_key = c.label, "bk-" + c.label
+        return []
+    monkeypatch.setattr(at, "build_all", fake_build)
+    reg = Registry.memory(seed=False)
+    res = at.tune(w, pool=Pool(), registry=reg, fams=[fmha_sm90])
+    assert res.best.label == "fmha q128 k64 hd64 coop"  # pingpong was faster but failed verification
+    hit = reg.attention_get(w, "sm90a")
+    assert hit.label == res.best.label and hit.config["tile_kv"] == 64 and hit.time_ms == 1.0
+    assert reg.attention_get(w.with_(causal=False), "sm90a") is None
+    assert reg.attention_get(w.with_(scale=0.5), "sm90a") is None  # the scale is part of the key
+    again = at.tune(w, pool=None, registry=reg, fams=[fmha_sm90])
+    assert again.notes == ["registry hit"] and again.best.label == res.best.label
