@@ -100,7 +100,7 @@ def save(directory: Path, fast, discovery, report, *, module=None, example_input
         for z in report.regions:
             entry = _region_entry(z)
             impl = entry["impl"]
-            if impl["kind"] == "gemm" and impl.get("so"):
+            if impl["kind"] in ("gemm", "attention") and impl.get("so"):  # a kernel: its library and source
                 so = Path(impl["so"])
                 key = impl["build_key"]
                 kdir = tmp / "kernels" / key
@@ -206,6 +206,34 @@ def _kernel_impl(directory: Path, entry: dict, gpu_now, cap_now, tc_now, made_on
     return k_impl, f"{how} and re-verified ({why}){'; ' + label if label else ''}"
 
 
+def _attention_kernel_impl(directory: Path, impl: dict, cap_now):
+    """(Impl, what happened) for an attention region served by a kernel (fact_db/attention_kernel.py):
+    its saved library when its hash matches, else rebuilt from its saved source, else eager."""
+    from .attention_kernel import AttentionKernel
+    from .compose import Impl
+    if cap_now != "9.0":
+        return Impl.eager(f"no sm90 GPU here for attention kernel {impl.get('label', '')}"), "eager: no sm90 GPU here"
+    so = directory / impl.get("so", "")
+    src = directory / impl["source"] if impl.get("source") else None
+    path, how = None, "loaded"
+    if so.is_file() and _sha(so) == impl.get("so_sha256"):
+        path = so
+    elif src is not None and src.is_file() and _sha(src) == impl.get("source_sha256"):
+        from . import build as build_mod
+        try:
+            [b] = build_mod.build([build_mod.Source(impl["template"], src.read_text(), "sm90a")], progress=False)
+            path, how = (b.path, "rebuilt from source") if b.ok else (None, f"rebuilding failed ({b.error})")
+        except build_mod.BuildError as e:
+            how = f"cannot rebuild ({e})"
+    else:
+        how = "its library and source are missing or were changed"
+    if path is None:
+        return Impl.eager(f"attention kernel: {how}"), f"eager: {how}"
+    k = AttentionKernel(path, impl["template"], build_key=impl["build_key"])
+    return Impl("attention", impl.get("label", ""), k.as_op(),
+                {x: impl[x] for x in impl if x not in ("kind", "label", "note")}), how
+
+
 def _gemm(path: Path, impl: dict):
     from .compose import Impl
     from .kernel import GemmKernel, GemmSpec
@@ -269,6 +297,8 @@ def load(directory, *, loader=None):
             elif kind == "attention" and str(rec.get("library", "")).startswith("sdpa-"):
                 from .attention import library_op
                 impl = Impl("attention", rec.get("label", ""), library_op(rec["library"].split("-", 1)[1]), rec)
+            elif kind == "attention" and rec.get("template"):
+                impl, what = _attention_kernel_impl(directory, rec, dev.get("capability"))
             elif kind == "gemm":
                 impl, what = _kernel_impl(directory, entry, dev.get("gpu"), dev.get("capability"), tc,
                                           manifest.get("device") or {}, manifest.get("toolchain") or {})

@@ -81,7 +81,7 @@ def candidates(w: AttentionWorkload, arch: str = "sm90a", max_candidates: int = 
                fams: list | None = None) -> tuple[list[AttnCandidate], list[str]]:
     """Library candidates (always) and the family kernels that apply, with a note per family
     that does not."""
-    cands = [AttnCandidate("explicit", "eager")]
+    cands = [AttnCandidate("explicit", "eager"), AttnCandidate("sdpa", "library")]  # sdpa: PyTorch's own choice
     cands += [AttnCandidate(f"sdpa-{b}", "library", backend=b) for b in backends_for(w.dtype)]
     notes = []
     budget = max(0, max_candidates)
@@ -130,6 +130,9 @@ def run_job(job: dict, cache: dict) -> dict:
     scale = w.softmax_scale
     if job["cand"] == "eager":
         fn = w.eager
+    elif job["cand"] == "library" and not job["backend"]:
+        from .attention import sdpa
+        fn = lambda x: sdpa(x["q"], x["k"], x["v"], scale, w.causal)  # noqa: E731
     elif job["cand"] == "library":
         op = library_op(job["backend"])
         fn = lambda x: op(x["q"], x["k"], x["v"], scale, w.causal)  # noqa: E731

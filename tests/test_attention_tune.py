@@ -51,15 +51,15 @@ def test_gqa_and_ragged_lengths_apply():
 def test_candidates_are_library_backends_plus_family_kernels():
     cands, notes = at.candidates(W(), "sm90a", 8, fams=[fmha_sm90])
     labels = [c.label for c in cands]
-    assert labels[:5] == ["explicit", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "sdpa-math"]
-    assert [c.kind for c in cands[5:]] == ["kernel", "kernel"] and notes == []
+    assert labels[:6] == ["explicit", "sdpa", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "sdpa-math"]
+    assert [c.kind for c in cands[6:]] == ["kernel", "kernel"] and notes == []
     cands, notes = at.candidates(W(d=160, dv=160), "sm90a", 8, fams=[fmha_sm90])
     assert all(c.kind != "kernel" for c in cands) and "head dims" in notes[0]
     cands, _ = at.candidates(W(), "sm90a", 1, fams=[fmha_sm90])
     assert sum(c.kind == "kernel" for c in cands) == 1
     fp32 = W(policy="fp32")
     assert [c.label for c in at.candidates(fp32, "sm90a", 8, fams=[fmha_sm90])[0]] == [
-        "explicit", "sdpa-efficient", "sdpa-math"]
+        "explicit", "sdpa", "sdpa-efficient", "sdpa-math"]
 
 
 class _Kernel:
@@ -106,7 +106,7 @@ def test_run_job_fails_a_kernel_that_ignores_the_causal_mask(monkeypatch):
 
 def test_tune_picks_fastest_verified_and_writes_the_registry(monkeypatch):
     w = W()
-    times = {"explicit": 3.0, "sdpa-flash": 1.5, "sdpa-efficient": 2.0, "sdpa-cudnn": None, "sdpa-math": 9.0,
+    times = {"explicit": 3.0, "sdpa": 1.6, "sdpa-flash": 1.5, "sdpa-efficient": 2.0, "sdpa-cudnn": None, "sdpa-math": 9.0,
              "fmha q128 k64 hd64 coop": 1.0, "fmha q128 k64 hd64 pingpong": 0.5}
 
     class Pool:
@@ -116,7 +116,7 @@ def test_tune_picks_fastest_verified_and_writes_the_registry(monkeypatch):
                      "time_ms": times[self.label(j)], "err": 0.01} for j in jobs]
 
         def label(self, j):
-            return j["so"] or ("explicit" if j["cand"] == "eager" else f"sdpa-{j['backend']}")
+            return j["so"] or ("explicit" if j["cand"] == "eager" else "sdpa-" + j["backend"] if j["backend"] else "sdpa")
 
     def fake_build(cands, jobs=None, progress=False):
         for c in cands:
