@@ -81,8 +81,14 @@ def common(fn):
 
 
 @cli.command()
-@click.option("--op", type=click.Choice(["gemm"]), default="gemm", show_default=True, help="Operation family.")
-@click.option("--shape", required=True, help="MxNxK or MxNxKxB (B: batch).")
+@click.option("--op", type=click.Choice(["gemm", "attention"]), default="gemm", show_default=True,
+              help="Operation family.")
+@click.option("--shape", required=True, help="gemm: MxNxK or MxNxKxB (B: batch); attention: BxHxLQxLKxD "
+              "(batch, query heads, query and key lengths, head dim).")
+@click.option("--kv-heads", type=click.IntRange(1), default=None, help="attention: KV heads (default: the query heads; "
+              "fewer is grouped-query attention).")
+@click.option("--causal", is_flag=True, help="attention: top-left causal mask (SDPA's is_causal).")
+@click.option("--scale", type=float, default=None, help="attention: softmax scale (default 1/sqrt(D)).")
 @click.option("--policy", type=click.Choice(POLICIES), default="fp32", show_default=True,
               help="Precision policy (DESIGN.md): what the kernel may do to your numbers.")
 @click.option("--dtype", type=click.Choice(DTYPES), default=None,
@@ -96,8 +102,8 @@ def common(fn):
               help="Architecture to build for (sm90 and sm90a both build sm90a).")
 @common
 @handle_errors
-def tune(op, shape, policy, dtype, epilogue, layout_a, layout_b, bias_axis, arch, max_candidates, gpus,
-         compile_only, force, no_registry, db, jobs, as_json):
+def tune(op, shape, kv_heads, causal, scale, policy, dtype, epilogue, layout_a, layout_b, bias_axis, arch,
+         max_candidates, gpus, compile_only, force, no_registry, db, jobs, as_json):
     """Tune one GEMM workload: candidates from the rule's space, built, verified, timed.
 
     The eager PyTorch implementation at the same policy is always a candidate, so the
@@ -109,7 +115,11 @@ def tune(op, shape, policy, dtype, epilogue, layout_a, layout_b, bias_axis, arch
       factdb tune --shape 4096x4096x4096 --policy tf32x3
       factdb tune --shape 65536x3072x768 --policy bf16 --epilogue bias_gelu_tanh --layout-b col
       factdb tune --shape 4096x4096x4096 --policy bf16 --compile-only --json
+      factdb tune --op attention --shape 128x8x512x512x96 --causal --policy bf16
     """
+    if op == "attention":
+        return _tune_attention(shape, kv_heads, causal, scale, policy, dtype, build_arch(arch), max_candidates,
+                               gpus, compile_only, force, no_registry, db, jobs, as_json)
     from fact_db.tune import tune as run_tune
     from fact_db.workload import GemmWorkload, parse_shape
     m, n, k, b = parse_shape(shape)
@@ -128,6 +138,49 @@ def tune(op, shape, policy, dtype, epilogue, layout_a, layout_b, bias_axis, arch
         click.echo(jdump(r.as_dict(), indent=1, default=str))
     else:
         _print_result(r)
+
+
+def _tune_attention(shape, kv_heads, causal, scale, policy, dtype, arch, max_candidates, gpus, compile_only, force,
+                    no_registry, db, jobs, as_json):
+    """`factdb tune --op attention`: fact_db/attention_tune.py on one workload."""
+    from fact_db import attention_tune
+    from fact_db.attention import AttentionWorkload
+    parts = shape.lower().split("x")
+    if len(parts) != 5 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+        raise click.BadParameter(f"'{shape}' is not BxHxLQxLKxD with positive integers (e.g. 128x8x512x512x64)",
+                                 param_hint="--shape")
+    b, h, lq, lk, d = (int(p) for p in parts)
+    dtype = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}.get(dtype, dtype)
+    w = AttentionWorkload(b, h, kv_heads or h, lq, lk, d, d, causal=causal, scale=scale, policy=policy,
+                          dtype=dtype or "")
+    if compile_only:
+        cands, notes = attention_tune.candidates(w, arch, max_candidates)
+        failed = attention_tune.build_all(cands, jobs=jobs, progress=not as_json)
+        rows = [{"label": c.label, "kind": c.kind, "so": c.so} for c in cands if c.kind == "kernel"]
+        doc = {"workload": w.as_dict(), "built": rows, "failed": [f.label + ": " + f.error for f in failed],
+               "notes": notes}
+        click.echo(jdump(doc, indent=1, default=str) if as_json else
+                   "\n".join([f"{w.shape}  {w.dtype}  policy {w.policy}"] +
+                              [f"  built {r['label']}" + ("" if r["so"] else " (failed)") for r in rows] +
+                              [f"  note: {n}" for n in notes]))
+        return
+    reg = _open_registry(db, not no_registry)
+    try:
+        r = attention_tune.tune(w, arch=arch, registry=reg, max_candidates=max_candidates, gpus=_gpus(gpus),
+                                jobs=jobs, force=force, progress=not as_json)
+    finally:
+        if reg is not None:
+            reg.close()
+    if as_json:
+        click.echo(jdump(r.as_dict(), indent=1, default=str))
+        return
+    click.echo(f"attention {w.shape}  {w.dtype}  policy {w.policy}")
+    for t in sorted(r.trials, key=lambda t: (t.time_ms is None, t.time_ms or 0)):
+        mark = "*" if r.best is not None and t is r.best else " "
+        click.echo(f" {mark} {t.label:32s} {t.status:14s} {_ms(t.time_ms):>9s} ms  err {t.err if t.err is not None else '-'}"
+                   + (f"  {t.error[:100]}" if t.error else ""))
+    for n in r.notes:
+        click.echo(f"  note: {n}")
 
 
 @cli.command()

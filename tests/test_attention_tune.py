@@ -133,3 +133,31 @@ def test_tune_picks_fastest_verified_and_writes_the_registry(monkeypatch):
     assert reg.attention_get(w.with_(scale=0.5), "sm90a") is None  # the scale is part of the key
     again = at.tune(w, pool=None, registry=reg, fams=[fmha_sm90])
     assert again.notes == ["registry hit"] and again.best.label == res.best.label
+
+
+def test_cli_tune_attention_refuses_a_bad_shape_and_documents_itself():
+    from click.testing import CliRunner
+
+    from fact_db.cli.main import cli
+    r = CliRunner().invoke(cli, ["tune", "--op", "attention", "--shape", "128x8x512", "--causal"])
+    assert r.exit_code != 0 and "BxHxLQxLKxD" in r.output
+    r = CliRunner().invoke(cli, ["tune", "--help"])
+    assert "factdb tune --op attention --shape 128x8x512x512x96 --causal" in r.output
+
+
+def test_cli_tune_attention_runs_the_tuner(monkeypatch):
+    from click.testing import CliRunner
+
+    from fact_db.cli.main import cli
+    seen = {}
+
+    def fake_tune(w, **kw):
+        seen["w"] = w
+        return at.AttnResult(w, [at.AttnTrial("sdpa-flash", "library", "ok", 1.25, 0.01)], ["fmha_sm90: x"])
+    monkeypatch.setattr(at, "tune", fake_tune)
+    r = CliRunner().invoke(cli, ["tune", "--op", "attention", "--shape", "2x8x100x100x96", "--kv-heads", "2",
+                                 "--causal", "--policy", "bf16", "--no-registry", "--json"])
+    assert r.exit_code == 0, r.output
+    w = seen["w"]
+    assert (w.batch, w.heads, w.kv_heads, w.lq, w.lk, w.d, w.causal, w.dtype) == (2, 8, 2, 100, 100, 96, True, "bfloat16")
+    assert '"sdpa-flash"' in r.output
