@@ -161,3 +161,14 @@ def test_cli_tune_attention_runs_the_tuner(monkeypatch):
     w = seen["w"]
     assert (w.batch, w.heads, w.kv_heads, w.lq, w.lk, w.d, w.causal, w.dtype) == (2, 8, 2, 100, 100, 96, True, "bfloat16")
     assert '"sdpa-flash"' in r.output
+
+
+def test_run_job_reports_a_kernel_that_refuses_the_launch(monkeypatch):
+    from fact_db.kernel import KernelError
+
+    class Refuses:
+        def __call__(self, *a, **k):
+            raise KernelError("fmha_sm90 attention kernel x refused or failed the launch: not supported")
+    c = at.AttnCandidate("k", "kernel", template="fmha_sm90", so="x.so")
+    res = _run_on_cpu(monkeypatch, at.job_for(c, W(policy="fp32"), trials=2), Refuses())
+    assert res["status"] == "launch_error" and "not supported" in res["error"]
