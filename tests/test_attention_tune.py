@@ -172,3 +172,29 @@ def test_run_job_reports_a_kernel_that_refuses_the_launch(monkeypatch):
     c = at.AttnCandidate("k", "kernel", template="fmha_sm90", so="x.so")
     res = _run_on_cpu(monkeypatch, at.job_for(c, W(policy="fp32"), trials=2), Refuses())
     assert res["status"] == "launch_error" and "not supported" in res["error"]
+
+
+def test_realize_maps_a_kernel_winner_to_its_op(monkeypatch):
+    from fact_db import attention_kernel, realize
+    w = W()
+    trials = [at.AttnTrial("sdpa-flash", "library", "ok", 2.0, 0.01),
+              at.AttnTrial("fmha q128 k64 hd64 coop", "kernel", "ok", 1.0, 0.01, template="fmha_sm90",
+                           config={"tile_d": 64}, so="/x/kernel.so", build_key="bk"),
+              at.AttnTrial("explicit", "eager", "ok", 5.0, 0.02)]
+    monkeypatch.setattr(at, "tune", lambda w, **kw: at.AttnResult(w, trials, ["fmha_fp32tc: fp32 only"]))
+
+    class K:
+        def __init__(self, path, template, build_key=""):
+            self.path, self.template, self.build_key = path, template, build_key
+            self.op_name = "attn_test"
+
+        def as_op(self):
+            return "the-op"
+    monkeypatch.setattr(attention_kernel, "AttentionKernel", K)
+    rows, best = realize.tune_attention(w)
+    assert best["label"] == "fmha q128 k64 hd64 coop" and best["so"] == "/x/kernel.so"
+    assert [r["kind"] for r in rows] == ["attention", "kernel", "eager", "note"]
+    impl = realize._attention_impl(best)
+    assert impl.kind == "attention" and impl.op == "the-op"
+    assert impl.record["op"] == "factdb::attn_test" and impl.record["build_key"] == "bk"
+    assert "/x/" not in impl.record["op"]
