@@ -146,6 +146,14 @@ def main():
                     print(traceback.format_exc(), file=sys.stderr)
                 print(json.dumps(rec), flush=True)
                 results["checks"].append(rec)
+    print("summary: variant, checks, worst err / eager-fp32 err, fp32-bound fails, tf32x3-bound fails, errors")
+    for name in runs:
+        recs = [r for r in results["checks"] if r["variant"] == name]
+        ok = [r for r in recs if "err" in r]
+        worst = max((r["err"] / max(r["eager_fp32_err"], 1e-30) for r in ok), default=float("nan"))
+        print(f"  {name}: {len(recs)} checks, worst {worst:.2f}x eager fp32, "
+              f"{sum(not r['fp32_bound'] for r in ok)} fp32 / {sum(not r['tf32x3_bound'] for r in ok)} tf32x3 "
+              f"bound misses, {len(recs) - len(ok)} launch errors, {sum(r['nan'] for r in ok)} with NaN", flush=True)
     # timing at minGPT shape
     b, h, lq, d = 128, 8, 512, 96
     q, k, v = (torch.randn(b, h, lq, d, device=dev) for _ in range(3))
