@@ -100,6 +100,7 @@ class Pattern:
     where: tuple = ()  # of Expr
     dtypes: tuple = ()
     label: str = ""  # which alternative, for messages ("gemm-bias[linear] + gelu-tanh[decomposed]")
+    exposes: tuple = ()  # node names whose value may also be used outside the region (extra outputs)
 
     def captures(self) -> set:
         return {i.name for n in self.nodes.values() for i in n.inputs if isinstance(i, Capture)}
@@ -291,4 +292,12 @@ def build_patterns(match: dict, fragments: dict) -> list:
     """All flat Patterns of a rule's match section."""
     where = tuple(Expr.parse(w) for w in (match.get("where") or []))
     dtypes = tuple(match.get("dtypes") or ())
-    return [Pattern(nodes, out, where, dtypes, label) for label, nodes, out in expand(match, fragments)]
+    exposes = tuple(match.get("exposes") or ())
+    alts = expand(match, fragments)
+    for label, nodes, out in alts:
+        for name in exposes:
+            if name not in nodes:
+                raise PatternError("match.exposes", f"exposed node `{name}` is not one of the nodes {sorted(nodes)}"
+                                   + (f" of alternative `{label}`" if label else ""),
+                                   "name a node every alternative declares")
+    return [Pattern(nodes, out, where, dtypes, label, exposes) for label, nodes, out in alts]

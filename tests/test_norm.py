@@ -1,0 +1,85 @@
+"""Norm workloads, candidates and the add_norm template on the CPU (no GPU, no nvcc)."""
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from fact_db import norm
+from fact_db.norm import NormCandidate, NormError, NormWorkload
+
+
+def test_reference_matches_eager_in_float64_and_keeps_the_sum_rounding():
+    w = NormWorkload("layernorm", rows=16, width=64, residual=True, write_sum=True, dtype="bfloat16", policy="bf16")
+    inp = w.make_inputs("randn", device="cpu")
+    y, s = w.reference(inp)
+    assert y.dtype == torch.float64 and s.dtype == torch.float64
+    # the reference normalizes the bf16-rounded sum, as eager does
+    assert torch.equal(s, (inp["x"] + inp["r"]).double())
+    ey, es = w.eager(inp)
+    assert torch.equal(es, inp["x"] + inp["r"])
+    assert (ey.double() - y).norm() / y.norm() < 1e-2
+
+
+def test_rmsnorm_reference_is_the_llama_form():
+    w = NormWorkload("rmsnorm", rows=8, width=32, eps=1e-6)
+    inp = w.make_inputs("rand", device="cpu")
+    y, s = w.reference(inp)
+    assert s is None
+    x = inp["x"].double()
+    want = x / torch.sqrt((x * x).mean(-1, keepdim=True) + 1e-6) * inp["weight"].double()
+    torch.testing.assert_close(y, want)
+    ey, _ = w.eager(inp)
+    assert (ey.double() - y).norm() / y.norm() < 1e-6
+
+
+def test_workload_refuses_bad_fields():
+    with pytest.raises(NormError, match="write_sum needs residual"):
+        NormWorkload("layernorm", 4, 8, residual=False, write_sum=True)
+    with pytest.raises(NormError, match="kind 'batchnorm'"):
+        NormWorkload("batchnorm", 4, 8)
+    with pytest.raises(NormError, match="dtype 'float64'"):
+        NormWorkload("rmsnorm", 4, 8, dtype="float64")
+
+
+def test_key_string_names_every_field():
+    w = NormWorkload("rmsnorm", 65536, 4096, residual=True, write_sum=True, eps=1e-6, dtype="bfloat16",
+                     policy="bf16")
+    assert w.key_string() == "rmsnorm:65536x4096:res=1:sum=1:bias=0:eps=1e-06:bfloat16:bf16"
+    assert w.key()["has_bias"] is False  # RMSNorm has no bias whatever the field says
+
+
+@pytest.mark.parametrize("dtype,width", [("float32", 768), ("bfloat16", 768), ("bfloat16", 4096),
+                                         ("float32", 4096), ("float16", 100)])
+def test_candidates_are_valid_and_distinct(dtype, width):
+    w = NormWorkload("layernorm", 1024, width, residual=True, dtype=dtype)
+    cands = norm.candidates(w)
+    assert cands and len(set(cands)) == len(cands) and len(cands) <= 12
+    for c in cands:
+        assert norm.valid(w, c)
+        assert width % c.vec == 0
+        assert 64 <= c.threads * c.rows_per_cta <= 512
+    size = 4 if dtype == "float32" else 2
+    assert cands[0].vec == max(v for v in (1, 2, 4, 8) if v * size <= 16 and width % v == 0)
+
+
+def test_valid_refuses_what_the_template_static_asserts():
+    w = NormWorkload("layernorm", 64, 768)
+    assert not norm.valid(w, NormCandidate(48, 4, 1))    # not a power of two below 32, not a multiple of 32
+    assert not norm.valid(w, NormCandidate(32, 8, 1))    # 32-byte fp32 vectors
+    assert not norm.valid(w, NormCandidate(512, 4, 4))   # 2048 threads
+    assert not norm.valid(w, NormCandidate(1, 1, 1))     # 768 values in one thread's registers
+    assert norm.valid(w, NormCandidate(64, 4, 2))
+
+
+def test_render_sets_the_parameters_and_exports_the_c_abi():
+    w = NormWorkload("layernorm", 128, 768, residual=True, write_sum=True, dtype="bfloat16", policy="bf16")
+    src = norm.render(w, NormCandidate(32, 8, 4))
+    assert 'extern "C"' in src and re.search(r"\bint fact_add_norm_launch\(", src)
+    assert "using T = __nv_bfloat16;" in src
+    for line in ("kWidth = 768;", "kThreads = 32;", "kVec = 8;", "kRows = 4;", "kResidual = true;",
+                 "kWriteSum = true;", "kLayerNorm = true;", "kBias = true;"):
+        assert line in src, line
+    src2 = norm.render(NormWorkload("rmsnorm", 8, 4096), NormCandidate(256, 4, 1))
+    assert "kLayerNorm = false;" in src2 and "kResidual = false;" in src2 and "kBias = false;" in src2
