@@ -83,3 +83,48 @@ def test_render_sets_the_parameters_and_exports_the_c_abi():
         assert line in src, line
     src2 = norm.render(NormWorkload("rmsnorm", 8, 4096), NormCandidate(256, 4, 1))
     assert "kLayerNorm = false;" in src2 and "kResidual = false;" in src2 and "kBias = false;" in src2
+
+
+class _SumUsedLater(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln = torch.nn.LayerNorm(32)
+
+    def forward(self, x, y):
+        s = x + y
+        return s + torch.tanh(self.ln(s))
+
+
+class _ProjThenNorm(torch.nn.Module):
+    """x + proj(h) then LayerNorm: gemm-residual and add-layernorm both match the add."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(32, 32)
+        self.ln = torch.nn.LayerNorm(32)
+
+    def forward(self, x, h):
+        return self.ln(x + self.proj(h))
+
+
+def _analyse(model, *inputs):
+    from fact_db.discover import analyse
+    from fact_db.rules import load_rules
+    from fact_db.trace import trace_module
+    return analyse(trace_module(model, inputs), load_rules(), arch="sm90", policy="fp32")
+
+
+def test_add_layernorm_region_wins_over_the_plain_norm_and_exposes_the_sum():
+    rep = _analyse(_SumUsedLater(), torch.randn(4, 32), torch.randn(4, 32))
+    r = next(r for r in rep.regions if r.rule == "add-layernorm")
+    assert "layernorm" in r.subsumes
+    assert not any(x.rule == "layernorm" for x in rep.regions)
+    assert set(r.operands) == {"x", "res", "weight", "bias"}
+    assert r.attrs["kind"] == "layernorm" and r.attrs["eps"] == 1e-5
+    assert r.attrs["sum"]  # the add node, read again by the final add
+
+
+def test_gemm_residual_keeps_the_add_where_both_match():
+    rep = _analyse(_ProjThenNorm(), torch.randn(4, 32), torch.randn(4, 32))
+    rules = [r.rule for r in rep.regions]
+    assert "gemm-residual" in rules and "layernorm" in rules and "add-layernorm" not in rules
