@@ -356,13 +356,39 @@ def evaluate_one(w: NormWorkload, so: str | None, trials: int = 4, reps: int = 3
     return {**res, "status": "ok", "time_ms": t.median_ms, "p10_ms": t.p10_ms, "p90_ms": t.p90_ms, "error": ""}
 
 
+def from_registry(w: NormWorkload, registry, arch: str = "sm90a", gpu: str = "") -> NormTrial | None:
+    """The registry's winner for `w` as a NormTrial (candidate None when eager won), or None.
+    A kernel row whose template source changed since it was tuned is not returned (stale)."""
+    row = registry.norm_get(w, arch, gpu)
+    if row is None:
+        return None
+    cand = NormCandidate(**row["config"]) if row["config"] else None
+    if cand is not None:
+        from .template import source_hash
+        if row["source_hash"] and row["source_hash"] != source_hash(render(w, cand)):
+            return None
+    return NormTrial(row["label"], "ok", row["time_ms"], row["rel_err"], candidate=cand)
+
+
+def record(w: NormWorkload, trials: list[NormTrial], registry, arch: str = "sm90a", gpu: str = "",
+           device_name: str = "") -> NormTrial | None:
+    """Write the best ok trial of `trials` (eager included) to the registry; returns it."""
+    best = next((t for t in trials if t.status == "ok"), None)
+    if best is None:
+        return None
+    from .template import source_hash
+    sh = source_hash(render(w, best.candidate)) if best.candidate is not None else ""
+    registry.norm_put(w, arch, best, trials, gpu=gpu, device_name=device_name, source_hash=sh)
+    return best
+
+
 def tune_norm(w: NormWorkload, cands: list[NormCandidate] | None = None, *, arch: str = "sm90a",
               jobs: int | None = None, built: dict | None = None, in_process: bool = False,
-              progress: bool = True) -> list[NormTrial]:
+              progress: bool = True, registry=None, gpu: str = "", device_name: str = "") -> list[NormTrial]:
     """Build, verify and time every candidate and eager; trials best first (ok ones by time).
 
     Candidates run in the worker subprocess (fact_db.worker: a faulting kernel takes down only
-    the worker) unless `in_process`."""
+    the worker) unless `in_process`. With `registry`, the winner is written there."""
     cands = candidates(w) if cands is None else cands
     built = built if built is not None else build_candidates(w, cands, arch=arch, jobs=jobs, progress=progress)
     trials: list[NormTrial] = []
@@ -385,4 +411,7 @@ def tune_norm(w: NormWorkload, cands: list[NormCandidate] | None = None, *, arch
         trials.append(NormTrial(label, r.get("status", "crashed"), r.get("time_ms"), r.get("err"), r.get("eager_err"),
                                 r.get("error", ""), c, str(b.path) if b else "", b.key if b else ""))
     ok = sorted((t for t in trials if t.status == "ok"), key=lambda t: t.time_ms)
-    return ok + [t for t in trials if t.status != "ok"]
+    trials = ok + [t for t in trials if t.status != "ok"]
+    if registry is not None:
+        record(w, trials, registry, arch, gpu, device_name)
+    return trials

@@ -128,3 +128,32 @@ def test_gemm_residual_keeps_the_add_where_both_match():
     rep = _analyse(_ProjThenNorm(), torch.randn(4, 32), torch.randn(4, 32))
     rules = [r.rule for r in rep.regions]
     assert "gemm-residual" in rules and "layernorm" in rules and "add-layernorm" not in rules
+
+
+def test_registry_round_trip_of_a_norm_winner_and_stale_source():
+    from fact_db.registry import Registry
+    w = NormWorkload("layernorm", 65536, 768, residual=True, write_sum=True, policy="fp32")
+    c = NormCandidate(64, 4, 2)
+    trials = [norm.NormTrial("t64v4r2", "ok", 0.05, 1e-7, candidate=c),
+              norm.NormTrial("eager", "ok", 0.08, 2e-7),
+              norm.NormTrial("t32v4r1", "verify_failed", error="y error 1 > bound")]
+    with Registry.open("memory") as reg:
+        assert norm.from_registry(w, reg, gpu="h100") is None
+        best = norm.record(w, trials, reg, gpu="h100", device_name="NVIDIA H100")
+        assert best.label == "t64v4r2"
+        got = norm.from_registry(w, reg, gpu="h100")
+        assert got.candidate == c and got.time_ms == 0.05
+        row = reg.norm_get(w, "sm90a", "h100")
+        assert row["eager_ms"] == 0.08 and row["template"] == "add_norm"
+        # another key (no sum output) is another row
+        assert norm.from_registry(NormWorkload("layernorm", 65536, 768, residual=True, policy="fp32"), reg,
+                                  gpu="h100") is None
+        # eager winning is recorded as eager
+        w2 = NormWorkload("rmsnorm", 8, 64)
+        norm.record(w2, [norm.NormTrial("eager", "ok", 0.01, 0.0)], reg, gpu="h100")
+        assert norm.from_registry(w2, reg, gpu="h100").candidate is None
+        # a changed template source makes the kernel row stale
+        with reg.db.begin() as conn:
+            import sqlalchemy as sa
+            conn.execute(sa.text("UPDATE norm_kernels SET source_hash = 'old' WHERE kind = 'layernorm'"))
+        assert norm.from_registry(w, reg, gpu="h100") is None
