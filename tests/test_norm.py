@@ -157,3 +157,36 @@ def test_registry_round_trip_of_a_norm_winner_and_stale_source():
             import sqlalchemy as sa
             conn.execute(sa.text("UPDATE norm_kernels SET source_hash = 'old' WHERE kind = 'layernorm'"))
         assert norm.from_registry(w, reg, gpu="h100") is None
+
+
+_NORM_CALLS = []
+
+
+@torch.library.custom_op("factdb_test::add_layernorm", mutates_args=(),
+                         schema="(Tensor x, Tensor? r, Tensor weight, Tensor? bias) -> (Tensor, Tensor)")
+def _standin_add_layernorm(x, r, weight, bias):
+    _NORM_CALLS.append(1)
+    s = x + r
+    return torch.nn.functional.layer_norm(s, (x.shape[-1],), weight, bias, 1e-5), s.clone()
+
+
+@_standin_add_layernorm.register_fake
+def _(x, r, weight, bias):
+    return torch.empty_like(x), torch.empty_like(x)
+
+
+def test_compose_replaces_the_add_and_norm_and_serves_the_sum_from_the_op():
+    from fact_db.compose import Impl, rewrite
+    model = _SumUsedLater().eval()
+    x, y = torch.randn(4, 32), torch.randn(4, 32)
+    rep = _analyse(model, x, y)
+    i = next(i for i, r in enumerate(rep.regions) if r.rule == "add-layernorm")
+    assert rep.regions[i].composable == ""
+    gm, notes = rewrite(rep.graph.program, rep.regions, {i: Impl("norm", "stand-in", torch.ops.factdb_test.add_layernorm)})
+    assert notes == []
+    targets = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+    assert "aten.layer_norm.default" not in targets
+    assert targets.count("aten.add.Tensor") == 1  # the final residual only: the sum comes from the op
+    _NORM_CALLS.clear()
+    torch.testing.assert_close(gm(x, y), model(x, y))
+    assert _NORM_CALLS == [1]
