@@ -26,9 +26,23 @@ def handle_errors(fn):
             if isinstance(e, RuleError):
                 for f in e.faults:
                     click.echo(str(f), err=True)
-            msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+            if isinstance(e, KeyError):
+                # A KeyError is an internal fault, never a user error: say so in a sentence, not one bare word.
+                key = e.args[0] if e.args else "?"
+                msg = (f"internal error in fact-db: looked up `{key}`, which is not there "
+                       f"({_innermost(e)}); rerun with --debug for the traceback and report it")
+            else:
+                msg = str(e)
             raise click.ClickException(msg) from None
     return wrapper
+
+
+def _innermost(e: BaseException) -> str:
+    frames = traceback.extract_tb(e.__traceback__)
+    if not frames:
+        return "no traceback"
+    f = frames[-1]
+    return f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno} in {f.name}"
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
