@@ -5,7 +5,7 @@ import json
 
 import click
 
-from .main import cli, handle_errors
+from .main import cli, handle_errors, jdump
 
 
 def _ms(v) -> str:
@@ -69,7 +69,7 @@ def query(text, kind, arch, dtype, op, shape, gpu, policy, n, mode, as_json, db_
     for w in res.warnings:
         click.echo(f"warning: {w}", err=True)
     if as_json:
-        click.echo(json.dumps(res.as_dict(), indent=2, default=str))
+        click.echo(jdump(res.as_dict(), indent=2, default=str))
         return
     if not res.hits:
         shown = ", ".join(f"{k} {v}" for k, v in res.filters.items())
@@ -96,7 +96,7 @@ def _lookup(op, shape, arch, gpu, dtype, policy, n, as_json, db_url):
     from fact_db import index
     matches = index.lookup(op, shape, arch=arch, gpu=gpu, dtype=dtype, policy=policy, n=n, url=db_url)
     if as_json:
-        click.echo(json.dumps({"mode": "lookup", "op": op, "shape": shape,
+        click.echo(jdump({"mode": "lookup", "op": op, "shape": shape,
                                "filters": {k: v for k, v in (("arch", arch), ("gpu", gpu), ("dtype", dtype),
                                                              ("policy", policy)) if v},
                                "results": [m.as_dict() for m in matches]}, indent=2, default=str))

@@ -6,7 +6,7 @@ import math
 
 import click
 
-from .main import cli, handle_errors
+from .main import DTYPES, arch_choice, build_arch, cli, handle_errors, jdump
 
 POLICIES = ("fp32", "tf32x3", "tf32", "bf16", "fp16")
 EPILOGUES = ("none", "bias", "bias_relu", "bias_gelu", "bias_gelu_tanh", "bias_silu", "residual")
@@ -29,8 +29,15 @@ def _print_result(r, out=click.echo) -> None:
         for row in rows:
             out("  ".join(v.ljust(widths[c]) for c, v in enumerate(row)).rstrip())
     for t in r.trials:
-        if t.status not in ("ok", "skipped") and t.error:
+        if t.status not in ("ok", "skipped", "built", "cached") and t.error:
             out(f"  {t.candidate.label}: {t.status}: {t.error.splitlines()[0][:200]}")
+    built = [t for t in r.trials if t.status in ("built", "cached", "compile_error")]
+    if built:  # --compile-only: what was built, found in the cache, or failed, and where
+        counts = {s: sum(t.status == s for t in built) for s in ("built", "cached", "compile_error")}
+        out(f"build summary: {counts['built']} built, {counts['cached']} cached, {counts['compile_error']} failed")
+        for t in built:
+            where = t.so or (t.error.splitlines()[-1] if t.error else "")
+            out(f"  {t.status:13} {t.candidate.label}: {where}")
     if r.winner:
         sp = r.speedup
         out(f"winner: {r.winner.candidate.label} ({r.winner.candidate.template}) {_ms(r.winner.time_ms)} ms"
@@ -85,13 +92,15 @@ def common(fn):
 @click.option("--shape", required=True, help="MxNxK or MxNxKxB (B: batch).")
 @click.option("--policy", type=click.Choice(POLICIES), default="fp32", show_default=True,
               help="Precision policy (DESIGN.md): what the kernel may do to your numbers.")
-@click.option("--dtype", default=None, help="Operand dtype; must match the policy (default: the policy's).")
+@click.option("--dtype", type=click.Choice(DTYPES), default=None,
+              help="Operand dtype; must match the policy (default: the policy's).")
 @click.option("--epilogue", type=click.Choice(EPILOGUES), default="none", show_default=True)
 @click.option("--layout-a", type=click.Choice(["row", "col"]), default="row", show_default=True)
 @click.option("--layout-b", type=click.Choice(["row", "col"]), default="row", show_default=True,
               help="col: B is held as N x K (a Linear weight).")
 @click.option("--bias-axis", type=click.Choice(["col", "row"]), default="col", show_default=True)
-@click.option("--arch", type=click.Choice(["sm90a", "sm80"]), default="sm90a", show_default=True)
+@click.option("--arch", type=arch_choice(), default="sm90a", show_default=True,
+              help="Architecture to build for (sm90 and sm90a both build sm90a).")
 @common
 @handle_errors
 def tune(op, shape, policy, dtype, epilogue, layout_a, layout_b, bias_axis, arch, max_candidates, gpus,
@@ -111,6 +120,8 @@ def tune(op, shape, policy, dtype, epilogue, layout_a, layout_b, bias_axis, arch
     from fact_db.tune import tune as run_tune
     from fact_db.workload import GemmWorkload, parse_shape
     m, n, k, b = parse_shape(shape)
+    arch = build_arch(arch)
+    dtype = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}.get(dtype, dtype)
     w = GemmWorkload(m, n, k, b, policy=policy, layout_a=layout_a, layout_b=layout_b, epilogue=epilogue,
                      bias_axis=bias_axis, dtype=dtype or "")
     reg = _open_registry(db, not no_registry)
@@ -121,7 +132,7 @@ def tune(op, shape, policy, dtype, epilogue, layout_a, layout_b, bias_axis, arch
         if reg is not None:
             reg.close()
     if as_json:
-        click.echo(json.dumps(r.as_dict(), indent=1, default=str))
+        click.echo(jdump(r.as_dict(), indent=1, default=str))
     else:
         _print_result(r)
 
@@ -164,6 +175,6 @@ def realize(problem, policy, max_candidates, gpus, compile_only, force, no_regis
         if reg is not None:
             reg.close()
     if as_json:
-        click.echo(json.dumps({"problem": problem, "policy": policy, "regions": [
+        click.echo(jdump({"problem": problem, "policy": policy, "regions": [
             {"rule": p.region.rule, "shape": p.region.shape, "note": p.note,
              "tune": r.as_dict() if r else None} for p, r in results]}, indent=1, default=str))

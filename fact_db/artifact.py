@@ -116,7 +116,9 @@ def save(directory: Path, fast, discovery, report, *, module=None, example_input
             "format": FORMAT, "factdb_version": report.toolchain.get("factdb"), "created": datetime.now(
                 timezone.utc).isoformat(timespec="seconds"), "problem": report.problem, "policy": report.policy,
             "device": report.device, "toolchain": report.toolchain, "signature": fast.optimized_for,
-            "also_for": list(fast.also_for), "files": files, "regions": regions,
+            "also_for": list(fast.also_for), "cuda_graph": bool(getattr(fast, "cuda_graph", False)),
+            "prefer_eager": bool(getattr(fast, "prefer_eager", False)),
+            "files": files, "regions": regions,
             "verification": report.verification.as_dict() if report.verification is not None else None,
             "notes": notes,
         }
@@ -282,7 +284,9 @@ def load(directory, *, loader=None):
     fast = ComposedModule(gm, fallback, policy=manifest["policy"], name=manifest.get("problem", "model"),
                           optimized_for=signature_from_json(manifest["signature"]),
                           also_for=[signature_from_json(s) for s in manifest.get("also_for", [])],
-                          regions=[(r.rule, impls[i]) for i, r in enumerate(regions)])
+                          regions=[(r.rule, impls[i]) for i, r in enumerate(regions)],
+                          cuda_graph=bool(manifest.get("cuda_graph", False)))
+    fast.prefer_eager = bool(manifest.get("prefer_eager", False))
     fast.load_notes = notes
     fast.manifest = manifest
     eager = [n for n in notes if ": eager:" in n]

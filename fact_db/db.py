@@ -212,6 +212,31 @@ def _table_names(conn: sa.Connection) -> set[str]:
     return {r[0] for r in conn.exec_driver_sql(q)}
 
 
+def _other_objects(conn: sa.Connection) -> list[str]:
+    """Objects a database without factdb_meta holds outside the current schema's tables: tables
+    and views in other schemas, sequences, macros, types, indexes, triggers. Any of them
+    makes it someone else's file, not a new registry."""
+    if conn.dialect.name == "duckdb":
+        q = ("select 'table ' || schema_name || '.' || table_name from duckdb_tables() "
+             "where database_name = current_database() "
+             "union all select 'view ' || schema_name || '.' || view_name from duckdb_views() "
+             "where not internal and database_name = current_database() "
+             "union all select 'sequence ' || sequence_name from duckdb_sequences() "
+             "where database_name = current_database() "
+             "union all select 'macro ' || function_name from duckdb_functions() "
+             "where not internal and database_name = current_database() "
+             "union all select 'schema ' || schema_name from duckdb_schemas() "
+             "where not internal and database_name = current_database() and schema_name <> 'main' "
+             "union all select 'type ' || type_name from duckdb_types() "
+             "where not internal and database_name = current_database()")
+    elif conn.dialect.name == "sqlite":
+        q = "select type || ' ' || name from sqlite_master"
+    else:
+        return []
+    found = {r[0] for r in conn.exec_driver_sql(q)}
+    return sorted(x for x in found if not x.split(" ", 1)[1].split(".")[-1].startswith(INDEX_PREFIX))
+
+
 def read_meta(conn: sa.Connection) -> dict[str, str]:
     return {k: v for k, v in conn.exec_driver_sql("select key, value from factdb_meta")}
 
@@ -332,9 +357,12 @@ class Database:
         ours = {n for n in names if n in REGISTRY_TABLES}
         foreign = sorted(n for n in names if n not in REGISTRY_TABLES and not n.startswith(INDEX_PREFIX))
         if "factdb_meta" not in names:
+            if not ours and not foreign:
+                foreign = _other_objects(conn)
             if ours or foreign:
                 shown = ", ".join(sorted(ours) + foreign)
-                raise NotARegistry(f"{self.where} holds tables that fact-db did not create ({shown}) and no "
+                shown = shown if len(shown) <= 200 else shown[:197] + "..."
+                raise NotARegistry(f"{self.where} holds objects that fact-db did not create ({shown}) and no "
                                    "factdb_meta table, so it is not a fact-db database; it was left untouched: "
                                    "point --db/FACTDB_DB at a fact-db database or at a new file name")
             return "new", {}

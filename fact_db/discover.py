@@ -50,6 +50,7 @@ class Region:
     operands: dict = field(default_factory=dict)
     attrs: dict = field(default_factory=dict)
     composable: str = ""
+    measured_s: float | None = None  # a registry hit's measured kernel time, which the table shows instead
 
     def as_dict(self) -> dict:
         d = {k: v for k, v in self.__dict__.items() if k != "estimate"}
@@ -280,3 +281,32 @@ class _CallableModule(types.ModuleType):
 
 
 sys.modules[__name__].__class__ = _CallableModule
+
+
+def ask_registry(report: Report, registry) -> dict:
+    """Each GEMM-family region's REGISTRY answer from `registry`: `hit` (an exact, current
+    row: its measured time is kept in `measured_s`), `near (D)` (the nearest compatible
+    shape at distance D), `stale` (a row whose template or toolchain changed) or `miss`.
+    Regions of other families have no registry rows yet and stay `miss`. Returns the counts."""
+    from collections import Counter
+
+    from .realize import plan
+    from .workload import GemmWorkload
+    arch = "sm90a" if report.arch.startswith("sm90") else report.arch
+    counts = Counter()
+    with registry.pinned():
+        for r, p in zip(report.regions, plan(report, report.policy)):
+            r.registry = "miss"
+            if isinstance(p.workload, GemmWorkload):
+                hit = registry.lookup(p.workload.key(arch, report.gpu.lower()))
+                if hit is not None:
+                    if hit.stale:
+                        r.registry = "stale"
+                    elif hit.exact:
+                        r.registry = "hit"
+                        if hit.record.time_ms:
+                            r.measured_s = hit.record.time_ms / 1e3
+                    else:
+                        r.registry = f"near ({hit.distance:.2f})"
+            counts[r.registry.split(" ")[0]] += 1
+    return dict(counts)

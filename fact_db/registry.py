@@ -1333,16 +1333,68 @@ def _insert(conn: sa.Connection, table: sa.Table, rows: list[dict]) -> None:
         os.unlink(f.name)
 
 
+# Limits on imported rows (README, "Limits on untrusted input"): what the columns hold, and
+# no more, so one hostile line cannot make every later `registry list` read gigabytes.
+MAX_IMPORT_LINE = 1024 * 1024       # characters in one JSONL line
+MAX_TEXT = {"notes": 4096, "source": 512 * 1024}
+MAX_TEXT_DEFAULT = 16 * 1024        # any other string field (config, names, keys)
+INT64 = (-(2 ** 63), 2 ** 63 - 1)   # BIGINT columns
+
+
+def _lines(f: IO[str]):
+    """(number, line or None if it was longer than MAX_IMPORT_LINE) without ever holding more
+    than MAX_IMPORT_LINE characters of one line."""
+    n = 0
+    while True:
+        line = f.readline(MAX_IMPORT_LINE + 1)
+        if not line:
+            return
+        n += 1
+        if len(line) > MAX_IMPORT_LINE and not line.endswith("\n"):
+            while True:  # skip the rest of the over-long line in bounded pieces
+                rest = f.readline(MAX_IMPORT_LINE)
+                if not rest or rest.endswith("\n"):
+                    break
+            yield n, None
+        else:
+            yield n, line
+
+
+def _field_faults(d, path: str = "") -> list[str]:
+    """Strings longer than their column allows and integers beyond 64 bits, by field."""
+    out, stack = [], [(path, d)]
+    while stack and len(out) < 5:
+        where, v = stack.pop()
+        if isinstance(v, dict):
+            stack.extend((f"{where}.{k}" if where else str(k), x) for k, x in v.items())
+        elif isinstance(v, list):
+            stack.extend((f"{where}[{i}]", x) for i, x in enumerate(v))
+        elif isinstance(v, str):
+            limit = MAX_TEXT.get(where, MAX_TEXT_DEFAULT)
+            if len(v) > limit:
+                out.append(f"field `{where}` is {len(v)} characters, over its limit of {limit}")
+        elif isinstance(v, int) and not isinstance(v, bool) and not INT64[0] <= v <= INT64[1]:
+            out.append(f"field `{where}` is {str(v)[:20]}..., beyond the 64-bit integers the registry holds")
+    return out
+
+
 def _parse_jsonl(f: IO[str], name: str, provenance: str) -> list[KernelRecord]:
     """Every line checked; raises ImportError_ listing all bad lines, so nothing is half-applied."""
     records, problems = [], []
-    for n, line in enumerate(f, 1):
+    for n, line in _lines(f):
+        if line is None:
+            problems.append((n, f"the line is longer than {MAX_IMPORT_LINE} characters"))
+            continue
         if not line.strip():
             continue
         try:
             d = json.loads(line, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(f"{c} is not allowed")))
-        except ValueError as e:
-            problems.append((n, f"not valid JSON ({e})"))
+        except (ValueError, RecursionError) as e:
+            problems.append((n, f"not valid JSON ({e})" if isinstance(e, ValueError) else "nested too deep"))
+            continue
+        faults = _field_faults(d)
+        if faults:
+            problems.append((n, "; ".join(faults)))
             continue
         try:
             if isinstance(d, dict) and not d.get("provenance"):

@@ -45,7 +45,7 @@ def test_duckdb_file_with_other_tables(tmp_path):
     con.execute("create table kernels (name varchar)")   # a name fact-db uses, but not fact-db's
     con.execute("insert into orders values (1, 9.5)")
     con.close()
-    msg = refused(str(p), p, "holds tables that fact-db did not create (kernels, orders)", "no factdb_meta table",
+    msg = refused(str(p), p, "holds objects that fact-db did not create (kernels, orders)", "no factdb_meta table",
                   "left untouched")
     assert msg.endswith("point --db/FACTDB_DB at a fact-db database or at a new file name")
 
@@ -65,7 +65,7 @@ def test_sqlite_url_to_other_files(tmp_path):
     con.execute("create table users (name text)")
     con.commit()
     con.close()
-    refused(f"sqlite:///{p}", p, "holds tables that fact-db did not create (users)")
+    refused(f"sqlite:///{p}", p, "holds objects that fact-db did not create (users)")
     q = tmp_path / "garbage.db"
     q.write_bytes(b"\x00\x01" * 3000)
     refused(f"sqlite:///{q}", q, "is not a SQLite database")
