@@ -258,6 +258,7 @@ def analyse(graph: Graph, rules: RuleSet, *, arch: str = "sm90", gpu: str | None
             else:
                 why = "no rule matched it; run with --explain to see each rule's reason"
             uncovered.append((n.name, n.op, why))
+    uncovered.extend(getattr(graph, "opaque", None) or [])
     return Report(graph.name, arch, dev.name, policy, regions, misses, uncovered, total, trace_s, match_s,
                   graph.partial, graph.note, len(graph.calls()), graph)
 
