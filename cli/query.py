@@ -75,9 +75,14 @@ def query(text, kind, arch, dtype, op, shape, gpu, policy, n, mode, as_json, db_
         shown = ", ".join(f"{k} {v}" for k, v in res.filters.items())
         click.echo(f"no results for {text!r}" + (f" with {shown}" if shown else ""))
         return
+    if res.weak:
+        click.echo(f"nothing matches {text!r} well (no similarity of {index.RELEVANCE_FLOOR} or more): "
+                   "the nearest documents follow")
     for i, h in enumerate(res.hits, 1):
         tags = " ".join(h.archs) or "any arch"
         click.echo(f"{i:2}. [{h.kind}] {h.id}  ({tags})")
+        if h.meta.get("path") and h.kind != "kernel":
+            click.echo(f"    {h.meta['path']}")
         if h.kind == "kernel":
             m = h.meta
             more = (f" (fastest of {h.group} kernels with this description)" if h.group > 1 and kind != "kernel"

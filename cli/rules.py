@@ -101,14 +101,17 @@ def validate(paths, as_json):
 def test_(paths, as_json, verbose):
     """Run rule fixtures: must-match cases match, must-not-match cases do not.
 
-    PATHS are rule files or directories (default: all rules). Exit status 1 on any failure.
+    PATHS are rule files or directories (default: all rules), inside rules/ or anywhere else
+    (a rule you are writing, tested beside the shipped ones and their fragments). Exit
+    status 1 on any failure.
 
     \b
     Example:
       factdb rules test rules/attention
+      factdb rules test ~/my-rules/gemm-bias-swish.yaml
     """
     from fact_db import fixture, rules as rules_mod  # lazy: keeps torch out of `factdb --help`
-    rs = rules_mod.load_rules()
+    rs = rules_mod.load_rules(extra=paths)
     selected = None
     if paths:
         wanted = {p.resolve() for p in rules_mod.yaml_files(paths)}

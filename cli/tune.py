@@ -29,8 +29,15 @@ def _print_result(r, out=click.echo) -> None:
         for row in rows:
             out("  ".join(v.ljust(widths[c]) for c, v in enumerate(row)).rstrip())
     for t in r.trials:
-        if t.status not in ("ok", "skipped") and t.error:
+        if t.status not in ("ok", "skipped", "built", "cached") and t.error:
             out(f"  {t.candidate.label}: {t.status}: {t.error.splitlines()[0][:200]}")
+    built = [t for t in r.trials if t.status in ("built", "cached", "compile_error")]
+    if built:  # --compile-only: what was built, found in the cache, or failed, and where
+        counts = {s: sum(t.status == s for t in built) for s in ("built", "cached", "compile_error")}
+        out(f"build summary: {counts['built']} built, {counts['cached']} cached, {counts['compile_error']} failed")
+        for t in built:
+            where = t.so or (t.error.splitlines()[-1] if t.error else "")
+            out(f"  {t.status:13} {t.candidate.label}: {where}")
     if r.winner:
         sp = r.speedup
         out(f"winner: {r.winner.candidate.label} ({r.winner.candidate.template}) {_ms(r.winner.time_ms)} ms"

@@ -40,7 +40,7 @@ class ComposeError(FactError):
 class Impl:
     """How one region runs in the composed module."""
 
-    kind: str                  # eager | gemm | attention | sdpa
+    kind: str                  # eager | gemm | attention | sdpa | norm
     label: str = ""            # what runs, for the report
     op: object = None          # the torch op for gemm / attention
     record: dict = field(default_factory=dict)  # what an artifact needs to load it again
@@ -182,7 +182,33 @@ def _attention_nodes(gm, g, shapes, r, impl, fx, index: int):
     return g.call_function(impl.op, (q, k, v, scale, causal))
 
 
-_BUILDERS = {"gemm": _gemm_nodes, "attention": _attention_nodes, "sdpa": _attention_nodes}
+def _norm_nodes(gm, g, shapes, r, impl, fx, index: int):
+    """Residual add + norm (template add_norm): `impl.op(x, r, weight, bias) -> (y, s)`. Where
+    the region exposes the sum (attrs["sum"]), its uses outside the region read s instead, so
+    the add is erased; the op goes right after the add, where x, r and the sum's readers
+    are all in order."""
+    import operator
+    ops, attrs = r.operands, r.attrs
+    if "x" not in ops or "weight" not in ops:
+        raise ComposeError(f"region {r.rule} at `{r.output}`: no x or weight operand")
+    total = attrs.get("sum") or ""
+    anchor = fx(total) if total else None
+    region = set(r.nodes)
+    ctx = g.inserting_after(anchor) if anchor is not None else g.inserting_before(fx(r.output))
+    with ctx:
+        call = g.call_function(impl.op, (fx(ops["x"]), fx(ops["res"]) if "res" in ops else None, fx(ops["weight"]),
+                                         fx(ops["bias"]) if "bias" in ops else None))
+    with g.inserting_after(call):
+        y = g.call_function(operator.getitem, (call, 0))
+        if anchor is not None:
+            s = g.call_function(operator.getitem, (call, 1))
+            for u in list(anchor.users):
+                if u is not call and u.name not in region:
+                    u.replace_input_with(anchor, s)
+    return y
+
+
+_BUILDERS = {"gemm": _gemm_nodes, "attention": _attention_nodes, "sdpa": _attention_nodes, "norm": _norm_nodes}
 
 
 def rewrite(program, regions: list, impls: dict):

@@ -34,8 +34,8 @@ from sqlalchemy.pool import NullPool, StaticPool
 from . import paths
 from .errors import FactError
 
-SCHEMA_VERSION = 2  # the newest schema this fact-db writes; see MIGRATIONS
-REGISTRY_TABLES = ("factdb_meta", "kernels", "trials", "rules", "examples", "attention_kernels")
+SCHEMA_VERSION = 3  # the newest schema this fact-db writes; see MIGRATIONS
+REGISTRY_TABLES = ("factdb_meta", "kernels", "trials", "rules", "examples", "attention_kernels", "norm_kernels")
 INDEX_PREFIX = "index_"
 DEFAULT_TIMEOUT_S = 30.0
 
@@ -215,11 +215,36 @@ def _m002_attention(conn: sa.Connection) -> None:
     md.create_all(conn, checkfirst=True)
 
 
+def _m003_norms(conn: sa.Connection) -> None:
+    # Tuned norm kernels (fact_db/norm.py): one row per workload key (kind, rows, width,
+    # residual, write_sum, bias, eps, dtype, policy) on one arch and GPU: the winner (a
+    # template build or eager) with every trial. Numbered 3: migration 2 is attention's.
+    md = sa.MetaData()
+    S, T, I, D = sa.String, sa.Text, sa.BigInteger, sa.Double
+    sa.Table(
+        "norm_kernels", md, sa.Column("digest", S, primary_key=True),
+        sa.Column("arch", S, nullable=False), sa.Column("gpu", S, nullable=False),
+        sa.Column("kind", S, nullable=False), sa.Column("rows", I, nullable=False),
+        sa.Column("width", I, nullable=False), sa.Column("residual", sa.Boolean, nullable=False),
+        sa.Column("write_sum", sa.Boolean, nullable=False), sa.Column("has_bias", sa.Boolean, nullable=False),
+        sa.Column("eps", D, nullable=False), sa.Column("dtype", S, nullable=False), sa.Column("policy", S, nullable=False),
+        sa.Column("label", S, nullable=False), sa.Column("template", S, nullable=False),
+        sa.Column("config", T, nullable=False), sa.Column("source_hash", S, nullable=False),
+        sa.Column("time_ms", D), sa.Column("rel_err", D), sa.Column("eager_ms", D),
+        sa.Column("device_name", S, nullable=False), sa.Column("trials", T, nullable=False),
+        sa.Column("created_at", S, nullable=False),
+    )
+    md.create_all(conn, checkfirst=True)
+
+
 MIGRATIONS: list[tuple[int, str, object]] = [
     (1, "m001_initial", _m001_initial),
     (2, "m002_attention", _m002_attention),
+    (3, "m003_norms", _m003_norms),
 ]
-assert [v for v, _, _ in MIGRATIONS] == list(range(1, SCHEMA_VERSION + 1))
+# Versions increase and the last is SCHEMA_VERSION (helper branches number theirs apart, so
+# a gap may exist until they merge: 2 is attention's).
+assert [v for v, _, _ in MIGRATIONS] == sorted({v for v, _, _ in MIGRATIONS}) and MIGRATIONS[-1][0] == SCHEMA_VERSION
 
 
 # --------------------------------------------------------------------------------------

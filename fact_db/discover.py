@@ -201,6 +201,17 @@ def _operands(m, template: str) -> tuple[dict, dict, str]:
             ops = {"x": _name(x), "weight": _name(w)}
             attrs = {"eps": eps_node.args[1] if eps_node is not None and len(eps_node.args) > 1 else None}
         return {k: v for k, v in ops.items() if v}, attrs, ""
+    if template == "add_norm":  # residual add + norm (rules/norm/add-layernorm.yaml)
+        out, add = m.output, m.bindings.get("add")
+        x, res = m.captures.get("x"), m.captures.get("res")
+        if add is None or x is None or res is None or out.op != "aten.layer_norm":
+            return {}, {}, "the pattern did not capture the add's operands and the norm"
+        ops = {"x": _name(x), "res": _name(res), "weight": _name(out.arg("weight")), "bias": _name(out.arg("bias"))}
+        inside = {id(n) for n in m.nodes}
+        # The sum is a second output when something outside the region reads it (the next residual).
+        sum_used = any(id(u) not in inside for u in add.users)
+        attrs = {"eps": out.arg("eps", 1e-5), "kind": "layernorm", "sum": add.name if sum_used else ""}
+        return {k: v for k, v in ops.items() if v}, attrs, ""
     return {}, {}, f"template {template}: no composition yet"
 
 
@@ -247,6 +258,7 @@ def analyse(graph: Graph, rules: RuleSet, *, arch: str = "sm90", gpu: str | None
             else:
                 why = "no rule matched it; run with --explain to see each rule's reason"
             uncovered.append((n.name, n.op, why))
+    uncovered.extend(getattr(graph, "opaque", None) or [])
     return Report(graph.name, arch, dev.name, policy, regions, misses, uncovered, total, trace_s, match_s,
                   graph.partial, graph.note, len(graph.calls()), graph)
 

@@ -1099,6 +1099,12 @@ class Hit:
         return d
 
 
+# Below this cosine similarity (all-MiniLM-L6-v2), with no BM25 match either, the best hit
+# is not a match: unrelated text scores 0.0-0.25 against the rules and examples, a
+# description of what they do 0.4 and more.
+RELEVANCE_FLOOR = 0.30
+
+
 @dataclass
 class SearchResult:
     query: str
@@ -1107,10 +1113,20 @@ class SearchResult:
     filters: dict
     warnings: list = field(default_factory=list)
     seconds: float = 0.0
+    weak: bool = False   # nothing passed the relevance floor: the hits are the nearest, not matches
 
     def as_dict(self) -> dict:
         return {"query": self.query, "mode": self.mode, "filters": self.filters, "warnings": self.warnings,
-                "seconds": self.seconds, "hits": [h.as_dict() for h in self.hits]}
+                "seconds": self.seconds, "relevance": {"floor": RELEVANCE_FLOOR, "weak": self.weak},
+                "hits": [h.as_dict() for h in self.hits]}
+
+
+def _weak(hits: list) -> bool:
+    """No hit reaches the floor's cosine similarity; in a lexical-only search (no vectors),
+    no hit has a BM25 match. (A BM25 match alone is no sign: one common word makes one.)"""
+    if any(h.vector is not None for h in hits):
+        return not any(h.vector is not None and h.vector >= RELEVANCE_FLOOR for h in hits)
+    return not any(h.bm25 is not None for h in hits)
 
 
 class _Searcher:
@@ -1303,8 +1319,17 @@ def search(text: str, *, kind: str | None = None, arch: str | None = None, dtype
         top = ranked(fused)[:n]
         # kernels of one description share a text: show the fastest of each unless kernels are asked for
         hits = _expand(s.con, top, fused, n, per_text=n if kind == "kernel" else 1)
+    # the floor is calibrated for the shipped model (a test embedder's similarities mean nothing)
+    weak = _weak(hits) if used == "lexical" or getattr(emb, "name", None) == embed.MODEL_NAME else False
+    if shown and (not hits or weak):  # did a filter remove what would have matched?
+        free = search(text, n=3, url=url, mode=mode, embedder=embedder, fusion=fusion, auto_build=False,
+                      timeout=timeout)
+        if free.hits and not free.weak:
+            what = ", ".join(f"--{k} {v}" for k, v in shown.items())
+            warn.append(f"{what} removed every relevant result; without it the best is "
+                        f"{free.hits[0].kind} {free.hits[0].id}")
     return SearchResult(query=text, mode=used, hits=hits, filters=shown, warnings=warn,
-                        seconds=round(time.perf_counter() - t0, 4))
+                        seconds=round(time.perf_counter() - t0, 4), weak=weak)
 
 
 def _fuse(lex: list, vec: list, fusion: dict, used: str) -> dict:

@@ -100,6 +100,7 @@ class Pattern:
     where: tuple = ()  # of Expr
     dtypes: tuple = ()
     label: str = ""  # which alternative, for messages ("gemm-bias[linear] + gelu-tanh[decomposed]")
+    exposes: tuple = ()  # node names whose value may also be used outside the region (extra outputs)
 
     def captures(self) -> set:
         return {i.name for n in self.nodes.values() for i in n.inputs if isinstance(i, Capture)}
@@ -305,7 +306,15 @@ def build_patterns(match: dict, fragments: dict) -> list:
         except ExprError as e:
             raise PatternError(f"match.where[{i}]", str(e), "use pattern nodes, captures, M, N, K, batch and the functions listed (README: limits on `where` expressions)") from None
     dtypes = tuple(match.get("dtypes") or ())
-    patterns = [Pattern(nodes, out, tuple(where), dtypes, label) for label, nodes, out in expand(match, fragments)]
+    exposes = tuple(match.get("exposes") or ())
+    alts = expand(match, fragments)
+    for label, nodes, out in alts:
+        for name in exposes:
+            if name not in nodes:
+                raise PatternError("match.exposes", f"exposed node `{name}` is not one of the nodes {sorted(nodes)}"
+                                   + (f" of alternative `{label}`" if label else ""),
+                                   "name a node every alternative declares")
+    patterns = [Pattern(nodes, out, tuple(where), dtypes, label, exposes) for label, nodes, out in alts]
     known = set(PROBLEM_NAMES) | set(FUNCTIONS)
     for p in patterns:
         known |= {k for k in p.nodes if "/" not in k} | {c for c in p.captures() if "/" not in c}

@@ -1246,6 +1246,49 @@ class Registry:
             _insert(conn, K, rows)
         return len(rows)
 
+    # ----------------------------------------------------------------------------------
+    # norm rows (fact_db/norm.py): one per workload key, the winner and its trials
+    @staticmethod
+    def norm_digest(w, arch: str, gpu: str = "") -> str:
+        k = w.key()
+        key = (arch, canonical_gpu(gpu) if gpu else "", k["kind"], k["rows"], k["width"], bool(k["residual"]),
+               bool(k["write_sum"]), bool(k["has_bias"]), float(k["eps"]), k["dtype"], k["policy"])
+        return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:32]
+
+    def norm_get(self, w, arch: str, gpu: str = "") -> dict | None:
+        """The stored winner for norm workload `w`: {label, template, config, source_hash, time_ms,
+        rel_err, eager_ms} (label "eager" when eager won), or None."""
+        with self.db.begin(write=False) as conn:
+            row = conn.execute(sa.text("SELECT label, template, config, source_hash, time_ms, rel_err, eager_ms "
+                                       "FROM norm_kernels WHERE digest = :d"),
+                               {"d": self.norm_digest(w, arch, gpu)}).first()
+        if row is None:
+            return None
+        return {"label": row[0], "template": row[1], "config": json.loads(row[2]) if row[2] else {},
+                "source_hash": row[3], "time_ms": row[4], "rel_err": row[5], "eager_ms": row[6]}
+
+    def norm_put(self, w, arch: str, best, trials, gpu: str = "", device_name: str = "",
+                 source_hash: str = "") -> None:
+        """Store (replace) the winner `best` (a NormTrial) for `w`, with every trial."""
+        k = w.key()
+        eager = next((t for t in trials if t.label == "eager"), None)
+        cfg = dataclasses.asdict(best.candidate) if best.candidate is not None else {}
+        row = {"digest": self.norm_digest(w, arch, gpu), "arch": arch, "gpu": canonical_gpu(gpu) if gpu else "",
+               "kind": k["kind"], "rows": k["rows"], "width": k["width"], "residual": bool(k["residual"]),
+               "write_sum": bool(k["write_sum"]), "has_bias": bool(k["has_bias"]), "eps": float(k["eps"]),
+               "dtype": k["dtype"], "policy": k["policy"], "label": best.label,
+               "template": "" if best.candidate is None else "add_norm", "config": json.dumps(cfg, sort_keys=True),
+               "source_hash": source_hash, "time_ms": best.time_ms, "rel_err": best.err,
+               "eager_ms": eager.time_ms if eager else None, "device_name": device_name,
+               "trials": json.dumps([{"label": t.label, "status": t.status, "time_ms": t.time_ms, "err": t.err,
+                                      "error": t.error} for t in trials]),
+               "created_at": utcnow()}
+        cols = ", ".join(row)
+        vals = ", ".join(f":{c}" for c in row)
+        with self.db.begin() as conn:
+            conn.execute(sa.text("DELETE FROM norm_kernels WHERE digest = :d"), {"d": row["digest"]})
+            conn.execute(sa.text(f"INSERT INTO norm_kernels ({cols}) VALUES ({vals})"), row)
+
 
 @dataclass
 class MergeResult:

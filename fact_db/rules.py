@@ -375,12 +375,17 @@ def validate(items=None) -> list:
     return faults
 
 
-def load_rules(root=None) -> RuleSet:
-    """Load and check all rules under `root` (default: `FACTDB_RULES` or the shipped `rules/`)."""
+def load_rules(root=None, extra=()) -> RuleSet:
+    """Load and check all rules under `root` (default: `FACTDB_RULES` or the shipped `rules/`),
+    plus `extra` rule files or directories from elsewhere (a contribution not yet in the tree,
+    which may use the shipped fragments)."""
     root = Path(root) if root else paths.rules_dir()
     if not root.is_dir():
         raise RuleError([Fault(str(root), None, "", "rules directory does not exist", "set FACTDB_RULES to a directory of rules")])
-    rules, fragments, faults = _collect(yaml_files([root]))
+    files = yaml_files([root])
+    have = {f.resolve() for f in files}
+    files += [f for f in yaml_files(list(extra)) if f.resolve() not in have] if extra else []
+    rules, fragments, faults = _collect(files)
     if faults:
         raise RuleError(faults)
     return RuleSet(sorted(rules, key=lambda r: (r.family, r.id)), fragments)

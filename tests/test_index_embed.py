@@ -58,3 +58,15 @@ def test_the_shipped_vectors_are_current_and_a_fresh_build_uses_them(tmp_path, m
     assert np.allclose(shipped[d.embed_hash], emb.encode([d.embed_text])[0], atol=1e-5)
     rep = index.build(f"duckdb:///{tmp_path / 'fresh.duckdb'}", docs=docs)
     assert rep.phases["shipped_vectors"] == len({d.embed_hash for d in docs}) and rep.embedded == 0
+
+
+def test_a_query_that_nothing_matches_is_weak_and_a_filter_that_empties_it_is_named(tmp_path):
+    from fact_db import index
+    url = f"duckdb:///{tmp_path / 'q.duckdb'}"
+    index.build(url)
+    weak = index.search("banana bread recipe with walnuts", url=url, n=3)
+    assert weak.weak and weak.as_dict()["relevance"] == {"floor": index.RELEVANCE_FLOOR, "weak": True}
+    good = index.search("split-k gemm with a parallel reduction", url=url, n=3)
+    assert not good.weak
+    filtered = index.search("split-k gemm with a parallel reduction", url=url, n=3, kind="kernel")  # none tuned yet
+    assert not filtered.hits and any("--kind kernel removed every relevant result" in w for w in filtered.warnings)

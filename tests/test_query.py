@@ -208,3 +208,10 @@ def test_batched_lookup_agrees_with_registry_lookup(tmp_path):
                 assert want.distance == pytest.approx(hit.distance)
         assert len(seen) > 40 and any(h.stale for h in seen) and any(not h.stale for h in seen)
         assert any(h.exact for h in seen) and any(not h.exact for h in seen)
+
+
+def test_paths_are_printed(home):
+    good = run(home, "query", "gemm with bias and relu in the epilogue", "--kind", "rule", "-n", "2")
+    assert "rules/gemm_epilogue/" in good.output  # the rule's file
+    ex = run(home, "query", "split-k gemm", "--kind", "example", "-n", "1")
+    assert "cutlass_library/source/examples/" in ex.output.splitlines()[1]  # the example's directory

@@ -628,18 +628,20 @@ def test_migrations_run_once_in_order_and_leave_index_tables_alone(tmp_path, mon
     con.execute("insert into index_docs values ('a', 'kept')")
     con.close()
     with Registry.open(str(path), seed=False) as reg:
-        assert reg.meta()["schema_version"] == "2" and reg.meta()["last_migration"] == "m002_attention"
+        assert reg.meta()["schema_version"] == str(db_mod.SCHEMA_VERSION)
+        assert reg.meta()["last_migration"] == db_mod.MIGRATIONS[-1][1]
     calls = []
+    nxt = db_mod.SCHEMA_VERSION + 1
 
-    def m003(conn):
+    def m_extra(conn):
         calls.append(1)
         conn.exec_driver_sql("alter table kernels add column extra varchar default ''")
 
-    monkeypatch.setattr(db_mod, "MIGRATIONS", db_mod.MIGRATIONS + [(3, "m003_extra", m003)])
-    monkeypatch.setattr(db_mod, "SCHEMA_VERSION", 3)
+    monkeypatch.setattr(db_mod, "MIGRATIONS", db_mod.MIGRATIONS + [(nxt, "m_extra", m_extra)])
+    monkeypatch.setattr(db_mod, "SCHEMA_VERSION", nxt)
     for _ in range(2):
         with Registry.open(str(path), seed=False) as reg:
-            assert reg.meta()["schema_version"] == "3" and reg.meta()["last_migration"] == "m003_extra"
+            assert reg.meta()["schema_version"] == str(nxt) and reg.meta()["last_migration"] == "m_extra"
     assert calls == [1]
     con = duckdb.connect(str(path), read_only=True)
     assert con.execute("select * from index_docs").fetchall() == [("a", "kept")]
