@@ -13,14 +13,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 @pytest.fixture(autouse=True, scope="session")
 def _private_state(tmp_path_factory):
-    """Tests never touch the user's ~/.local/share/fact-db: state (registry, build cache, index)
-    goes to a per-session directory unless FACTDB_HOME is set. FACTDB_DB is cleared so a
+    """Tests never touch the user's state: registry, build cache and index go to a per-session
+    directory even when FACTDB_HOME is set (a user's home is never written by tests; the
+    GPU tests' kernel builds land there too). FACTDB_DB is cleared so a
     user's registry URL does not leak in, and new registries start empty (FACTDB_SEED="")
     rather than with the shipped seed; tests of seeding name their seed file."""
     old = {k: os.environ.get(k) for k in ("FACTDB_HOME", "FACTDB_DB", "FACTDB_SEED")}
     os.environ["FACTDB_SEED"] = ""
-    if not old["FACTDB_HOME"]:
-        os.environ["FACTDB_HOME"] = str(tmp_path_factory.mktemp("factdb-home"))
+    os.environ["FACTDB_HOME"] = str(tmp_path_factory.mktemp("factdb-home"))
     os.environ.pop("FACTDB_DB", None)
     yield
     for k, v in old.items():
