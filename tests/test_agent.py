@@ -1,0 +1,273 @@
+"""The agent against a real chat-completions server on loopback (stdlib http.server in a
+thread, streaming off, scripted replies). Every bad reply ends in a recorded rejection, nothing
+is written to the rules or the registry, and the region stays with eager PyTorch."""
+import http.server
+import json
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch.nn as nn
+import torch
+
+from fact_db import paths
+from fact_db.agent import Agent, asks
+from fact_db.discover import discover
+from fact_db.llm import LLM, Config, load_config
+from fact_db.rules import load_rules
+
+SHIPPED = Path(__file__).resolve().parent.parent / "rules"
+RELU_YAML = (SHIPPED / "gemm_epilogue" / "gemm-bias-relu.yaml").read_text()
+RELU_FIX = (SHIPPED / "gemm_epilogue" / "gemm-bias-relu.py").read_text()
+
+
+class Server:
+    """Replays `script`: a list of (status, content, delay_s); the last entry repeats."""
+
+    def __init__(self, script):
+        self.script = list(script)
+        self.requests = []
+        outer = self
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.requests.append(body)
+                status, content, delay = outer.script.pop(0) if len(outer.script) > 1 else outer.script[0]
+                time.sleep(delay)
+                if status == 200:
+                    data = {"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
+                            "choices": [{"index": 0, "finish_reason": "stop",
+                                         "message": {"role": "assistant", "content": content}}],
+                            "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}}
+                else:
+                    data = {"error": {"message": content, "type": "x"}}
+                raw = json.dumps(data).encode()
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(raw)))
+                    self.end_headers()
+                    self.wfile.write(raw)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+
+
+class LinearRelu(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(64, 32)
+
+    def forward(self, x):
+        return torch.relu(self.fc(x))
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    """Shipped rules less the gemm-bias-relu rule, a fresh home."""
+    root = tmp_path / "rules"
+    shutil.copytree(SHIPPED, root, ignore=shutil.ignore_patterns("__pycache__"))
+    (root / "gemm_epilogue" / "gemm-bias-relu.yaml").unlink()
+    (root / "gemm_epilogue" / "gemm-bias-relu.py").unlink()
+    monkeypatch.setenv("FACTDB_RULES", str(root))
+    monkeypatch.setenv("FACTDB_HOME", str(tmp_path / "home"))
+    for k in ("FACTDB_LLM_BASE_URL", "FACTDB_LLM_MODEL", "FACTDB_LLM_API_KEY"):
+        monkeypatch.delenv(k, raising=False)
+    return tmp_path
+
+
+def _run(env, script, **kw):
+    srv = Server(script)
+    try:
+        llm = LLM(Config(srv.url, "scripted", timeout_s=kw.pop("timeout_s", 30), backoff_s=0.01, retries=2))
+        rules = load_rules()
+        rep = discover(LinearRelu(), (torch.randn(8, 64),), rules=rules)
+        agent = Agent(llm, out_dir=env / "out", **kw)
+        props = agent.run(rep, rules)
+        return props, llm, srv
+    finally:
+        srv.close()
+
+
+def _reply(**kw):
+    return json.dumps(kw)
+
+
+def _nothing_written(env):
+    assert not (env / "out").exists() or not any((env / "out").rglob("*.yaml"))
+    assert sorted(p.name for p in (env / "rules" / "gemm_epilogue").iterdir()) == \
+        sorted(p.name for p in (SHIPPED / "gemm_epilogue").iterdir() if not p.name.startswith("gemm-bias-relu") and p.name != "__pycache__")
+
+
+def test_off_unless_configured(env):
+    assert load_config() is None
+    assert LLM.open() is None
+    assert LLM.open(offline=True, config=Config("http://127.0.0.1:9/v1", "m")) is None
+
+
+def test_config_file(env):
+    home = Path(paths.home())
+    home.mkdir(parents=True)
+    (home / "llm.yaml").write_text("base_url: http://127.0.0.1:9/v1\nmodel: m\nmax_calls: 3\n")
+    c = load_config()
+    assert c.model == "m" and c.max_calls == 3
+
+
+def test_asks_the_unfused_relu_only(env):
+    rules = load_rules()
+    rep = discover(LinearRelu(), (torch.randn(8, 64),), rules=rules)
+    a = asks(rep, rules)
+    assert len(a) == 1 and "relu" in a[0].why
+
+
+def test_correct_rule_restores_fusion_and_rerun_is_cached(env):
+    props, llm, srv = _run(env, [(200, _reply(kind="rule", rule=RELU_YAML, fixture=RELU_FIX), 0)])
+    assert [p.outcome for p in props] == ["accepted"], props
+    assert llm.usage.calls == 1
+    files = [Path(f) for f in props[0].files]
+    assert {f.name for f in files} == {"gemm-bias-relu.yaml", "gemm-bias-relu.py"}
+    assert all(f.is_relative_to(env / "out") for f in files)
+    # the rule file it wrote is the one proposed, and with it discovery fuses the ReLU again
+    props2, llm2, srv2 = _run(env, [(500, "must not be called", 0)])
+    assert llm2.usage.calls == 0 and llm2.usage.cached == 1 and props2[0].outcome == "accepted"
+    assert srv2.requests == []
+
+
+@pytest.mark.parametrize("reply,outcome,words", [
+    ("this is not json {", "malformed", "not JSON"),
+    (_reply(kind="rule", rule="id: x\n", fixture=""), "schema-invalid", "x.py"),
+    (_reply(kind="rule", rule="id: gemm-bias-relu\nfixture: gemm-bias-relu.py\ntitle: t\n", fixture=RELU_FIX),
+     "schema-invalid", "does not validate"),
+    (_reply(kind="rule", rule=RELU_YAML, fixture=RELU_FIX.replace("torch.relu(self.fc(x))", "torch.sigmoid(self.fc(x))", 1)),
+     "fixture failed", "LinearTorchRelu"),
+    (_reply(kind="rule", rule=(SHIPPED / "gemm_epilogue" / "gemm-bias-silu.yaml").read_text().replace("gemm-bias-silu", "agent-silu"),
+            fixture=(SHIPPED / "gemm_epilogue" / "gemm-bias-silu.py").read_text().replace("gemm-bias-silu", "agent-silu")),
+     "no match", "does not match"),
+    (_reply(kind="rule", rule="!!python/object/apply:os.system ['touch /tmp/factdb-agent-pwned']\n", fixture=""),
+     "refused", "no tags"),
+    (_reply(kind="rule", rule=RELU_YAML.replace("id: gemm-bias-relu", "id: ../../evil"), fixture=RELU_FIX),
+     "refused", "outside"),
+    (_reply(kind="rule", rule=RELU_YAML.replace("fixture: gemm-bias-relu.py", "fixture: ../../../evil.py"), fixture=RELU_FIX),
+     "refused", "outside"),
+    (_reply(kind="shell", cmd="rm -rf /"), "schema-invalid", "not allowed"),
+])
+def test_bad_rule_replies_are_rejected(env, reply, outcome, words):
+    props, llm, _ = _run(env, [(200, reply, 0)])
+    assert [p.outcome for p in props] == [outcome], props
+    assert words in props[0].reason
+    assert not Path("/tmp/factdb-agent-pwned").exists()
+    _nothing_written(env)
+    log = (Path(paths.home()) / "agent" / "proposals.jsonl").read_text().splitlines()
+    assert json.loads(log[-1])["outcome"] == outcome
+
+
+def _hooks(calls, *, compile_error=False, wrong=False, slow=False, timeout=False):
+    def comp(src, name):
+        calls.append("compile")
+        if timeout:
+            raise TimeoutError("compile over 300 s")
+        if compile_error:
+            raise RuntimeError("error: expected ';' before '}' token")
+        return name
+
+    return {"compile": comp, "verify": lambda h: not wrong,
+            "bench": lambda h: (2e-5, 1e-5) if slow else (1e-5, 2e-5),
+            "store": lambda h, src: calls.append("store")}
+
+
+@pytest.mark.parametrize("kind,outcome", [("compile_error", "compile error"), ("wrong", "wrong result"),
+                                          ("slow", "slower than eager"), ("timeout", "timeout"), (None, "accepted")])
+def test_kernel_replies(env, kind, outcome):
+    calls = []
+    hooks = _hooks(calls, **({kind: True} if kind else {}))
+    props, _, _ = _run(env, [(200, _reply(kind="kernel", name="fused_relu", source="__global__ void k(){}"), 0)],
+                       kernel_hooks=hooks)
+    assert [p.outcome for p in props] == [outcome], props
+    assert ("store" in calls) == (outcome == "accepted")
+    _nothing_written(env)
+
+
+def test_kernel_without_worker_is_refused(env):
+    props, _, _ = _run(env, [(200, _reply(kind="kernel", name="k", source="x"), 0)])
+    assert props[0].outcome == "refused" and "worker" in props[0].reason
+
+
+def test_429_then_success(env):
+    props, llm, srv = _run(env, [(429, "slow down", 0), (200, _reply(kind="rule", rule=RELU_YAML, fixture=RELU_FIX), 0)])
+    assert props[0].outcome == "accepted" and llm.usage.calls == 2 and len(srv.requests) == 2
+
+
+def test_500_forever(env):
+    props, llm, srv = _run(env, [(500, "boom", 0)])
+    assert props[0].outcome == "no reply" and "HTTP 500" in props[0].reason and "3 attempts" in props[0].reason
+    assert len(srv.requests) == 3
+    _nothing_written(env)
+
+
+def test_timeout(env):
+    props, _, _ = _run(env, [(200, _reply(kind="rule", rule=RELU_YAML, fixture=RELU_FIX), 3)], timeout_s=0.5)
+    assert props[0].outcome == "timeout" and "within" in props[0].reason
+    _nothing_written(env)
+
+
+def test_realize_hook_decides(env):
+    props, _, _ = _run(env, [(200, _reply(kind="rule", rule=RELU_YAML, fixture=RELU_FIX), 0)],
+                       realize=lambda region: ("slower than eager", f"{region.rule}: 1.2 ms vs eager 1.0 ms"))
+    assert props[0].outcome == "slower than eager" and "gemm-bias-relu" in props[0].reason
+    _nothing_written(env)
+
+
+DATA = Path(__file__).resolve().parent / "data" / "agent"
+PROBLEMS = Path(__file__).resolve().parent.parent / "benchmarks" / "problems"
+
+
+def test_kernelbench_gemm_div_gelu_rule_accepted_then_cached(tmp_path, monkeypatch):
+    from fact_db.discover import discover_problem
+
+    monkeypatch.setenv("FACTDB_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("FACTDB_RULES", raising=False)
+    reply = _reply(kind="rule", rule=(DATA / "gemm-bias-div-gelu.yaml").read_text(),
+                   fixture=(DATA / "gemm-bias-div-gelu.py").read_text())
+    seen = []
+    for run in range(2):
+        srv = Server([(200, reply, 0)])
+        try:
+            llm = LLM(Config(srv.url, "scripted", backoff_s=0.01))
+            rules = load_rules()
+            rep = discover_problem(str(PROBLEMS / "gemm_div_gelu.py"), rules=rules)
+            assert [r.rule for r in rep.regions] == ["gemm-bias"]
+            props = Agent(llm, out_dir=tmp_path / "out", realize=lambda r: (seen.append(r) or ("accepted", "won"))).run(rep, rules)
+        finally:
+            srv.close()
+        assert [p.outcome for p in props] == ["accepted"], props
+        assert llm.usage.calls == (1 if run == 0 else 0)
+        assert len(srv.requests) == (1 if run == 0 else 0)
+    assert seen[0].rule == "gemm-bias-div-gelu" and seen[0].epilogue == ["bias", "scale", "gelu"]
+    assert seen[0].problem["M"] == 1024 if "M" in seen[0].problem else True
+    assert (tmp_path / "out" / "rules" / "agent" / "gemm-bias-div-gelu.yaml").exists()
+
+
+def test_shipped_problems_ask_nothing(tmp_path, monkeypatch):
+    """Every benchmark problem the shipped rules cover makes no call: only the three
+    KernelBench problems added for the agent leave a region to ask about."""
+    from fact_db.discover import discover_problem
+
+    monkeypatch.delenv("FACTDB_RULES", raising=False)
+    rules = load_rules()
+    asked = {}
+    for p in sorted(PROBLEMS.glob("*.py")):
+        rep = discover_problem(str(p), rules=rules)
+        asked[p.stem] = len(asks(rep, rules))
+    assert {k for k, v in asked.items() if v} == {"gemm_div_gelu", "gemm_swish_scale", "gemm_relu_div"}, asked
