@@ -52,6 +52,10 @@ REPLY_SCHEMA = {
     "additionalProperties": False,
 }
 
+# Elementwise ops a GEMM epilogue could take (what follows a GEMM region and makes it worth asking).
+POINTWISE = {"div", "mul", "add", "sub", "relu", "gelu", "silu", "sigmoid", "tanh", "erf", "clamp", "clamp_min",
+             "clamp_max", "hardtanh", "leaky_relu", "mish", "softplus", "exp", "neg", "abs", "hardswish", "hardsigmoid"}
+
 _ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
 
 
@@ -137,7 +141,7 @@ def asks(report, rules) -> list:
             chain, cur = [], n
             while len(chain) < 4:
                 calls = [u for u in cur.users if getattr(u, "is_call", False)]
-                if len(calls) != 1 or calls[0].name in covered or calls[0].op in ("python.getitem",):
+                if len(calls) != 1 or calls[0].name in covered or calls[0].op.split(".")[1:2] not in ([w] for w in POINTWISE):
                     break
                 cur = calls[0]
                 chain.append(cur)
