@@ -345,3 +345,30 @@ def summary_line(info: dict) -> str:
     return (f"llm: {info['calls']} call(s), {info['cached']} from cache, {info['tokens']} tokens; served "
             f"{', '.join(info['served']) or 'no region'}; {len(info['proposals'])} proposal(s), {len(acc)} accepted"
             + "".join(f"\n  {p['region']}: {p['outcome']}: {p['reason']}" for p in info["proposals"]))
+
+
+def region_realizer(report, policy: str, *, registry=None, arch: str = "sm90a", gpu: str | None = None,
+                    max_candidates: int = 4, runner=None, progress: bool = False):
+    """A `realize` hook for Agent: tunes the region a proposed rule matched (through
+    realize.realize_regions, so `runner` injects the GPU steps as in the tuner's tests) and
+    accepts the rule only if a kernel verified and beat eager. Winners are stored in `registry`
+    by the tuner as for any region. The Realized of each call is kept in `.results`."""
+    import dataclasses
+
+    from .realize import realize_regions
+
+    def hook(region):
+        rep = dataclasses.replace(report, regions=[region])
+        rz = realize_regions(rep, policy, registry=registry, arch=arch, gpu=gpu, max_candidates=max_candidates,
+                             runner=runner, progress=progress)[0]
+        hook.results.append(rz)
+        if rz.workload is None:
+            return "refused", f"no GEMM template realizes it: {'; '.join(rz.notes) or 'not a GEMM-family region'}"
+        if rz.impl.kind == "eager" or rz.ms is None:
+            why = "; ".join(n for n in rz.notes if n) or "no candidate verified and beat eager"
+            return "slower than eager", f"{rz.region.shape}: eager serves it ({why})"
+        return "accepted", (f"{rz.region.shape}: {rz.impl.label} {rz.ms:.3f} ms vs eager "
+                            f"{rz.eager_ms:.3f} ms" if rz.eager_ms else f"{rz.impl.label} {rz.ms:.3f} ms")
+
+    hook.results = []
+    return hook

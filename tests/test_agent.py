@@ -271,3 +271,30 @@ def test_shipped_problems_ask_nothing(tmp_path, monkeypatch):
         rep = discover_problem(str(p), rules=rules)
         asked[p.stem] = len(asks(rep, rules))
     assert {k for k, v in asked.items() if v} == {"gemm_div_gelu", "gemm_swish_scale", "gemm_relu_div"}, asked
+
+
+def test_restored_rule_is_realized_through_the_tuner(env):
+    """The proposal is tuned like any region (GPU steps through the injected runner): a winner
+    that beats eager accepts it; eager winning rejects it."""
+    from fact_db.agent import region_realizer
+
+    def runner(fast):
+        def run(jobs):
+            return [{"id": j["id"], "status": "ok", "device": "NVIDIA H100 80GB HBM3", "err": 1e-4,
+                     "time_ms": 1.0 if j["kind"] == "eager" else (0.8 if fast else 1.5) + 0.01 * j["id"]} for j in jobs]
+        return run
+
+    for fast, outcome in ((True, "accepted"), (False, "slower than eager")):
+        srv = Server([(200, _reply(kind="rule", rule=RELU_YAML, fixture=RELU_FIX), 0)])
+        try:
+            llm = LLM(Config(srv.url, "scripted", backoff_s=0.01))
+            rules = load_rules()
+            rep = discover(LinearRelu(), (torch.randn(8, 64),), rules=rules)
+            hook = region_realizer(rep, "fp32", gpu="h100", runner=runner(fast))
+            props = Agent(llm, out_dir=env / f"out{fast}", realize=hook).run(rep, rules)
+        finally:
+            srv.close()
+        assert [p.outcome for p in props] == [outcome], props
+        rz = hook.results[0]
+        assert rz.region.rule == "gemm-bias-relu" and rz.workload.epilogue == "bias_relu"
+        assert (outcome == "accepted") == bool(props[0].files)
