@@ -42,7 +42,7 @@ def main():
     import torch
 
     import _provenance
-    from test_agent import Server  # the loopback server the CPU tests use
+    from loopback_llm import Server  # the loopback server the CPU tests use
     from fact_db.agent import Agent, region_realizer
     from fact_db.discover import discover_problem
     from fact_db.llm import LLM, Config

@@ -17,52 +17,11 @@ from fact_db.agent import Agent, asks
 from fact_db.discover import discover
 from fact_db.llm import LLM, Config, load_config
 from fact_db.rules import load_rules
+from loopback_llm import Server
 
 SHIPPED = Path(__file__).resolve().parent.parent / "rules"
 RELU_YAML = (SHIPPED / "gemm_epilogue" / "gemm-bias-relu.yaml").read_text()
 RELU_FIX = (SHIPPED / "gemm_epilogue" / "gemm-bias-relu.py").read_text()
-
-
-class Server:
-    """Replays `script`: a list of (status, content, delay_s); the last entry repeats."""
-
-    def __init__(self, script):
-        self.script = list(script)
-        self.requests = []
-        outer = self
-
-        class H(http.server.BaseHTTPRequestHandler):
-            def log_message(self, *a):
-                pass
-
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                outer.requests.append(body)
-                status, content, delay = outer.script.pop(0) if len(outer.script) > 1 else outer.script[0]
-                time.sleep(delay)
-                if status == 200:
-                    data = {"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
-                            "choices": [{"index": 0, "finish_reason": "stop",
-                                         "message": {"role": "assistant", "content": content}}],
-                            "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}}
-                else:
-                    data = {"error": {"message": content, "type": "x"}}
-                raw = json.dumps(data).encode()
-                try:
-                    self.send_response(status)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(raw)))
-                    self.end_headers()
-                    self.wfile.write(raw)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.httpd.shutdown()
 
 
 class LinearRelu(nn.Module):
@@ -298,3 +257,26 @@ def test_restored_rule_is_realized_through_the_tuner(env):
         rz = hook.results[0]
         assert rz.region.rule == "gemm-bias-relu" and rz.workload.epilogue == "bias_relu"
         assert (outcome == "accepted") == bool(props[0].files)
+
+
+def test_rules_propose_cli(env, monkeypatch):
+    from click.testing import CliRunner
+    from fact_db.cli.main import cli
+
+    (env / "p.py").write_text("import torch\nimport torch.nn as nn\n\nclass Model(nn.Module):\n"
+                              "    def __init__(self):\n        super().__init__(); self.fc = nn.Linear(64, 32)\n"
+                              "    def forward(self, x):\n        return torch.relu(self.fc(x))\n\n"
+                              "def get_inputs():\n    return [torch.randn(8, 64)]\n\ndef get_init_inputs():\n    return []\n")
+    res = CliRunner().invoke(cli, ["rules", "propose", str(env / "p.py"), "--out", str(env / "o")])
+    assert res.exit_code != 0 and "no language model configured" in res.output
+    srv = Server([(200, _reply(kind="rule", rule=RELU_YAML, fixture=RELU_FIX), 0)])
+    try:
+        monkeypatch.setenv("FACTDB_LLM_BASE_URL", srv.url)
+        monkeypatch.setenv("FACTDB_LLM_MODEL", "scripted")
+        res = CliRunner().invoke(cli, ["rules", "propose", str(env / "p.py"), "--out", str(env / "o"), "--json"])
+    finally:
+        srv.close()
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output[res.output.index("{"):])
+    assert out["llm"]["calls"] == 1 and out["proposals"][0]["outcome"] == "accepted"
+    assert (env / "o" / "rules" / "agent" / "gemm-bias-relu.yaml").read_text() == RELU_YAML
