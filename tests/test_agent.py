@@ -232,6 +232,7 @@ def test_shipped_problems_ask_nothing(tmp_path, monkeypatch):
     assert {k for k, v in asked.items() if v} == {"gemm_div_gelu", "gemm_swish_scale", "gemm_relu_div"}, asked
 
 
+@pytest.mark.slow
 def test_restored_rule_is_realized_through_the_tuner(env):
     """The proposal is tuned like any region (GPU steps through the injected runner): a winner
     that beats eager accepts it; eager winning rejects it."""
