@@ -6,7 +6,7 @@ import time
 
 import click
 
-from .main import cli, handle_errors
+from .main import arch_choice, cli, handle_errors, jdump, model_arch
 
 # The choices are spelled out here so that `factdb --help` and commands other than
 # discover do not import torch (fact_db.roofline does); a test checks they match.
@@ -24,7 +24,8 @@ def _table(report) -> str:
     rows = [("#", "RULE", "PROBLEM", "DTYPE", "EST FUSED", "EST EAGER", "GAIN", "SHARE", "BOUND", "REGISTRY", "SOURCE")]
     for i, r in enumerate(report.regions, 1):
         e = r.estimate
-        rows.append((str(i), r.rule, r.shape, ",".join(r.dtypes), _t(e.fused_s), _t(e.eager_s), _t(max(e.gain_s, 0.0)),
+        fused = _t(r.measured_s) + " (measured)" if r.measured_s else _t(e.fused_s)
+        rows.append((str(i), r.rule, r.shape, ",".join(r.dtypes), fused, _t(e.eager_s), _t(max(e.gain_s, 0.0)),
                      (f"{r.share * 100:.0f}%" if r.share >= 0.01 else f"{r.share * 100:.1f}%"), e.bound, r.registry, r.source or ""))
     widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
@@ -38,7 +39,8 @@ def _print(report, explain: bool):
         click.echo(_table(report))
     else:
         click.echo("no region matched any rule")
-    click.echo(f"registry: miss for every region (no registry yet); estimates are roofline floors, not measurements; "
+    reg = getattr(report, "registry_note", "") or "not asked"
+    click.echo(f"registry: {reg}; EST columns are roofline floors unless marked measured; "
                f"trace {report.trace_s:.2f} s, match {report.match_s:.3f} s")
     for r in report.regions:
         for a in r.assumptions:
@@ -62,14 +64,21 @@ def _print(report, explain: bool):
 
 @cli.command()
 @click.argument("problem")
-@click.option("--arch", type=click.Choice(["sm90", "sm80"]), default="sm90", show_default=True, help="Target architecture.")
+@click.option("--arch", type=arch_choice(), default="sm90", show_default=True,
+              help="Target architecture (sm90 and sm90a are the same here).")
 @click.option("--gpu", type=click.Choice(GPUS), help="GPU for the roofline (default: h100 for sm90, a100 for sm80).")
 @click.option("--policy", type=click.Choice(POLICIES), default="fp32", show_default=True,
               help="Precision policy the kernels may use (see DESIGN.md); eager is estimated at the same policy.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--explain", is_flag=True, help="Say, for every rule that matched nowhere, the nearest candidate and why it missed.")
+@click.option("--db", default=None, help="Registry to ask (default: $FACTDB_DB, else $FACTDB_HOME/fact.duckdb if it exists).")
+@click.option("--no-registry", is_flag=True, help="Do not ask the registry.")
+@click.option("--max-memory", type=click.IntRange(256, None), default=None,
+              help="MiB the problem's code may allocate (default 8192, or $FACTDB_PROBLEM_MAX_MEMORY).")
+@click.option("--timeout", type=click.FloatRange(1, None), default=None,
+              help="Seconds building and tracing may take (default 300, or $FACTDB_PROBLEM_TIMEOUT).")
 @handle_errors
-def discover(problem, arch, gpu, policy, as_json, explain):
+def discover(problem, arch, gpu, policy, as_json, explain, db, no_registry, max_memory, timeout):
     """Trace PROBLEM, match the rules and rank the regions worth building.
 
     PROBLEM is a KernelBench-format file (Model, get_inputs, get_init_inputs), a module
@@ -77,10 +86,65 @@ def discover(problem, arch, gpu, policy, as_json, explain):
     (module, example_inputs). The model is built and traced on the meta device: nothing
     runs at full size and no GPU is needed.
 
+    A problem file is Python that runs: building the model executes its code. It runs in a
+    child process under a memory limit and a time limit (--max-memory, --timeout); a file
+    that allocates, loops or exits is stopped and named, with how it ended.
+
     \b
     Example:
       factdb discover benchmarks/problems/mingpt_block.py --policy tf32 --explain
     """
+    from fact_db import sandbox
+    arch = model_arch(arch)
+    if not sandbox.in_child():
+        mem, tmo = sandbox.limits(max_memory, timeout)
+        args = ["discover", problem, "--arch", arch, "--policy", policy] + (["--gpu", gpu] if gpu else []) + \
+            (["--json"] if as_json else []) + (["--explain"] if explain else []) + \
+            (["--db", db] if db else []) + (["--no-registry"] if no_registry else [])
+        from .main import Ctx
+        rc = sandbox.run((["--debug"] if Ctx.debug else []) + args, problem, max_memory_mb=mem, timeout_s=tmo)
+        if rc:
+            raise click.exceptions.Exit(rc)
+        return
+    try:
+        _discover(problem, arch, gpu, policy, as_json, explain, db, no_registry)
+    except MemoryError:
+        sandbox.mark_done("error")
+        raise click.ClickException(f"{problem}: building or tracing ran out of memory (the limit is "
+                                   f"{sandbox.limits(max_memory, None)[0]} MiB: --max-memory)") from None
+    except (SystemExit, KeyboardInterrupt):
+        raise  # the problem file's own exit: the parent names it, unmarked
+    except BaseException:
+        sandbox.mark_done("error")
+        raise
+    sandbox.mark_done("ok")
+
+
+def _ask(report, db, no_registry) -> None:
+    """The REGISTRY column: asked of the registry at --db/$FACTDB_DB, or of
+    $FACTDB_HOME/fact.duckdb where one exists (discovery never creates one)."""
+    import os
+
+    from fact_db import db as dbmod
+    report.registry_note = "not asked (--no-registry)"
+    if no_registry:
+        return
+    url = db or os.environ.get("FACTDB_DB")
+    if url is None and not dbmod.default_path().exists():
+        report.registry_note = f"none yet at {dbmod.default_path()} (every region a miss)"
+        return
+    from fact_db.discover import ask_registry
+    from fact_db.registry import Registry
+    reg = Registry.open(url, seed=False)
+    try:
+        counts = ask_registry(report, reg)
+    finally:
+        reg.close()
+    report.registry_note = ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) + f" in {reg.where}" \
+        if counts else f"no region to ask about in {reg.where}"
+
+
+def _discover(problem, arch, gpu, policy, as_json, explain, db, no_registry):
     from fact_db.discover import analyse
     from fact_db.errors import TraceError
     from fact_db.rules import load_rules
@@ -97,12 +161,15 @@ def discover(problem, arch, gpu, policy, as_json, explain):
         if as_json:
             d = report.as_dict()
             d["error"] = str(e)
-            click.echo(json.dumps(d, indent=2))
+            click.echo(jdump(d, indent=2))
         else:
             _print(report, explain)
         raise click.ClickException(str(e)) from None
     report = analyse(graph, rules, arch=arch, gpu=gpu, policy=policy, trace_s=time.perf_counter() - t0)
+    _ask(report, db, no_registry)
     if as_json:
-        click.echo(json.dumps(report.as_dict(), indent=2, default=str))
+        d = report.as_dict()
+        d["registry"] = report.registry_note
+        click.echo(jdump(d, indent=2, default=str))
     else:
         _print(report, explain)

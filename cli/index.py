@@ -5,7 +5,7 @@ import json
 
 import click
 
-from .main import cli, handle_errors
+from .main import cli, handle_errors, jdump
 
 _db_option = click.option(
     "--db", "db_url", envvar="FACTDB_DB", metavar="URL",
@@ -50,7 +50,7 @@ def build(force, as_json, db_url):
     for w in rep.warnings:
         click.echo(f"warning: {w}", err=True)
     if as_json:
-        click.echo(json.dumps(rep.as_dict(), indent=2))
+        click.echo(jdump(rep.as_dict(), indent=2))
         return
     docs = ", ".join(f"{rep.docs.get(k, 0)} {k}s" for k in index.KINDS)
     click.echo(f"indexed {docs}: {rep.added} added, {rep.updated} updated, {rep.removed} removed, "
@@ -59,6 +59,25 @@ def build(force, as_json, db_url):
     click.echo(f"embedded {rep.embedded} texts ({rep.vectors} vectors stored{', all re-embedded' if rep.reembedded_all else ''}); "
                f"model {model}")
     click.echo(f"{rep.store} in {rep.seconds:.1f} s")
+
+
+@index_.command("ship-vectors")
+@click.option("--out", type=click.Path(dir_okay=False), default=None,
+              help="File to write (default: index/vectors.npz in the source tree).")
+@_db_option
+@handle_errors
+def ship_vectors(out, db_url):
+    """Write the embeddings of the shipped rules and CUTLASS examples to index/vectors.npz,
+    which a fresh install's first index build reads instead of embedding them (registry
+    kernels are never included). Run it after changing rules or the pinned model.
+
+    \b
+    Example:
+      factdb index ship-vectors
+    """
+    from fact_db import index
+    n = index.ship_vectors(db_url, out)
+    click.echo(f"wrote {n} vectors to {out or index.SHIPPED_VECTORS}")
 
 
 @index_.command()
@@ -77,7 +96,7 @@ def status(as_json, quick, db_url):
     from fact_db import index
     st = index.status(db_url, check_sources=not quick)
     if as_json:
-        click.echo(json.dumps(st, indent=2, default=str))
+        click.echo(jdump(st, indent=2, default=str))
         return
     if not st["exists"]:
         click.echo(f"no index at {st['store']}; `factdb index build` builds it (and `factdb query` does on first use)")

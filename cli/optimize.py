@@ -10,20 +10,21 @@ from pathlib import Path
 
 import click
 
-from .main import cli, handle_errors
+from .main import cli, handle_errors, jdump
 from .tune import POLICIES, _gpus, _open_registry
 
 PEERS = ("compile", "max-autotune")
+MORE_PEERS = ("reduce-overhead",)  # torch.compile's CUDA-graph mode, asked for by name
 
 
 def _peers(spec: str) -> tuple:
     if spec in ("", "none"):
         return ()
     out = tuple(p.strip() for p in spec.split(",") if p.strip())
-    bad = [p for p in out if p not in PEERS]
+    bad = [p for p in out if p not in PEERS + MORE_PEERS]
     if bad:
-        raise click.BadParameter(f"unknown peer {', '.join(bad)}: use compile, max-autotune, both "
-                                 "(compile,max-autotune) or none", param_hint="--peers")
+        raise click.BadParameter(f"unknown peer {', '.join(bad)}: use compile, max-autotune, reduce-overhead, "
+                                 "a comma-separated list of them, or none", param_hint="--peers")
     return out
 
 
@@ -57,6 +58,8 @@ def _common(fn):
         click.option("--peers", default="compile,max-autotune", show_default=True,
                      help="torch.compile variants timed beside fact-db: compile, max-autotune, both, or none."),
         click.option("--no-bench", is_flag=True, help="Verify but do not time the variants end to end."),
+        click.option("--no-cuda-graph", is_flag=True,
+                     help="Run the composed graph op by op instead of replaying it as a CUDA graph."),
         click.option("--force", is_flag=True, help="Tune again even where the registry has a kernel."),
         click.option("--db", default=None, help="Registry URL (default: $FACTDB_DB, else $FACTDB_HOME/fact.duckdb)."),
         click.option("--no-registry", is_flag=True, help="Neither read nor write the registry."),
@@ -74,8 +77,8 @@ def _common(fn):
 @click.option("--llm", "use_llm", is_flag=True, help="Ask the configured language model about regions no rule fuses (see README, The agent).")
 @click.option("--offline", is_flag=True, help="Never open a socket for the language model.")
 @handle_errors
-def optimize(problem, policy, max_candidates, budget, gpus, peers, no_bench, force, db, no_registry, out, as_json,
-             use_llm, offline):
+def optimize(problem, policy, max_candidates, budget, gpus, peers, no_bench, no_cuda_graph, force, db, no_registry,
+             out, as_json, use_llm, offline):
     """Discover, realize and compose PROBLEM into a faster model; verify it end to end,
     time it against eager PyTorch and torch.compile, save it as an artifact and report.
 
@@ -102,7 +105,7 @@ def optimize(problem, policy, max_candidates, budget, gpus, peers, no_bench, for
         if not torch.cuda.is_available():
             report = plan_problem(problem, policy=policy, registry=reg)
             if as_json:
-                click.echo(json.dumps(report_dict(report), indent=1))
+                click.echo(jdump(report_dict(report), indent=1))
                 return
             click.echo(f"{report.problem}: no CUDA GPU here, so this is the plan (nothing tuned or run), "
                        f"policy {policy}")
@@ -112,13 +115,13 @@ def optimize(problem, policy, max_candidates, budget, gpus, peers, no_bench, for
             return
         fast = optimize_problem(problem, policy=policy, registry=reg, max_candidates=max_candidates, budget=budget,
                                 gpus=_gpus(gpus), out=out, bench=not no_bench, peers=_peers(peers), force=force,
-                                progress=not as_json)
+                                progress=not as_json, cuda_graph=not no_cuda_graph)
     finally:
         if reg is not None:
             reg.close()
     report = fast.report
     if as_json:
-        click.echo(json.dumps({**report_dict(report), "artifact": str(fast.artifact)}, indent=1))
+        click.echo(jdump({**report_dict(report), "artifact": str(fast.artifact)}, indent=1))
     else:
         click.echo(markdown(report))
         click.echo(f"artifact: {fast.artifact}  (load it with fact_db.load('{fast.artifact}'))")
@@ -135,6 +138,7 @@ def bench_row(problem: str, fast, wall_s: float) -> dict:
     v = {x.name: x for x in r.variants}
     fdb, base, fp32 = v.get("fact-db"), v.get(f"eager {r.policy}") or v.get("eager fp32"), v.get("eager fp32")
     comp, mat = v.get("torch.compile"), v.get("torch.compile max-autotune-no-cudagraphs")
+    ro, nograph = v.get("torch.compile reduce-overhead"), v.get("fact-db, no CUDA graph")
     ver = r.verification
     kernels = [z for z in r.regions if z.impl.kind != "eager"]
     return clean({
@@ -147,6 +151,8 @@ def bench_row(problem: str, fast, wall_s: float) -> dict:
         "compile_ms": comp.ms if comp else None, "compile_s": comp.compile_s if comp else None,
         "max_autotune_ms": mat.ms if mat else None, "max_autotune_compile_s": mat.compile_s if mat else None,
         "vs_compile": speedups(r)["vs_compile"], "vs_max_autotune": speedups(r)["vs_max_autotune"],
+        "reduce_overhead_ms": ro.ms if ro else None, "no_cuda_graph_ms": nograph.ms if nograph else None,
+        "cuda_graph": bool(nograph) and not getattr(fast, "graph_note", ""),
         "peak_mib": fdb.peak_mib if fdb else None, "eager_peak_mib": base.peak_mib if base else None,
         "regions": len(r.regions), "kernels": len(kernels),
         "from_registry": sum(1 for z in r.regions if z.how == "registry"),
@@ -165,12 +171,13 @@ def bench_row(problem: str, fast, wall_s: float) -> dict:
 @click.option("--budget", type=click.FloatRange(0, None), default=None, help="Minutes of tuning per problem.")
 @click.option("--gpus", default=None, help="GPUs for verification and timing: all, or 0,1.")
 @click.option("--peers", default="compile,max-autotune", show_default=True, help="torch.compile variants to time.")
+@click.option("--no-cuda-graph", is_flag=True, help="Run composed graphs op by op, not as CUDA graphs.")
 @click.option("--db", default=None, help="Registry URL.")
 @click.option("--results", type=click.Path(dir_okay=False), default=None,
               help="Results file (default: benchmarks/results/<gpu>-<date>-e2e.json in the source tree).")
 @click.option("--json", "as_json", is_flag=True, help="Print the results JSON too.")
 @handle_errors
-def bench(problems, policies, max_candidates, budget, gpus, peers, db, results, as_json):
+def bench(problems, policies, max_candidates, budget, gpus, peers, no_cuda_graph, db, results, as_json):
     """Run `optimize` over benchmark problems (default: every file in benchmarks/problems/)
     under each policy, and write one results JSON: a row per problem and policy with
     fact-db, eager, torch.compile and max-autotune times, errors and peak memory, plus the
@@ -193,7 +200,19 @@ def bench(problems, policies, max_candidates, budget, gpus, peers, db, results, 
     info = device_info(torch.device("cuda"))
     out = Path(results) if results else paths.ROOT / "benchmarks" / "results" / \
         f"{info['gpu']}-{date.today().isoformat()}-e2e.json"
+    import sys
+    sys.path.insert(0, str(paths.ROOT / "benchmarks"))
+    from _provenance import commit
     rows = []
+    doc = {"device": info["name"], "gpu": info["gpu"], "date": date.today().isoformat(), "commit": commit(),
+           "toolchain": toolchain_info(), "max_candidates": max_candidates, "budget_min": budget, "results": rows}
+
+    def write():  # after every row, atomically: a run cut short keeps the rows it finished
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(".json.tmp")
+        tmp.write_text(jdump(doc, indent=1))
+        tmp.replace(out)
+
     reg = _open_registry(db, True)
     try:
         for prob in probs:
@@ -202,7 +221,8 @@ def bench(problems, policies, max_candidates, budget, gpus, peers, db, results, 
                 click.echo(f"== {prob} {pol}", err=True)
                 try:
                     fast = optimize_problem(prob, policy=pol, registry=reg, max_candidates=max_candidates,
-                                            budget=budget, gpus=_gpus(gpus), peers=_peers(peers))
+                                            budget=budget, gpus=_gpus(gpus), peers=_peers(peers),
+                                            cuda_graph=not no_cuda_graph)
                     rows.append(bench_row(Path(prob).stem, fast, time.perf_counter() - t0))
                     r = rows[-1]
                     click.echo(f"   fact-db {_f(r['factdb_ms'])} ms, {_f(r['speedup'], '{:.2f}')}x over "
@@ -212,18 +232,11 @@ def bench(problems, policies, max_candidates, budget, gpus, peers, db, results, 
                                  "wall_s": time.perf_counter() - t0})
                     click.echo(f"   failed: {type(e).__name__}: {e}", err=True)
                     torch.cuda.empty_cache()
+                write()
     finally:
         if reg is not None:
             reg.close()
-    import sys
-    sys.path.insert(0, str(paths.ROOT / "benchmarks"))
-    from _provenance import commit
-    doc = {"device": info["name"], "gpu": info["gpu"], "date": date.today().isoformat(), "commit": commit(),
-           "toolchain": toolchain_info(), "max_candidates": max_candidates, "budget_min": budget, "results": rows}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(doc, indent=1))
-    tmp.replace(out)
+    write()
     click.echo(f"wrote {out}")
     if as_json:
-        click.echo(json.dumps(doc, indent=1))
+        click.echo(jdump(doc, indent=1))

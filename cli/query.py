@@ -5,7 +5,7 @@ import json
 
 import click
 
-from .main import cli, handle_errors
+from .main import cli, handle_errors, jdump
 
 
 def _ms(v) -> str:
@@ -69,15 +69,20 @@ def query(text, kind, arch, dtype, op, shape, gpu, policy, n, mode, as_json, db_
     for w in res.warnings:
         click.echo(f"warning: {w}", err=True)
     if as_json:
-        click.echo(json.dumps(res.as_dict(), indent=2, default=str))
+        click.echo(jdump(res.as_dict(), indent=2, default=str))
         return
     if not res.hits:
         shown = ", ".join(f"{k} {v}" for k, v in res.filters.items())
         click.echo(f"no results for {text!r}" + (f" with {shown}" if shown else ""))
         return
+    if res.weak:
+        click.echo(f"nothing matches {text!r} well (no similarity of {index.RELEVANCE_FLOOR} or more): "
+                   "the nearest documents follow")
     for i, h in enumerate(res.hits, 1):
         tags = " ".join(h.archs) or "any arch"
         click.echo(f"{i:2}. [{h.kind}] {h.id}  ({tags})")
+        if h.meta.get("path") and h.kind != "kernel":
+            click.echo(f"    {h.meta['path']}")
         if h.kind == "kernel":
             m = h.meta
             more = (f" (fastest of {h.group} kernels with this description)" if h.group > 1 and kind != "kernel"
@@ -96,7 +101,7 @@ def _lookup(op, shape, arch, gpu, dtype, policy, n, as_json, db_url):
     from fact_db import index
     matches = index.lookup(op, shape, arch=arch, gpu=gpu, dtype=dtype, policy=policy, n=n, url=db_url)
     if as_json:
-        click.echo(json.dumps({"mode": "lookup", "op": op, "shape": shape,
+        click.echo(jdump({"mode": "lookup", "op": op, "shape": shape,
                                "filters": {k: v for k, v in (("arch", arch), ("gpu", gpu), ("dtype", dtype),
                                                              ("policy", policy)) if v},
                                "results": [m.as_dict() for m in matches]}, indent=2, default=str))

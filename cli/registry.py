@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from .main import cli, handle_errors
+from .main import cli, handle_errors, jdump
 
 _db_option = click.option(
     "--db", "db_url", envvar="FACTDB_DB", metavar="URL",
@@ -64,7 +64,7 @@ def list_(rule, arch, gpu, policy, status, db_url, as_json):
         recs = list(reg.kernels(rule=rule, arch=arch, gpu=gpu, policy=policy, status=status))
         where = reg.where
     if as_json:
-        click.echo(json.dumps([r.as_dict() for r in recs], indent=2))
+        click.echo(jdump([r.as_dict() for r in recs], indent=2))
         return
     if recs:
         w = max(len(r.key.rule) for r in recs)
@@ -73,9 +73,17 @@ def list_(rule, arch, gpu, policy, status, db_url, as_json):
         for r in recs:
             k = r.key
             sp = f"{r.speedup:.2f}x" if r.speedup else "-"
-            click.echo(f"{r.digest:16}  {k.rule:{w}}  {k.arch:6} {k.gpu:6} {k.policy:6} {k.shape:20} {k.epilogue:14} "
-                       f"{k.dtype_in:8} {_fmt_ms(r.time_ms):>9} {_fmt_ms(r.baseline_ms):>9} {sp:>7}  {r.status}")
+            click.echo(_safe(f"{r.digest:16}  {k.rule:{w}}  {k.arch:6} {k.gpu:6} {k.policy:6} {k.shape:20} "
+                             f"{k.epilogue:14} {k.dtype_in:8} {_fmt_ms(r.time_ms):>9} {_fmt_ms(r.baseline_ms):>9} "
+                             f"{sp:>7}  {r.status}"))
     click.echo(f"{len(recs)} kernels in {where}", err=True)
+
+
+def _safe(text) -> str:
+    """Text from imported rows with control characters escaped (an ESC sequence from someone
+    else's registry must not drive the terminal)."""
+    text = str(text)
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 @registry.command()
@@ -104,17 +112,17 @@ def show(digest, db_url, as_json):
         rec = reg.get(found[0])
         trials = reg.trials(found[0])
     if as_json:
-        click.echo(json.dumps({"kernel": rec.as_dict(), "trials": [t.as_dict() for t in trials]}, indent=2))
+        click.echo(jdump({"kernel": rec.as_dict(), "trials": [t.as_dict() for t in trials]}, indent=2))
         return
     for name, value in rec.as_dict().items():
         if name == "config":
             value = json.dumps(value, sort_keys=True)
         if value not in ("", None):
-            click.echo(f"{name + ':':18} {value}")
+            click.echo(f"{name + ':':18} {_safe(value)}")
     click.echo(f"trials: {len(trials)}")
     for t in trials:
-        click.echo(f"  {t.created_at[:19]}  {t.status:13} {_fmt_ms(t.time_ms):>9} ms  {t.config_hash}  "
-                   f"{json.dumps(t.config, sort_keys=True)}" + (f"  {t.error.splitlines()[0]}" if t.error else ""))
+        click.echo(_safe(f"  {t.created_at[:19]}  {t.status:13} {_fmt_ms(t.time_ms):>9} ms  {t.config_hash}  "
+                         f"{json.dumps(t.config, sort_keys=True)}" + (f"  {t.error.splitlines()[0]}" if t.error else "")))
 
 
 @registry.command()
@@ -163,7 +171,7 @@ def import_(file, db_url, as_json):
             click.echo(f"{e.path}:{line}: {why}", err=True)
         raise
     if as_json:
-        click.echo(json.dumps(rep.as_dict(), indent=2))
+        click.echo(jdump(rep.as_dict(), indent=2))
     else:
         click.echo(f"{rep.path}: {rep.inserted} inserted, {rep.replaced} replaced, {rep.kept} kept")
 
@@ -186,7 +194,7 @@ def revalidate(db_url, as_json, dry_run):
     with _open(db_url) as reg:
         changes = reg.revalidate(dry_run=dry_run)
     if as_json:
-        click.echo(json.dumps([c.as_dict() for c in changes], indent=2))
+        click.echo(jdump([c.as_dict() for c in changes], indent=2))
         return
     for c in changes:
         click.echo(f"{c.digest}  {c.rule} {c.shape}: {c.old_status} -> {c.new_status} ({c.reason})")
@@ -210,7 +218,7 @@ def gc(days, dry_run, db_url, as_json):
     with _open(db_url) as reg:
         rep = reg.gc(days, dry_run=dry_run)
     if as_json:
-        click.echo(json.dumps(rep.as_dict(), indent=2))
+        click.echo(jdump(rep.as_dict(), indent=2))
         return
     verb = "would delete" if dry_run else "deleted"
     click.echo(f"{verb} {len(rep.kernels)} kernel rows and {rep.trials} orphan trials")

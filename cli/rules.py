@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 import yaml
 
-from .main import cli, handle_errors
+from .main import cli, handle_errors, jdump
 
 
 @cli.group()
@@ -34,7 +34,7 @@ def list_(as_json, family):
     from fact_db import rules as rules_mod  # lazy: keeps torch out of `factdb --help`
     rs = [r for r in rules_mod.load_rules() if not family or r.family == family]
     if as_json:
-        click.echo(json.dumps([r.summary() for r in rs], indent=2))
+        click.echo(jdump([r.summary() for r in rs], indent=2))
         return
     width = max((len(r.id) for r in rs), default=2)
     click.echo(f"{'ID':{width}}  {'FAMILY':14} {'STATUS':10} {'TEMPLATE':18} TITLE")
@@ -60,7 +60,7 @@ def show(rule_id, as_json):
         data = yaml.safe_load(r.path.read_text())
         data["_path"] = str(r.path)
         data["_patterns"] = [p.label for p in r.patterns]
-        click.echo(json.dumps(data, indent=2, default=str))
+        click.echo(jdump(data, indent=2, default=str))
         return
     click.echo(f"# {r.path}")
     click.echo(r.path.read_text().rstrip())
@@ -84,7 +84,7 @@ def validate(paths, as_json):
     from fact_db import rules as rules_mod  # lazy: keeps torch out of `factdb --help`
     faults = rules_mod.validate(list(paths) or None)
     if as_json:
-        click.echo(json.dumps([f.__dict__ for f in faults], indent=2))
+        click.echo(jdump([f.__dict__ for f in faults], indent=2))
     else:
         for f in faults:
             click.echo(str(f))
@@ -101,14 +101,17 @@ def validate(paths, as_json):
 def test_(paths, as_json, verbose):
     """Run rule fixtures: must-match cases match, must-not-match cases do not.
 
-    PATHS are rule files or directories (default: all rules). Exit status 1 on any failure.
+    PATHS are rule files or directories (default: all rules), inside rules/ or anywhere else
+    (a rule you are writing, tested beside the shipped ones and their fragments). Exit
+    status 1 on any failure.
 
     \b
     Example:
       factdb rules test rules/attention
+      factdb rules test ~/my-rules/gemm-bias-swish.yaml
     """
     from fact_db import fixture, rules as rules_mod  # lazy: keeps torch out of `factdb --help`
-    rs = rules_mod.load_rules()
+    rs = rules_mod.load_rules(extra=paths)
     selected = None
     if paths:
         wanted = {p.resolve() for p in rules_mod.yaml_files(paths)}
@@ -122,7 +125,7 @@ def test_(paths, as_json, verbose):
         outcomes.extend(fixture.run_rule_fixtures(rs, [r]))
     failed = [o for o in outcomes if not o.ok]
     if as_json:
-        click.echo(json.dumps([{"path": str(o.case.path), "line": o.case.line, "case": o.case.cls, "rule": o.case.rule,
+        click.echo(jdump([{"path": str(o.case.path), "line": o.case.line, "case": o.case.cls, "rule": o.case.rule,
                                 "expect": "match" if o.case.expect else "no-match", "ok": o.ok, "detail": o.detail}
                                for o in outcomes], indent=2))
     else:

@@ -6,7 +6,7 @@ import math
 
 import click
 
-from .main import cli, handle_errors
+from .main import DTYPES, arch_choice, build_arch, cli, handle_errors, jdump
 
 POLICIES = ("fp32", "tf32x3", "tf32", "bf16", "fp16")
 EPILOGUES = ("none", "bias", "bias_relu", "bias_gelu", "bias_gelu_tanh", "bias_silu", "residual")
@@ -29,8 +29,15 @@ def _print_result(r, out=click.echo) -> None:
         for row in rows:
             out("  ".join(v.ljust(widths[c]) for c, v in enumerate(row)).rstrip())
     for t in r.trials:
-        if t.status not in ("ok", "skipped") and t.error:
+        if t.status not in ("ok", "skipped", "built", "cached") and t.error:
             out(f"  {t.candidate.label}: {t.status}: {t.error.splitlines()[0][:200]}")
+    built = [t for t in r.trials if t.status in ("built", "cached", "compile_error")]
+    if built:  # --compile-only: what was built, found in the cache, or failed, and where
+        counts = {s: sum(t.status == s for t in built) for s in ("built", "cached", "compile_error")}
+        out(f"build summary: {counts['built']} built, {counts['cached']} cached, {counts['compile_error']} failed")
+        for t in built:
+            where = t.so or (t.error.splitlines()[-1] if t.error else "")
+            out(f"  {t.status:13} {t.candidate.label}: {where}")
     if r.winner:
         sp = r.speedup
         out(f"winner: {r.winner.candidate.label} ({r.winner.candidate.template}) {_ms(r.winner.time_ms)} ms"
@@ -81,21 +88,29 @@ def common(fn):
 
 
 @cli.command()
-@click.option("--op", type=click.Choice(["gemm"]), default="gemm", show_default=True, help="Operation family.")
-@click.option("--shape", required=True, help="MxNxK or MxNxKxB (B: batch).")
+@click.option("--op", type=click.Choice(["gemm", "attention"]), default="gemm", show_default=True,
+              help="Operation family.")
+@click.option("--shape", required=True, help="gemm: MxNxK or MxNxKxB (B: batch); attention: BxHxLQxLKxD "
+              "(batch, query heads, query and key lengths, head dim).")
+@click.option("--kv-heads", type=click.IntRange(1), default=None, help="attention: KV heads (default: the query heads; "
+              "fewer is grouped-query attention).")
+@click.option("--causal", is_flag=True, help="attention: top-left causal mask (SDPA's is_causal).")
+@click.option("--scale", type=float, default=None, help="attention: softmax scale (default 1/sqrt(D)).")
 @click.option("--policy", type=click.Choice(POLICIES), default="fp32", show_default=True,
               help="Precision policy (DESIGN.md): what the kernel may do to your numbers.")
-@click.option("--dtype", default=None, help="Operand dtype; must match the policy (default: the policy's).")
+@click.option("--dtype", type=click.Choice(DTYPES), default=None,
+              help="Operand dtype; must match the policy (default: the policy's).")
 @click.option("--epilogue", type=click.Choice(EPILOGUES), default="none", show_default=True)
 @click.option("--layout-a", type=click.Choice(["row", "col"]), default="row", show_default=True)
 @click.option("--layout-b", type=click.Choice(["row", "col"]), default="row", show_default=True,
               help="col: B is held as N x K (a Linear weight).")
 @click.option("--bias-axis", type=click.Choice(["col", "row"]), default="col", show_default=True)
-@click.option("--arch", type=click.Choice(["sm90a", "sm80"]), default="sm90a", show_default=True)
+@click.option("--arch", type=arch_choice(), default="sm90a", show_default=True,
+              help="Architecture to build for (sm90 and sm90a both build sm90a).")
 @common
 @handle_errors
-def tune(op, shape, policy, dtype, epilogue, layout_a, layout_b, bias_axis, arch, max_candidates, gpus,
-         compile_only, force, no_registry, db, jobs, as_json):
+def tune(op, shape, kv_heads, causal, scale, policy, dtype, epilogue, layout_a, layout_b, bias_axis, arch,
+         max_candidates, gpus, compile_only, force, no_registry, db, jobs, as_json):
     """Tune one GEMM workload: candidates from the rule's space, built, verified, timed.
 
     The eager PyTorch implementation at the same policy is always a candidate, so the
@@ -107,10 +122,16 @@ def tune(op, shape, policy, dtype, epilogue, layout_a, layout_b, bias_axis, arch
       factdb tune --shape 4096x4096x4096 --policy tf32x3
       factdb tune --shape 65536x3072x768 --policy bf16 --epilogue bias_gelu_tanh --layout-b col
       factdb tune --shape 4096x4096x4096 --policy bf16 --compile-only --json
+      factdb tune --op attention --shape 128x8x512x512x96 --causal --policy bf16
     """
+    if op == "attention":
+        return _tune_attention(shape, kv_heads, causal, scale, policy, dtype, build_arch(arch), max_candidates,
+                               gpus, compile_only, force, no_registry, db, jobs, as_json)
     from fact_db.tune import tune as run_tune
     from fact_db.workload import GemmWorkload, parse_shape
     m, n, k, b = parse_shape(shape)
+    arch = build_arch(arch)
+    dtype = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}.get(dtype, dtype)
     w = GemmWorkload(m, n, k, b, policy=policy, layout_a=layout_a, layout_b=layout_b, epilogue=epilogue,
                      bias_axis=bias_axis, dtype=dtype or "")
     reg = _open_registry(db, not no_registry)
@@ -121,9 +142,52 @@ def tune(op, shape, policy, dtype, epilogue, layout_a, layout_b, bias_axis, arch
         if reg is not None:
             reg.close()
     if as_json:
-        click.echo(json.dumps(r.as_dict(), indent=1, default=str))
+        click.echo(jdump(r.as_dict(), indent=1, default=str))
     else:
         _print_result(r)
+
+
+def _tune_attention(shape, kv_heads, causal, scale, policy, dtype, arch, max_candidates, gpus, compile_only, force,
+                    no_registry, db, jobs, as_json):
+    """`factdb tune --op attention`: fact_db/attention_tune.py on one workload."""
+    from fact_db import attention_tune
+    from fact_db.attention import AttentionWorkload
+    parts = shape.lower().split("x")
+    if len(parts) != 5 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+        raise click.BadParameter(f"'{shape}' is not BxHxLQxLKxD with positive integers (e.g. 128x8x512x512x64)",
+                                 param_hint="--shape")
+    b, h, lq, lk, d = (int(p) for p in parts)
+    dtype = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}.get(dtype, dtype)
+    w = AttentionWorkload(b, h, kv_heads or h, lq, lk, d, d, causal=causal, scale=scale, policy=policy,
+                          dtype=dtype or "")
+    if compile_only:
+        cands, notes = attention_tune.candidates(w, arch, max_candidates)
+        failed = attention_tune.build_all(cands, jobs=jobs, progress=not as_json)
+        rows = [{"label": c.label, "kind": c.kind, "so": c.so} for c in cands if c.kind == "kernel"]
+        doc = {"workload": w.as_dict(), "built": rows, "failed": [f.label + ": " + f.error for f in failed],
+               "notes": notes}
+        click.echo(jdump(doc, indent=1, default=str) if as_json else
+                   "\n".join([f"{w.shape}  {w.dtype}  policy {w.policy}"] +
+                              [f"  built {r['label']}" + ("" if r["so"] else " (failed)") for r in rows] +
+                              [f"  note: {n}" for n in notes]))
+        return
+    reg = _open_registry(db, not no_registry)
+    try:
+        r = attention_tune.tune(w, arch=arch, registry=reg, max_candidates=max_candidates, gpus=_gpus(gpus),
+                                jobs=jobs, force=force, progress=not as_json)
+    finally:
+        if reg is not None:
+            reg.close()
+    if as_json:
+        click.echo(jdump(r.as_dict(), indent=1, default=str))
+        return
+    click.echo(f"attention {w.shape}  {w.dtype}  policy {w.policy}")
+    for t in sorted(r.trials, key=lambda t: (t.time_ms is None, t.time_ms or 0)):
+        mark = "*" if r.best is not None and t is r.best else " "
+        click.echo(f" {mark} {t.label:32s} {t.status:14s} {_ms(t.time_ms):>9s} ms  err {t.err if t.err is not None else '-'}"
+                   + (f"  {t.error[:100]}" if t.error else ""))
+    for n in r.notes:
+        click.echo(f"  note: {n}")
 
 
 @cli.command()
@@ -171,6 +235,6 @@ def realize(problem, policy, max_candidates, gpus, compile_only, force, no_regis
         if reg is not None:
             reg.close()
     if as_json:
-        click.echo(json.dumps({"problem": problem, "policy": policy, "regions": [
+        click.echo(jdump({"problem": problem, "policy": policy, "regions": [
             {"rule": p.region.rule, "shape": p.region.shape, "note": p.note,
              "tune": r.as_dict() if r else None} for p, r in results]}, indent=1, default=str))

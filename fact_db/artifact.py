@@ -100,7 +100,7 @@ def save(directory: Path, fast, discovery, report, *, module=None, example_input
         for z in report.regions:
             entry = _region_entry(z)
             impl = entry["impl"]
-            if impl["kind"] == "gemm" and impl.get("so"):
+            if impl["kind"] in ("gemm", "attention") and impl.get("so"):  # a kernel: its library and source
                 so = Path(impl["so"])
                 key = impl["build_key"]
                 kdir = tmp / "kernels" / key
@@ -116,7 +116,9 @@ def save(directory: Path, fast, discovery, report, *, module=None, example_input
             "format": FORMAT, "factdb_version": report.toolchain.get("factdb"), "created": datetime.now(
                 timezone.utc).isoformat(timespec="seconds"), "problem": report.problem, "policy": report.policy,
             "device": report.device, "toolchain": report.toolchain, "signature": fast.optimized_for,
-            "also_for": list(fast.also_for), "files": files, "regions": regions,
+            "also_for": list(fast.also_for), "cuda_graph": bool(getattr(fast, "cuda_graph", False)),
+            "prefer_eager": bool(getattr(fast, "prefer_eager", False)),
+            "files": files, "regions": regions,
             "verification": report.verification.as_dict() if report.verification is not None else None,
             "notes": notes,
         }
@@ -204,6 +206,34 @@ def _kernel_impl(directory: Path, entry: dict, gpu_now, cap_now, tc_now, made_on
     return k_impl, f"{how} and re-verified ({why}){'; ' + label if label else ''}"
 
 
+def _attention_kernel_impl(directory: Path, impl: dict, cap_now):
+    """(Impl, what happened) for an attention region served by a kernel (fact_db/attention_kernel.py):
+    its saved library when its hash matches, else rebuilt from its saved source, else eager."""
+    from .attention_kernel import AttentionKernel
+    from .compose import Impl
+    if cap_now != "9.0":
+        return Impl.eager(f"no sm90 GPU here for attention kernel {impl.get('label', '')}"), "eager: no sm90 GPU here"
+    so = directory / impl.get("so", "")
+    src = directory / impl["source"] if impl.get("source") else None
+    path, how = None, "loaded"
+    if so.is_file() and _sha(so) == impl.get("so_sha256"):
+        path = so
+    elif src is not None and src.is_file() and _sha(src) == impl.get("source_sha256"):
+        from . import build as build_mod
+        try:
+            [b] = build_mod.build([build_mod.Source(impl["template"], src.read_text(), "sm90a")], progress=False)
+            path, how = (b.path, "rebuilt from source") if b.ok else (None, f"rebuilding failed ({b.error})")
+        except build_mod.BuildError as e:
+            how = f"cannot rebuild ({e})"
+    else:
+        how = "its library and source are missing or were changed"
+    if path is None:
+        return Impl.eager(f"attention kernel: {how}"), f"eager: {how}"
+    k = AttentionKernel(path, impl["template"], build_key=impl["build_key"])
+    return Impl("attention", impl.get("label", ""), k.as_op(),
+                {x: impl[x] for x in impl if x not in ("kind", "label", "note")}), how
+
+
 def _gemm(path: Path, impl: dict):
     from .compose import Impl
     from .kernel import GemmKernel, GemmSpec
@@ -267,6 +297,8 @@ def load(directory, *, loader=None):
             elif kind == "attention" and str(rec.get("library", "")).startswith("sdpa-"):
                 from .attention import library_op
                 impl = Impl("attention", rec.get("label", ""), library_op(rec["library"].split("-", 1)[1]), rec)
+            elif kind == "attention" and rec.get("template"):
+                impl, what = _attention_kernel_impl(directory, rec, dev.get("capability"))
             elif kind == "gemm":
                 impl, what = _kernel_impl(directory, entry, dev.get("gpu"), dev.get("capability"), tc,
                                           manifest.get("device") or {}, manifest.get("toolchain") or {})
@@ -282,7 +314,9 @@ def load(directory, *, loader=None):
     fast = ComposedModule(gm, fallback, policy=manifest["policy"], name=manifest.get("problem", "model"),
                           optimized_for=signature_from_json(manifest["signature"]),
                           also_for=[signature_from_json(s) for s in manifest.get("also_for", [])],
-                          regions=[(r.rule, impls[i]) for i, r in enumerate(regions)])
+                          regions=[(r.rule, impls[i]) for i, r in enumerate(regions)],
+                          cuda_graph=bool(manifest.get("cuda_graph", False)))
+    fast.prefer_eager = bool(manifest.get("prefer_eager", False))
     fast.load_notes = notes
     fast.manifest = manifest
     eager = [n for n in notes if ": eager:" in n]

@@ -37,6 +37,7 @@ TEMPLATE_INCLUDES = {
     "fmha_sm80": ["cutlass_examples", "kernels_cpp_include"],
     "dual_gemm_sm80": ["cutlass_examples"],
     "gemm_softmax_sm80": ["cutlass_examples"],
+    "fmha_sm90": ["cutlass_examples", "cutlass_example_88"],
 }
 
 
@@ -94,7 +95,12 @@ def include_dirs(template: str) -> list[str]:
     root = cutlass_root()
     dirs = [root / "include", root / "tools" / "util" / "include"]
     for extra in TEMPLATE_INCLUDES.get(template, []):
-        dirs.append(root / "examples" if extra == "cutlass_examples" else paths.templates_dir() / "include")
+        if extra == "cutlass_examples":
+            dirs.append(root / "examples")
+        elif extra == "cutlass_example_88":  # example 88's headers include "collective/...", "kernel/..."
+            dirs.append(root / "examples" / "88_hopper_fmha")
+        else:
+            dirs.append(paths.templates_dir() / "include")
     return [str(d) for d in dirs]
 
 

@@ -40,7 +40,7 @@ class ComposeError(FactError):
 class Impl:
     """How one region runs in the composed module."""
 
-    kind: str                  # eager | gemm | attention | sdpa
+    kind: str                  # eager | gemm | attention | sdpa | norm
     label: str = ""            # what runs, for the report
     op: object = None          # the torch op for gemm / attention
     record: dict = field(default_factory=dict)  # what an artifact needs to load it again
@@ -182,7 +182,33 @@ def _attention_nodes(gm, g, shapes, r, impl, fx, index: int):
     return g.call_function(impl.op, (q, k, v, scale, causal))
 
 
-_BUILDERS = {"gemm": _gemm_nodes, "attention": _attention_nodes, "sdpa": _attention_nodes}
+def _norm_nodes(gm, g, shapes, r, impl, fx, index: int):
+    """Residual add + norm (template add_norm): `impl.op(x, r, weight, bias) -> (y, s)`. Where
+    the region exposes the sum (attrs["sum"]), its uses outside the region read s instead, so
+    the add is erased; the op goes right after the add, where x, r and the sum's readers
+    are all in order."""
+    import operator
+    ops, attrs = r.operands, r.attrs
+    if "x" not in ops or "weight" not in ops:
+        raise ComposeError(f"region {r.rule} at `{r.output}`: no x or weight operand")
+    total = attrs.get("sum") or ""
+    anchor = fx(total) if total else None
+    region = set(r.nodes)
+    ctx = g.inserting_after(anchor) if anchor is not None else g.inserting_before(fx(r.output))
+    with ctx:
+        call = g.call_function(impl.op, (fx(ops["x"]), fx(ops["res"]) if "res" in ops else None, fx(ops["weight"]),
+                                         fx(ops["bias"]) if "bias" in ops else None))
+    with g.inserting_after(call):
+        y = g.call_function(operator.getitem, (call, 0))
+        if anchor is not None:
+            s = g.call_function(operator.getitem, (call, 1))
+            for u in list(anchor.users):
+                if u is not call and u.name not in region:
+                    u.replace_input_with(anchor, s)
+    return y
+
+
+_BUILDERS = {"gemm": _gemm_nodes, "attention": _attention_nodes, "sdpa": _attention_nodes, "norm": _norm_nodes}
 
 
 def rewrite(program, regions: list, impls: dict):
@@ -279,9 +305,16 @@ class ComposedModule(torch.nn.Module):
     the eager fallback, with a one-time warning."""
 
     def __init__(self, gm, fallback, *, policy: str, optimized_for: tuple, variants=None, regions=None,
-                 name: str = "model", also_for=()):
+                 name: str = "model", also_for=(), cuda_graph: bool = False):
         super().__init__()
         self.gm = gm
+        # Replay the composed graph as one CUDA graph per guarded signature (see _Graphed).
+        self.cuda_graph = cuda_graph
+        self._graphs: dict = {}
+        self.graph_note = ""
+        # Set where eager PyTorch timed faster than the composed graph for the signature it was
+        # optimized for: fact-db then never returns a module slower than what the user had.
+        self.prefer_eager = False
         self.fallback = fallback
         self.policy = policy
         self.name = name
@@ -297,6 +330,13 @@ class ComposedModule(torch.nn.Module):
     def _target(self, args, kwargs):
         sig = signature(args, kwargs)
         if sig == self.optimized_for or sig in self.also_for:
+            if self.prefer_eager:
+                return self.fallback
+            if self.cuda_graph and not self.graph_note and _can_graph(args, kwargs):
+                g = self._graphs.get(sig)
+                if g is None:
+                    g = self._graphs[sig] = _Graphed(self.gm, self)
+                return g
             return self.gm
         if sig in self._variants:
             return self._variants[sig][0]
@@ -323,7 +363,69 @@ class ComposedModule(torch.nn.Module):
 
     def extra_repr(self) -> str:
         replaced = sum(1 for _, impl in self.regions if impl.kind != "eager")
-        return f"policy={self.policy}, regions={len(self.regions)}, replaced={replaced}"
+        graph = ", cuda_graph" if self.cuda_graph and not self.graph_note else ""
+        eager = ", runs eager (faster)" if self.prefer_eager else ""
+        return f"policy={self.policy}, regions={len(self.regions)}, replaced={replaced}{graph}{eager}"
+
+
+def _can_graph(args, kwargs) -> bool:
+    """CUDA inputs, outside torch.compile and outside a capture the caller is making."""
+    from torch.utils._pytree import tree_flatten
+    if torch.compiler.is_compiling() or not torch.cuda.is_available() or torch.cuda.is_current_stream_capturing():
+        return False
+    leaves = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, torch.Tensor)]
+    return bool(leaves) and all(x.is_cuda for x in leaves)
+
+
+class _Graphed:
+    """The composed graph captured once as a CUDA graph for one input signature, replayed per
+    call: one launch instead of one per op, for blocks whose time is the host launching
+    kernels. Inputs are copied into the graph's own buffers and outputs copied out, so a
+    call neither keeps its caller's tensors nor hands out memory the next call overwrites.
+    The first call checks one replay against the graph run op by op (bitwise); any fault or
+    difference turns graphs off for the module, with `graph_note` saying why."""
+
+    def __init__(self, gm, owner):
+        self.gm, self.owner, self.graph = gm, owner, None
+
+    def _capture(self, args, kwargs):
+        from torch.utils._pytree import tree_map
+        clone = lambda t: t.clone() if isinstance(t, torch.Tensor) else t  # noqa: E731
+        self.static_in = tree_map(clone, (tuple(args), dict(kwargs)))
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):  # warm-up: lazy inits, cuBLAS workspaces, kernel attributes
+                self.gm(*self.static_in[0], **self.static_in[1])
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.static_out = self.gm(*self.static_in[0], **self.static_in[1])
+
+    def __call__(self, *args, **kwargs):
+        from torch.utils._pytree import tree_flatten, tree_map
+        first = self.graph is None
+        try:
+            if first:
+                self._capture(args, kwargs)
+            for dst, src in zip(tree_flatten(self.static_in)[0], tree_flatten((tuple(args), dict(kwargs)))[0]):
+                if isinstance(dst, torch.Tensor):
+                    dst.copy_(src)
+            self.graph.replay()
+            out = tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, self.static_out)
+            if first:
+                eager = self.gm(*args, **kwargs)
+                same = all(torch.equal(a, b) for a, b in zip(tree_flatten(out)[0], tree_flatten(eager)[0])
+                           if isinstance(a, torch.Tensor))
+                if not same:
+                    raise RuntimeError("a replay differs from the graph run op by op")
+            return out
+        except Exception as e:  # noqa: BLE001  (graphs are an optimization: any fault falls back to the graph as is)
+            self.owner.graph_note = f"CUDA graph off: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            self.owner._graphs.clear()
+            self.graph = None
+            warnings.warn(f"fact-db: {self.owner.name}: {self.owner.graph_note}", stacklevel=3)
+            return self.gm(*args, **kwargs)
 
 
 def run_at_policy(fn, policy: str, args, kwargs=None):

@@ -34,8 +34,8 @@ from sqlalchemy.pool import NullPool, StaticPool
 from . import paths
 from .errors import FactError
 
-SCHEMA_VERSION = 1  # the newest schema this fact-db writes; see MIGRATIONS
-REGISTRY_TABLES = ("factdb_meta", "kernels", "trials", "rules", "examples")
+SCHEMA_VERSION = 3  # the newest schema this fact-db writes; see MIGRATIONS
+REGISTRY_TABLES = ("factdb_meta", "kernels", "trials", "rules", "examples", "attention_kernels", "norm_kernels")
 INDEX_PREFIX = "index_"
 DEFAULT_TIMEOUT_S = 30.0
 
@@ -193,10 +193,58 @@ def _m001_initial(conn: sa.Connection) -> None:
     md.create_all(conn, checkfirst=False)
 
 
+def _m002_attention(conn: sa.Connection) -> None:
+    # one row per tuned attention workload: its key (batch, heads, KV heads, lengths, head
+    # dims, causal, scale, dtype, policy, arch, gpu) and the winner (an SDPA backend, the
+    # explicit form, or a family kernel with its config), with every trial as JSON
+    md = sa.MetaData()
+    S, T, I, D = sa.String, sa.Text, sa.BigInteger, sa.Double
+    sa.Table(
+        "attention_kernels", md, sa.Column("digest", S, primary_key=True),
+        sa.Column("arch", S, nullable=False), sa.Column("gpu", S, nullable=False),
+        sa.Column("batch", I, nullable=False), sa.Column("heads", I, nullable=False),
+        sa.Column("kv_heads", I, nullable=False), sa.Column("lq", I, nullable=False),
+        sa.Column("lk", I, nullable=False), sa.Column("d", I, nullable=False), sa.Column("dv", I, nullable=False),
+        sa.Column("causal", sa.Boolean, nullable=False), sa.Column("scale", D, nullable=False),
+        sa.Column("dtype", S, nullable=False), sa.Column("policy", S, nullable=False),
+        sa.Column("label", S, nullable=False), sa.Column("kind", S, nullable=False),
+        sa.Column("template", S, nullable=False), sa.Column("config", T, nullable=False),
+        sa.Column("time_ms", D), sa.Column("rel_err", D), sa.Column("device_name", S, nullable=False),
+        sa.Column("trials", T, nullable=False), sa.Column("created_at", S, nullable=False),
+    )
+    md.create_all(conn, checkfirst=True)
+
+
+def _m003_norms(conn: sa.Connection) -> None:
+    # Tuned norm kernels (fact_db/norm.py): one row per workload key (kind, rows, width,
+    # residual, write_sum, bias, eps, dtype, policy) on one arch and GPU: the winner (a
+    # template build or eager) with every trial. Numbered 3: migration 2 is attention's.
+    md = sa.MetaData()
+    S, T, I, D = sa.String, sa.Text, sa.BigInteger, sa.Double
+    sa.Table(
+        "norm_kernels", md, sa.Column("digest", S, primary_key=True),
+        sa.Column("arch", S, nullable=False), sa.Column("gpu", S, nullable=False),
+        sa.Column("kind", S, nullable=False), sa.Column("rows", I, nullable=False),
+        sa.Column("width", I, nullable=False), sa.Column("residual", sa.Boolean, nullable=False),
+        sa.Column("write_sum", sa.Boolean, nullable=False), sa.Column("has_bias", sa.Boolean, nullable=False),
+        sa.Column("eps", D, nullable=False), sa.Column("dtype", S, nullable=False), sa.Column("policy", S, nullable=False),
+        sa.Column("label", S, nullable=False), sa.Column("template", S, nullable=False),
+        sa.Column("config", T, nullable=False), sa.Column("source_hash", S, nullable=False),
+        sa.Column("time_ms", D), sa.Column("rel_err", D), sa.Column("eager_ms", D),
+        sa.Column("device_name", S, nullable=False), sa.Column("trials", T, nullable=False),
+        sa.Column("created_at", S, nullable=False),
+    )
+    md.create_all(conn, checkfirst=True)
+
+
 MIGRATIONS: list[tuple[int, str, object]] = [
     (1, "m001_initial", _m001_initial),
+    (2, "m002_attention", _m002_attention),
+    (3, "m003_norms", _m003_norms),
 ]
-assert [v for v, _, _ in MIGRATIONS] == list(range(1, SCHEMA_VERSION + 1))
+# Versions increase and the last is SCHEMA_VERSION (helper branches number theirs apart, so
+# a gap may exist until they merge: 2 is attention's).
+assert [v for v, _, _ in MIGRATIONS] == sorted({v for v, _, _ in MIGRATIONS}) and MIGRATIONS[-1][0] == SCHEMA_VERSION
 
 
 # --------------------------------------------------------------------------------------
@@ -210,6 +258,31 @@ def _table_names(conn: sa.Connection) -> set[str]:
     else:
         return set(sa.inspect(conn).get_table_names()) | set(sa.inspect(conn).get_view_names())
     return {r[0] for r in conn.exec_driver_sql(q)}
+
+
+def _other_objects(conn: sa.Connection) -> list[str]:
+    """Objects a database without factdb_meta holds outside the current schema's tables: tables
+    and views in other schemas, sequences, macros, types, indexes, triggers. Any of them
+    makes it someone else's file, not a new registry."""
+    if conn.dialect.name == "duckdb":
+        q = ("select 'table ' || schema_name || '.' || table_name from duckdb_tables() "
+             "where database_name = current_database() "
+             "union all select 'view ' || schema_name || '.' || view_name from duckdb_views() "
+             "where not internal and database_name = current_database() "
+             "union all select 'sequence ' || sequence_name from duckdb_sequences() "
+             "where database_name = current_database() "
+             "union all select 'macro ' || function_name from duckdb_functions() "
+             "where not internal and database_name = current_database() "
+             "union all select 'schema ' || schema_name from duckdb_schemas() "
+             "where not internal and database_name = current_database() and schema_name <> 'main' "
+             "union all select 'type ' || type_name from duckdb_types() "
+             "where not internal and database_name = current_database()")
+    elif conn.dialect.name == "sqlite":
+        q = "select type || ' ' || name from sqlite_master"
+    else:
+        return []
+    found = {r[0] for r in conn.exec_driver_sql(q)}
+    return sorted(x for x in found if not x.split(" ", 1)[1].split(".")[-1].startswith(INDEX_PREFIX))
 
 
 def read_meta(conn: sa.Connection) -> dict[str, str]:
@@ -332,9 +405,12 @@ class Database:
         ours = {n for n in names if n in REGISTRY_TABLES}
         foreign = sorted(n for n in names if n not in REGISTRY_TABLES and not n.startswith(INDEX_PREFIX))
         if "factdb_meta" not in names:
+            if not ours and not foreign:
+                foreign = _other_objects(conn)
             if ours or foreign:
                 shown = ", ".join(sorted(ours) + foreign)
-                raise NotARegistry(f"{self.where} holds tables that fact-db did not create ({shown}) and no "
+                shown = shown if len(shown) <= 200 else shown[:197] + "..."
+                raise NotARegistry(f"{self.where} holds objects that fact-db did not create ({shown}) and no "
                                    "factdb_meta table, so it is not a fact-db database; it was left untouched: "
                                    "point --db/FACTDB_DB at a fact-db database or at a new file name")
             return "new", {}

@@ -50,6 +50,7 @@ class Region:
     operands: dict = field(default_factory=dict)
     attrs: dict = field(default_factory=dict)
     composable: str = ""
+    measured_s: float | None = None  # a registry hit's measured kernel time, which the table shows instead
 
     def as_dict(self) -> dict:
         d = {k: v for k, v in self.__dict__.items() if k != "estimate"}
@@ -200,6 +201,17 @@ def _operands(m, template: str) -> tuple[dict, dict, str]:
             ops = {"x": _name(x), "weight": _name(w)}
             attrs = {"eps": eps_node.args[1] if eps_node is not None and len(eps_node.args) > 1 else None}
         return {k: v for k, v in ops.items() if v}, attrs, ""
+    if template == "add_norm":  # residual add + norm (rules/norm/add-layernorm.yaml)
+        out, add = m.output, m.bindings.get("add")
+        x, res = m.captures.get("x"), m.captures.get("res")
+        if add is None or x is None or res is None or out.op != "aten.layer_norm":
+            return {}, {}, "the pattern did not capture the add's operands and the norm"
+        ops = {"x": _name(x), "res": _name(res), "weight": _name(out.arg("weight")), "bias": _name(out.arg("bias"))}
+        inside = {id(n) for n in m.nodes}
+        # The sum is a second output when something outside the region reads it (the next residual).
+        sum_used = any(id(u) not in inside for u in add.users)
+        attrs = {"eps": out.arg("eps", 1e-5), "kind": "layernorm", "sum": add.name if sum_used else ""}
+        return {k: v for k, v in ops.items() if v}, attrs, ""
     return {}, {}, f"template {template}: no composition yet"
 
 
@@ -246,6 +258,7 @@ def analyse(graph: Graph, rules: RuleSet, *, arch: str = "sm90", gpu: str | None
             else:
                 why = "no rule matched it; run with --explain to see each rule's reason"
             uncovered.append((n.name, n.op, why))
+    uncovered.extend(getattr(graph, "opaque", None) or [])
     return Report(graph.name, arch, dev.name, policy, regions, misses, uncovered, total, trace_s, match_s,
                   graph.partial, graph.note, len(graph.calls()), graph)
 
@@ -279,3 +292,32 @@ class _CallableModule(types.ModuleType):
 
 
 sys.modules[__name__].__class__ = _CallableModule
+
+
+def ask_registry(report: Report, registry) -> dict:
+    """Each GEMM-family region's REGISTRY answer from `registry`: `hit` (an exact, current
+    row: its measured time is kept in `measured_s`), `near (D)` (the nearest compatible
+    shape at distance D), `stale` (a row whose template or toolchain changed) or `miss`.
+    Regions of other families have no registry rows yet and stay `miss`. Returns the counts."""
+    from collections import Counter
+
+    from .realize import plan
+    from .workload import GemmWorkload
+    arch = "sm90a" if report.arch.startswith("sm90") else report.arch
+    counts = Counter()
+    with registry.pinned():
+        for r, p in zip(report.regions, plan(report, report.policy)):
+            r.registry = "miss"
+            if isinstance(p.workload, GemmWorkload):
+                hit = registry.lookup(p.workload.key(arch, report.gpu.lower()))
+                if hit is not None:
+                    if hit.stale:
+                        r.registry = "stale"
+                    elif hit.exact:
+                        r.registry = "hit"
+                        if hit.record.time_ms:
+                            r.measured_s = hit.record.time_ms / 1e3
+                    else:
+                        r.registry = f"near ({hit.distance:.2f})"
+            counts[r.registry.split(" ")[0]] += 1
+    return dict(counts)

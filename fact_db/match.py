@@ -276,8 +276,9 @@ def _post_checks(p: Pattern, st: _State, root: Node, rule) -> tuple:
         for name, n in bound.items():
             if n.dtype not in p.dtypes and not p.nodes[name].dtypes:
                 return None, f"`{n.name}` ({n.op}) has dtype {n.dtype}; rule `{rule.id}` covers {list(p.dtypes)}"
+    exposed = {id(bound[name]) for name in p.exposes if name in bound}
     for n in region:
-        if n is root:
+        if n is root or id(n) in exposed:
             continue
         outside = [u for u in n.users if id(u) not in ids]
         if outside:

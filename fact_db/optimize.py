@@ -28,6 +28,9 @@ from pathlib import Path
 from .errors import FactError
 
 PEERS = ("compile", "max-autotune")  # torch.compile default, and max-autotune-no-cudagraphs
+# Peers that can be asked for besides: torch.compile's CUDA-graph mode, the peer to compare
+# with when the composed module replays a CUDA graph on a launch-bound model.
+MORE_PEERS = ("reduce-overhead",)
 POLICIES = ("fp32", "tf32x3", "tf32", "bf16", "fp16")
 
 
@@ -125,6 +128,70 @@ def toolchain_info() -> dict:
     return {**toolchain.current().as_dict(), "torch": torch.__version__, "cuda": torch.version.cuda}
 
 
+def _on_gpu(inputs) -> bool:
+    import torch
+    return torch.cuda.is_available() and any(isinstance(x, torch.Tensor) and x.is_cuda for x in inputs)
+
+
+def choose_graph(fast, policy: str, draw, timer=None) -> str:
+    """Keep the composed module's CUDA graph only where it is faster than the graph run op by
+    op, timed on three fresh input sets: a graph saves the host's launches (a launch-bound
+    Llama block at bf16: 0.43 against 1.12 ms) but copies inputs in and outputs out, which a
+    memory-bound model pays for (a LayerNorm: 0.31 against 0.17 ms). Returns the note."""
+    import torch
+
+    from .bench import time_cuda
+    from .compose import cast_floats, policy_dtype, run_at_policy
+    dt = policy_dtype(policy)
+    sets = [draw(2 * i)[0] for i in range(3)]
+    sets = [cast_floats(x, dt) for x in sets] if dt else sets
+    timer = timer or (lambda fn, xs: time_cuda(lambda x: fn(*x), xs))
+
+    def ops(*x):
+        with torch.no_grad():
+            return run_at_policy(fast.gm, policy, x)
+    def ms(fn) -> float:
+        t = timer(fn, sets)
+        return getattr(t, "median_ms", t)
+    graph_ms = ms(lambda *x: fast(*x))
+    if fast.graph_note:  # the capture, or its check against the ops, failed while timing
+        return fast.graph_note
+    ops_ms = ms(ops)
+    if ops_ms <= graph_ms:
+        fast.cuda_graph = False
+        fast._graphs.clear()
+        return f"CUDA graph off: op by op {ops_ms:.3f} ms, replayed as a graph {graph_ms:.3f} ms"
+    return f"CUDA graph on: replayed {graph_ms:.3f} ms, op by op {ops_ms:.3f} ms"
+
+
+def keep_faster_than_eager(fast, model_p, policy: str, draw, timer=None, margin: float = 0.0) -> str:
+    """Eager PyTorch is always a candidate: where the model at the policy, run eagerly, times
+    faster than the composed module on three fresh input sets, the module runs eager for the
+    signature it was optimized for (`prefer_eager`), and the note says so with both times."""
+    import torch
+
+    from .bench import time_cuda
+    from .compose import cast_floats, policy_dtype, run_at_policy
+    dt = policy_dtype(policy)
+    sets = [draw(2 * i + 1)[0] for i in range(3)]
+    sets = [cast_floats(x, dt) for x in sets] if dt else sets
+    timer = timer or (lambda fn, xs: time_cuda(lambda x: fn(*x), xs))
+
+    def eager(*x):
+        with torch.no_grad():
+            return run_at_policy(model_p, policy, x)
+
+    def ms(fn) -> float:
+        t = timer(fn, sets)
+        return getattr(t, "median_ms", t)
+    ours, theirs = ms(lambda *x: fast(*x)), ms(eager)
+    if theirs < ours * (1 - margin):
+        fast.prefer_eager = True
+        return (f"eager PyTorch is faster than the composed module ({theirs:.3f} against {ours:.3f} ms): the "
+                f"returned module runs eager for these inputs")
+    return ""
+
+
 def at_policy(module, policy: str):
     """The model as `policy` runs it: a copy in bf16/fp16 for the half policies, else itself."""
     from .compose import policy_dtype
@@ -192,7 +259,8 @@ def plan(module, example_inputs, *, policy: str = "fp32", registry=None, gpu: st
 def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max_candidates: int = 24,
              budget: float | None = None, gpus: list[int] | None = None, out: str | Path | None = None,
              bench: bool = True, peers=PEERS, trials: int = 5, make_inputs=None, name: str | None = None,
-             progress: bool = True, force: bool = False, save: bool = True, realizer=None, timer=None):
+             progress: bool = True, force: bool = False, save: bool = True, realizer=None, timer=None,
+             cuda_graph: bool = True):
     """Optimize `module` for `example_inputs` under `policy`; returns the composed module
     (an nn.Module called like `module`) with `.report` (OptimizeReport) and `.artifact`.
 
@@ -200,6 +268,9 @@ def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max
     else eager (the report lists them). `make_inputs()` draws fresh inputs like the
     problem's (default: like `example_inputs`). `realizer(discovery, policy)` and
     `timer(fn, input_sets) -> ms` replace GPU realization and timing (tests on CPU).
+    `cuda_graph`: the composed module replays itself as a CUDA graph for the signature it was
+    optimized for (one launch per call; checked bitwise against the graph run op by op on
+    its first call, and off with a note if that fails).
     """
     import torch
 
@@ -237,7 +308,8 @@ def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max
         fast = ComposedModule(gm, model_p, policy=policy, optimized_for=signature(inputs), name=name,
                               regions=[(z.region.rule, z.impl) for z in realized],
                               variants=_variant_factory(model_p, policy, registry, realized, info),
-                              also_for=[signature(inputs_p)] if inputs_p is not inputs else [])
+                              also_for=[signature(inputs_p)] if inputs_p is not inputs else [],
+                              cuda_graph=cuda_graph)
     draw = like_drawer(inputs, make_inputs)
     with stage("verify", report, progress):
         ref_model = copy.deepcopy(module).to(torch.float64)
@@ -246,11 +318,23 @@ def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max
             trials=trials, eager_tf32=(lambda *x: run_at_policy(module, "tf32", x)) if policy == "tf32x3" else None,
             out_dtype={"bf16": "bfloat16", "fp16": "float16"}.get(policy, "float32"))
         report.verification = verdict
+        if getattr(fast, "graph_note", ""):
+            report.notes.append(fast.graph_note)
+        rounded = next((t.rounding for t in verdict.trials if t.rounding), "") if verdict.ok else ""
+        if rounded:
+            report.notes.append(rounded)
         if not verdict.ok:
             report.notes.append(f"end-to-end verification failed ({verdict.reason}): the returned module runs "
                                 f"eager PyTorch under the {policy} policy")
             fast = ComposedModule(model_p, model_p, policy=policy, optimized_for=signature(inputs), name=name,
-                                  regions=[], variants=None)
+                                  regions=[], variants=None,
+                                  also_for=[signature(inputs_p)] if inputs_p is not inputs else [])
+    if verdict.ok and _on_gpu(inputs):
+        if getattr(fast, "cuda_graph", False):
+            report.notes.append(choose_graph(fast, policy, draw, timer))
+        note = keep_faster_than_eager(fast, model_p, policy, draw, timer)
+        if note:
+            report.notes.append(note)
     if bench:
         with stage("benchmark", report, progress):
             report.variants = measure(module, model_p, fast, policy, draw, ref_model, peers=peers, timer=timer,
@@ -333,12 +417,18 @@ def measure(module, model_p, fast, policy: str, draw, ref_model, *, peers=PEERS,
     if policy != "fp32":
         runs.append((f"eager {policy}", plain(model_p, policy), sets_p))
     for peer in peers:
-        mode = {"compile": None, "max-autotune": "max-autotune-no-cudagraphs"}.get(peer, "invalid")
+        mode = {"compile": None, "max-autotune": "max-autotune-no-cudagraphs",
+                "reduce-overhead": "reduce-overhead"}.get(peer, "invalid")
         if mode == "invalid":
-            raise OptimizeError(f"unknown peer '{peer}': use compile or max-autotune")
+            raise OptimizeError(f"unknown peer '{peer}': use compile, max-autotune or reduce-overhead")
         label = "torch.compile" + (f" {mode}" if mode else "")
         runs.append((label, ("compile", mode), sets_p))
     runs.append(("fact-db", lambda *x: fast(*x), sets_p))
+    if getattr(fast, "prefer_eager", False):
+        runs.append(("fact-db composed (slower: not returned)", lambda *x: plain(fast.gm, policy)(*x), sets_p))
+    elif getattr(fast, "cuda_graph", False) and composed_ok and torch.cuda.is_available():
+        # The same composed graph run op by op: what the CUDA graph saves in launches.
+        runs.append(("fact-db, no CUDA graph", lambda *x: plain(fast.gm, policy)(*x), sets_p))
     if "compile" in peers and composed_ok:
         # The composed module under torch.compile(fullgraph=True): Inductor fuses what the
         # regions left to PyTorch (norms, views, casts) around the kernels' ops.
@@ -377,6 +467,8 @@ def measure(module, model_p, fast, policy: str, draw, ref_model, *, peers=PEERS,
             v.note = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
         if label == "fact-db" and not composed_ok:
             v.note = (v.note + "; " if v.note else "") + "verification failed: this is eager PyTorch"
+        elif label == "fact-db" and getattr(fast, "prefer_eager", False):
+            v.note = (v.note + "; " if v.note else "") + "eager timed faster than the composed graph: this is eager"
         out.append(v)
         if bar is not None:
             bar.update(1)

@@ -100,6 +100,7 @@ class Pattern:
     where: tuple = ()  # of Expr
     dtypes: tuple = ()
     label: str = ""  # which alternative, for messages ("gemm-bias[linear] + gelu-tanh[decomposed]")
+    exposes: tuple = ()  # node names whose value may also be used outside the region (extra outputs)
 
     def captures(self) -> set:
         return {i.name for n in self.nodes.values() for i in n.inputs if isinstance(i, Capture)}
@@ -287,8 +288,43 @@ def _check_refs(nodes: dict, output: str, where: str):
     visit(output, [])
 
 
+# Names a `where` constraint may read besides the pattern's nodes and captures: the GEMM
+# problem of the matched region (see match.py).
+PROBLEM_NAMES = frozenset({"M", "N", "K", "batch"})
+
+
 def build_patterns(match: dict, fragments: dict) -> list:
-    """All flat Patterns of a rule's match section."""
-    where = tuple(Expr.parse(w) for w in (match.get("where") or []))
+    """All flat Patterns of a rule's match section. Each `where` constraint is parsed and its
+    names resolved against the nodes and captures of the patterns (a typo, or a look-alike
+    letter, would otherwise validate and then silently never match)."""
+    from .errors import ExprError
+    from .expr import FUNCTIONS
+    where = []
+    for i, w in enumerate(match.get("where") or []):
+        try:
+            where.append(Expr.parse(w))
+        except ExprError as e:
+            raise PatternError(f"match.where[{i}]", str(e), "use pattern nodes, captures, M, N, K, batch and the functions listed (README: limits on `where` expressions)") from None
     dtypes = tuple(match.get("dtypes") or ())
-    return [Pattern(nodes, out, where, dtypes, label) for label, nodes, out in expand(match, fragments)]
+    exposes = tuple(match.get("exposes") or ())
+    alts = expand(match, fragments)
+    for label, nodes, out in alts:
+        for name in exposes:
+            if name not in nodes:
+                raise PatternError("match.exposes", f"exposed node `{name}` is not one of the nodes {sorted(nodes)}"
+                                   + (f" of alternative `{label}`" if label else ""),
+                                   "name a node every alternative declares")
+    patterns = [Pattern(nodes, out, tuple(where), dtypes, label, exposes) for label, nodes, out in alts]
+    known = set(PROBLEM_NAMES) | set(FUNCTIONS)
+    for p in patterns:
+        known |= {k for k in p.nodes if "/" not in k} | {c for c in p.captures() if "/" not in c}
+    for i, w in enumerate(where):
+        unknown = sorted(w.names - known)
+        if unknown:
+            import difflib
+            guess = difflib.get_close_matches(unknown[0], sorted(known), n=1, cutoff=0.6)
+            raise PatternError(f"match.where[{i}]", f"`{unknown[0]}` in `{w.source}` is not a node, capture or "
+                               f"problem size of this rule",
+                               f"did you mean `{guess[0]}`?" if guess else
+                               f"use one of {', '.join(sorted(known - set(FUNCTIONS)))}")
+    return patterns

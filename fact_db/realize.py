@@ -224,9 +224,49 @@ def choose_attention(w, *, trials: int = 4, reps: int = 20, device="cuda", timer
     return rows, (min(ok, key=lambda r: r["ms"]) if ok else None)
 
 
+def tune_attention(w, *, arch: str = "sm90a", registry=None, max_candidates: int = 8, gpus=None,
+                   force: bool = False, progress: bool = False):
+    """The attention tuner (fact_db/attention_tune.py: SDPA backends and family kernels, run in
+    the worker subprocess, registry first) with its result in choose_attention's (rows, best)
+    form; a kernel winner carries its built library (a registry hit is rebuilt from its config,
+    from the build cache when it is there)."""
+    from . import attention_tune
+    res = attention_tune.tune(w, arch=arch, registry=registry, max_candidates=max_candidates, gpus=gpus,
+                              force=force, progress=progress)
+    kinds = {"eager": "eager", "library": "attention", "kernel": "kernel"}
+    rows = []
+    for t in res.trials:
+        kind = kinds.get(t.kind, t.kind)
+        if t.label == "sdpa":
+            kind = "sdpa"
+        rows.append({"label": t.label, "kind": kind, "ok": t.status == "ok", "ms": t.time_ms, "err": t.err or 0.0,
+                     "eager_err": t.eager_err, "note": t.error or ("" if t.status == "ok" else t.status),
+                     "template": t.template, "config": t.config, "so": t.so, "build_key": t.build_key})
+    best = res.best
+    best_row = next((r for r in rows if best is not None and r["label"] == best.label), None)
+    if best_row is not None and best_row["kind"] == "kernel" and not best_row["so"]:
+        fam = next((f for f in attention_tune.families() if f.TEMPLATE == best_row["template"]), None)
+        if fam is not None:
+            from . import build
+            [b] = build.build([fam.source(w, best_row["config"])], progress=progress)
+            if b.ok:
+                best_row["so"], best_row["build_key"] = str(b.path), b.key
+        if not best_row["so"]:
+            best_row = None
+    rows += [{"label": n.split(":", 1)[0], "kind": "note", "ok": False, "ms": None, "err": 0.0, "eager_err": None,
+              "note": n} for n in res.notes if n != "registry hit"]
+    return rows, best_row
+
+
 def _attention_impl(best):
     from .attention import library_op
     from .compose import Impl
+    if best is not None and best["kind"] == "kernel":
+        from .attention_kernel import AttentionKernel
+        k = AttentionKernel(best["so"], best["template"], build_key=best["build_key"])
+        return Impl("attention", best["label"], k.as_op(), {
+            "template": best["template"], "config": best["config"], "build_key": best["build_key"],
+            "so": str(best["so"]), "op": f"factdb::{k.op_name}"})
     if best is None or best["kind"] == "eager":
         return Impl.eager("the explicit form is the fastest verified candidate" if best else "no candidate verified")
     if best["kind"] == "sdpa":
@@ -311,7 +351,9 @@ def realize_regions(report, policy: str, *, registry=None, arch: str = "sm90a", 
             rz.how = "skipped"
             rz.notes.append("skipped: the tuning budget was spent; the model's own attention serves it")
         else:  # attention: the library candidates, timed here
-            chooser = attention_chooser or choose_attention
+            chooser = attention_chooser or (lambda w: tune_attention(
+                w, arch=arch, registry=registry, max_candidates=min(max_candidates, 8), gpus=gpus, force=force,
+                progress=progress))
             rows, best = chooser(w)
             explicit = next((x for x in rows if x["label"] == "explicit"), None)
             rz.impl = _attention_impl(best)

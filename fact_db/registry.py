@@ -890,6 +890,46 @@ class Registry:
         self.db.meta["seed_sha256"] = sha
 
     # ----------------------------------------------------------------------------------
+    # attention rows (fact_db/attention_tune.py): one per workload key, the winner and its trials
+    @staticmethod
+    def attention_digest(w, arch: str, gpu: str = "") -> str:
+        key = (arch, canonical_gpu(gpu) if gpu else "", w.batch, w.heads, w.kv_heads, w.lq, w.lk, w.d, w.dv,
+               bool(w.causal), float(w.softmax_scale), w.dtype, w.policy)
+        return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:32]
+
+    def attention_get(self, w, arch: str, gpu: str = ""):
+        """The stored winner for attention workload `w` (an AttnTrial), or None."""
+        import sqlalchemy as sa
+
+        from .attention_tune import AttnTrial
+        with self.db.begin(write=False) as conn:
+            row = conn.execute(sa.text("SELECT label, kind, template, config, time_ms, rel_err FROM attention_kernels "
+                                       "WHERE digest = :d"), {"d": self.attention_digest(w, arch, gpu)}).first()
+        if row is None:
+            return None
+        return AttnTrial(row[0], row[1], "ok", time_ms=row[4], err=row[5], template=row[2],
+                         config=json.loads(row[3]) if row[3] else {})
+
+    def attention_put(self, w, arch: str, best, trials, gpu: str = "", device_name: str = "") -> None:
+        """Store (replace) the winner for `w`, with every trial."""
+        import dataclasses
+
+        import sqlalchemy as sa
+        digest = self.attention_digest(w, arch, gpu)
+        row = {"digest": digest, "arch": arch, "gpu": canonical_gpu(gpu) if gpu else "", "batch": w.batch,
+               "heads": w.heads, "kv_heads": w.kv_heads, "lq": w.lq, "lk": w.lk, "d": w.d, "dv": w.dv,
+               "causal": bool(w.causal), "scale": float(w.softmax_scale), "dtype": w.dtype, "policy": w.policy,
+               "label": best.label, "kind": best.kind, "template": best.template or "",
+               "config": json.dumps(best.config or {}, sort_keys=True), "time_ms": best.time_ms, "rel_err": best.err,
+               "device_name": device_name,
+               "trials": json.dumps([dataclasses.asdict(t) for t in trials], default=str), "created_at": utcnow()}
+        cols = ", ".join(row)
+        vals = ", ".join(f":{k}" for k in row)
+        with self.db.begin() as conn:
+            conn.execute(sa.text("DELETE FROM attention_kernels WHERE digest = :d"), {"d": digest})
+            conn.execute(sa.text(f"INSERT INTO attention_kernels ({cols}) VALUES ({vals})"), row)
+
+    # ----------------------------------------------------------------------------------
     def put_kernel(self, rec: KernelRecord, *, toolchain=None, template_hashes: dict | None = None) -> str:
         """Merge one kernel row by key: 'inserted', 'replaced' or 'kept' (see the module docstring)."""
         return self.put_kernels([rec], toolchain=toolchain, template_hashes=template_hashes).outcomes[0]
@@ -1206,6 +1246,49 @@ class Registry:
             _insert(conn, K, rows)
         return len(rows)
 
+    # ----------------------------------------------------------------------------------
+    # norm rows (fact_db/norm.py): one per workload key, the winner and its trials
+    @staticmethod
+    def norm_digest(w, arch: str, gpu: str = "") -> str:
+        k = w.key()
+        key = (arch, canonical_gpu(gpu) if gpu else "", k["kind"], k["rows"], k["width"], bool(k["residual"]),
+               bool(k["write_sum"]), bool(k["has_bias"]), float(k["eps"]), k["dtype"], k["policy"])
+        return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:32]
+
+    def norm_get(self, w, arch: str, gpu: str = "") -> dict | None:
+        """The stored winner for norm workload `w`: {label, template, config, source_hash, time_ms,
+        rel_err, eager_ms} (label "eager" when eager won), or None."""
+        with self.db.begin(write=False) as conn:
+            row = conn.execute(sa.text("SELECT label, template, config, source_hash, time_ms, rel_err, eager_ms "
+                                       "FROM norm_kernels WHERE digest = :d"),
+                               {"d": self.norm_digest(w, arch, gpu)}).first()
+        if row is None:
+            return None
+        return {"label": row[0], "template": row[1], "config": json.loads(row[2]) if row[2] else {},
+                "source_hash": row[3], "time_ms": row[4], "rel_err": row[5], "eager_ms": row[6]}
+
+    def norm_put(self, w, arch: str, best, trials, gpu: str = "", device_name: str = "",
+                 source_hash: str = "") -> None:
+        """Store (replace) the winner `best` (a NormTrial) for `w`, with every trial."""
+        k = w.key()
+        eager = next((t for t in trials if t.label == "eager"), None)
+        cfg = dataclasses.asdict(best.candidate) if best.candidate is not None else {}
+        row = {"digest": self.norm_digest(w, arch, gpu), "arch": arch, "gpu": canonical_gpu(gpu) if gpu else "",
+               "kind": k["kind"], "rows": k["rows"], "width": k["width"], "residual": bool(k["residual"]),
+               "write_sum": bool(k["write_sum"]), "has_bias": bool(k["has_bias"]), "eps": float(k["eps"]),
+               "dtype": k["dtype"], "policy": k["policy"], "label": best.label,
+               "template": "" if best.candidate is None else "add_norm", "config": json.dumps(cfg, sort_keys=True),
+               "source_hash": source_hash, "time_ms": best.time_ms, "rel_err": best.err,
+               "eager_ms": eager.time_ms if eager else None, "device_name": device_name,
+               "trials": json.dumps([{"label": t.label, "status": t.status, "time_ms": t.time_ms, "err": t.err,
+                                      "error": t.error} for t in trials]),
+               "created_at": utcnow()}
+        cols = ", ".join(row)
+        vals = ", ".join(f":{c}" for c in row)
+        with self.db.begin() as conn:
+            conn.execute(sa.text("DELETE FROM norm_kernels WHERE digest = :d"), {"d": row["digest"]})
+            conn.execute(sa.text(f"INSERT INTO norm_kernels ({cols}) VALUES ({vals})"), row)
+
 
 @dataclass
 class MergeResult:
@@ -1333,16 +1416,68 @@ def _insert(conn: sa.Connection, table: sa.Table, rows: list[dict]) -> None:
         os.unlink(f.name)
 
 
+# Limits on imported rows (README, "Limits on untrusted input"): what the columns hold, and
+# no more, so one hostile line cannot make every later `registry list` read gigabytes.
+MAX_IMPORT_LINE = 1024 * 1024       # characters in one JSONL line
+MAX_TEXT = {"notes": 4096, "source": 512 * 1024}
+MAX_TEXT_DEFAULT = 16 * 1024        # any other string field (config, names, keys)
+INT64 = (-(2 ** 63), 2 ** 63 - 1)   # BIGINT columns
+
+
+def _lines(f: IO[str]):
+    """(number, line or None if it was longer than MAX_IMPORT_LINE) without ever holding more
+    than MAX_IMPORT_LINE characters of one line."""
+    n = 0
+    while True:
+        line = f.readline(MAX_IMPORT_LINE + 1)
+        if not line:
+            return
+        n += 1
+        if len(line) > MAX_IMPORT_LINE and not line.endswith("\n"):
+            while True:  # skip the rest of the over-long line in bounded pieces
+                rest = f.readline(MAX_IMPORT_LINE)
+                if not rest or rest.endswith("\n"):
+                    break
+            yield n, None
+        else:
+            yield n, line
+
+
+def _field_faults(d, path: str = "") -> list[str]:
+    """Strings longer than their column allows and integers beyond 64 bits, by field."""
+    out, stack = [], [(path, d)]
+    while stack and len(out) < 5:
+        where, v = stack.pop()
+        if isinstance(v, dict):
+            stack.extend((f"{where}.{k}" if where else str(k), x) for k, x in v.items())
+        elif isinstance(v, list):
+            stack.extend((f"{where}[{i}]", x) for i, x in enumerate(v))
+        elif isinstance(v, str):
+            limit = MAX_TEXT.get(where, MAX_TEXT_DEFAULT)
+            if len(v) > limit:
+                out.append(f"field `{where}` is {len(v)} characters, over its limit of {limit}")
+        elif isinstance(v, int) and not isinstance(v, bool) and not INT64[0] <= v <= INT64[1]:
+            out.append(f"field `{where}` is {str(v)[:20]}..., beyond the 64-bit integers the registry holds")
+    return out
+
+
 def _parse_jsonl(f: IO[str], name: str, provenance: str) -> list[KernelRecord]:
     """Every line checked; raises ImportError_ listing all bad lines, so nothing is half-applied."""
     records, problems = [], []
-    for n, line in enumerate(f, 1):
+    for n, line in _lines(f):
+        if line is None:
+            problems.append((n, f"the line is longer than {MAX_IMPORT_LINE} characters"))
+            continue
         if not line.strip():
             continue
         try:
             d = json.loads(line, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(f"{c} is not allowed")))
-        except ValueError as e:
-            problems.append((n, f"not valid JSON ({e})"))
+        except (ValueError, RecursionError) as e:
+            problems.append((n, f"not valid JSON ({e})" if isinstance(e, ValueError) else "nested too deep"))
+            continue
+        faults = _field_faults(d)
+        if faults:
+            problems.append((n, "; ".join(faults)))
             continue
         try:
             if isinstance(d, dict) and not d.get("provenance"):

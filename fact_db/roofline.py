@@ -56,6 +56,15 @@ def matmul_tflops(dev: Device, policy: str, dtype: str | None) -> float:
     return dev.tflops["bf16"]
 
 
+def fused_matmul_tflops(dev: Device, policy: str, dtype: str | None) -> float:
+    """Peak for fact-db's own kernels: as `matmul_tflops`, except that float32 operands under
+    the `fp32` policy run on TF32 tensor cores with split operands (3xTF32 with promotion,
+    DESIGN.md's precision table), a third of the TF32 rate, where eager PyTorch runs SIMT."""
+    if policy == "fp32" and dtype not in ("float16", "bfloat16"):
+        return dev.tflops["tf32"] / 3
+    return matmul_tflops(dev, policy, dtype)
+
+
 # FLOPs per output element of elementwise and reduction ops (rough, for ranking only).
 _ELEMENTWISE_FLOPS = {"aten.gelu": 8, "aten.silu": 4, "aten.tanh": 4, "aten.erf": 4, "aten.sigmoid": 4,
                       "aten.softmax": 5, "aten._softmax": 5, "aten.layer_norm": 8, "aten.native_layer_norm": 8,
@@ -144,7 +153,7 @@ def estimate(match, dev: Device, policy: str = "fp32", skip_fraction: float = 0.
     fused_bytes = float(sum(a.nbytes for a in match.inputs) + match.output.nbytes)
     eager_s = sum(node_time(n, dev, policy) for n in compute)
     mm = next((n for n in compute if _tensor_core(n)), None)
-    peak = matmul_tflops(dev, policy, mm.dtype) if mm is not None else dev.tflops["fp32"]
+    peak = fused_matmul_tflops(dev, policy, mm.dtype) if mm is not None else dev.tflops["fp32"]
     t_compute = flops * (1.0 - skip_fraction) / (peak * 1e12)
     t_memory = fused_bytes / dev.bandwidth
     fused_s = max(t_compute, t_memory) + dev.launch_s

@@ -92,12 +92,40 @@ def _line_map(node, path=(), out=None) -> dict:
     return out
 
 
+# A rule file is a page of YAML; anything near this size is not one (README, "Limits on
+# untrusted input").
+MAX_RULE_BYTES = 256 * 1024
+
+
+def _refuse(path: Path, line, message: str, fix: str):
+    raise RuleError([Fault(str(path), line, "", message, fix)]) from None
+
+
 def load_yaml(path: Path):
-    """(data, lines) of a YAML file, or raise a Fault-carrying RuleError for a syntax error."""
+    """(data, lines) of a YAML file, or raise a Fault-carrying RuleError: unreadable, over the
+    size limit, not UTF-8, using anchors or aliases (a few hundred bytes of nested aliases
+    expand to gigabytes), or a syntax error."""
     try:
-        text = path.read_text()
+        size = path.stat().st_size
+        if size > MAX_RULE_BYTES:
+            _refuse(path, None, f"the file is {size} bytes, over the {MAX_RULE_BYTES // 1024} KiB limit for a rule file",
+                    "a rule is a page of YAML: split it, or move data out of it")
+        raw = path.read_bytes()
     except OSError as e:
-        raise RuleError([Fault(str(path), None, "", f"cannot read file: {e.strerror}", "check the path")]) from None
+        _refuse(path, None, f"cannot read file: {e.strerror}", "check the path")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[:e.start].count(b"\n") + 1
+        _refuse(path, line, f"the file is not UTF-8 text (byte {e.start} is 0x{raw[e.start]:02x})",
+                "save it as UTF-8")
+    try:
+        for tok in yaml.scan(text):
+            if isinstance(tok, (yaml.AliasToken, yaml.AnchorToken)):
+                _refuse(path, tok.start_mark.line + 1, "YAML anchors and aliases (&name, *name) are not allowed in rules",
+                        "write the repeated part out, or share it through a fragment (`use:`)")
+    except yaml.MarkedYAMLError:
+        pass  # the parse below reports it with its position
     try:
         data = yaml.safe_load(text)
         node = yaml.compose(text)
@@ -347,12 +375,17 @@ def validate(items=None) -> list:
     return faults
 
 
-def load_rules(root=None) -> RuleSet:
-    """Load and check all rules under `root` (default: `FACTDB_RULES` or the shipped `rules/`)."""
+def load_rules(root=None, extra=()) -> RuleSet:
+    """Load and check all rules under `root` (default: `FACTDB_RULES` or the shipped `rules/`),
+    plus `extra` rule files or directories from elsewhere (a contribution not yet in the tree,
+    which may use the shipped fragments)."""
     root = Path(root) if root else paths.rules_dir()
     if not root.is_dir():
         raise RuleError([Fault(str(root), None, "", "rules directory does not exist", "set FACTDB_RULES to a directory of rules")])
-    rules, fragments, faults = _collect(yaml_files([root]))
+    files = yaml_files([root])
+    have = {f.resolve() for f in files}
+    files += [f for f in yaml_files(list(extra)) if f.resolve() not in have] if extra else []
+    rules, fragments, faults = _collect(files)
     if faults:
         raise RuleError(faults)
     return RuleSet(sorted(rules, key=lambda r: (r.family, r.id)), fragments)

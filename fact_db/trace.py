@@ -104,6 +104,9 @@ class Graph:
     name: str = "model"
     partial: bool = False  # True when only part of the model could be traced
     note: str = ""
+    # (node name, op, reason) of calls discovery could not look inside (higher-order ops
+    # other than the autocast/grad-mode wrappers it inlines); discovery lists them as uncovered.
+    opaque: list = field(default_factory=list)
     # The torch.export ExportedProgram the nodes were read from (node names are its FX node
     # names). Composition rewrites it; discovery itself never needs it.
     program: object = field(default=None, repr=False, compare=False)
@@ -420,6 +423,23 @@ def _normalize_dims(names: list, args: list):
         args[i] = [x - rank if x >= 0 else x for x in d]
 
 
+# Higher-order ops whose body discovery walks in place: torch.export wraps code under
+# torch.autocast / torch.no_grad (the rotary embedding of Llama-family layers) in them.
+_INLINED_HOPS = {"wrap_with_autocast", "wrap_with_set_grad_enabled", "wrap"}
+
+
+class _HopResult:
+    """The outputs of an inlined higher-order op, indexed by the getitem nodes that read it."""
+
+    def __init__(self, items):
+        self.items = list(items)
+
+
+def _is_getitem(target) -> bool:
+    import operator
+    return target is operator.getitem
+
+
 def _from_fx(ep, name: str, source: str | None, known: dict) -> Graph:
     from torch.export.graph_signature import InputKind
     kinds = {}
@@ -429,10 +449,16 @@ def _from_fx(ep, name: str, source: str | None, known: dict) -> Graph:
         kinds[spec.arg.name] = (kind, spec.target)
     made: dict = {}
     nodes = []
+    opaque = []  # (node name, op, reason): calls discovery could not look inside
+    scope = {"prefix": "", "env": None}
 
     def conv(a):
         if isinstance(a, torch.fx.Node):
-            return made[a.name]
+            key = scope["prefix"] + a.name
+            if key not in made:
+                raise TraceError(f"node `{a.name}` reads `{a.target}`, which the graph never defined "
+                                 f"(an op fact-db cannot follow); report this with the model file")
+            return made[key]
         if isinstance(a, (list, tuple)):
             return [conv(x) for x in a]
         if isinstance(a, torch.dtype):
@@ -441,7 +467,75 @@ def _from_fx(ep, name: str, source: str | None, known: dict) -> Graph:
             return str(a)
         return a
 
-    for n in ep.graph.nodes:
+    root = ep.graph_module
+
+    def walk(graph, prefix: str, inputs: list | None):
+        """Convert `graph`; a higher-order op's body is walked in place with its operands."""
+        ph_i = 0
+        for n in graph.nodes:
+            key = prefix + n.name
+            if prefix and n.op == "placeholder":
+                made[key] = inputs[ph_i] if inputs is not None and ph_i < len(inputs) else None
+                ph_i += 1
+                continue
+            if prefix and n.op == "output":
+                return [conv_in(a, prefix) for a in (n.args[0] if isinstance(n.args[0], (list, tuple)) else [n.args[0]])]
+            if n.op == "call_function" and isinstance(n.target, torch._ops.HigherOrderOperator):
+                _hop(n, prefix)
+                continue
+            if n.op == "call_function" and _is_getitem(n.target) and isinstance(made.get(prefix + n.args[0].name), _HopResult):
+                made[key] = made[prefix + n.args[0].name].items[n.args[1]]
+                continue
+            node = one(n, prefix)
+            if node is not None:
+                made[key] = node
+                nodes.append(node)
+        return None
+
+    def conv_in(a, prefix):
+        old = scope["prefix"]
+        scope["prefix"] = prefix
+        try:
+            return conv(a)
+        finally:
+            scope["prefix"] = old
+
+    def _hop(n, prefix):
+        name = getattr(n.target, "_name", None) or getattr(n.target, "__name__", str(n.target))
+        subs = [a for a in n.args if isinstance(a, torch.fx.Node) and a.op == "get_attr"]
+        if name in _INLINED_HOPS and len(subs) == 1:
+            gm = getattr(root, subs[0].target, None) if root is not None else None
+            if isinstance(gm, torch.fx.GraphModule):
+                i = n.args.index(subs[0])
+                operands = [conv_in(a, prefix) for a in n.args[i + 1:]]
+                outs = walk(gm.graph, f"{prefix}{n.name}.", operands)
+                made[prefix + n.name] = _HopResult(outs or [])
+                return
+        reason = (f"torch.export wrapped this part of forward in the higher-order op `{name}`, which discovery does not "
+                  f"look inside; its ops stay in eager PyTorch")
+        opaque.append((prefix + n.name, f"hop.{name}", reason))
+        val = n.meta.get("val")
+        vals = val if isinstance(val, (list, tuple)) else [val]
+        outs = []
+        for j, v in enumerate(vals):
+            if isinstance(v, torch.Tensor):
+                nd = Node(f"{prefix}{n.name}.out{j}", "opaque", shape=tuple(int(s) for s in v.shape), dtype=_dtype_name(v.dtype),
+                          source=_source_of(n, source))
+                nodes.append(nd)
+                outs.append(nd)
+            else:
+                outs.append(None)
+        made[prefix + n.name] = _HopResult(outs) if isinstance(val, (list, tuple)) else (outs[0] if outs else None)
+
+    def one(n, prefix):
+        old = scope["prefix"]
+        scope["prefix"] = prefix
+        try:
+            return _one(n, prefix)
+        finally:
+            scope["prefix"] = old
+
+    def _one(n, prefix):
         val = n.meta.get("val")
         shape = dtype = stride = None
         if isinstance(val, torch.Tensor):
@@ -457,7 +551,7 @@ def _from_fx(ep, name: str, source: str | None, known: dict) -> Graph:
         elif n.op == "call_function":
             packet, overload = aten.target_name(n.target)
             if packet.startswith("aten._assert") or packet.startswith("aten.sym_constrain"):
-                continue  # runtime checks with no value (from .to() and friends): not part of the dataflow
+                return None  # runtime checks with no value (from .to() and friends): not part of the dataflow
             schema = aten.schema_args(n.target)
             if schema:
                 names = [s[0] for s in schema]
@@ -477,10 +571,13 @@ def _from_fx(ep, name: str, source: str | None, known: dict) -> Graph:
         elif n.op == "output":
             node = Node(n.name, "output", args=[conv(a) for a in n.args[0]] if n.args and isinstance(n.args[0], (list, tuple)) else [conv(a) for a in n.args])
         else:
-            continue
-        made[n.name] = node
-        nodes.append(node)
+            return None
+        if prefix:
+            node.name = prefix + node.name
+        return node
+
+    walk(ep.graph, "", None)
     for node in nodes:
         for a in node.tensor_inputs():
             a.users.append(node)
-    return Graph(nodes, name, program=ep)
+    return Graph(nodes, name, program=ep, opaque=opaque)

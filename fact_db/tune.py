@@ -79,7 +79,8 @@ class Candidate:
 @dataclass
 class Trial:
     candidate: Candidate
-    status: str                # ok, compile_error, verify_failed, launch_error, timeout, crashed, skipped
+    status: str                # ok, compile_error, verify_failed, launch_error, timeout, crashed, skipped;
+    #                            with --compile-only: built or cached
     time_ms: float | None = None
     err: float | None = None
     eager_err: float | None = None
@@ -447,9 +448,10 @@ def evaluate(w: GemmWorkload, cands: list[Candidate], *, gpus: list[int] | None 
             out.append(Trial(c, "compile_error", error=f"{b.error}\n$ {b.command}", build_key=b.key))
         else:
             runnable.append((c, b))
-    if compile_only:
+    if compile_only:  # built (or found in the build cache), not run: eager is "skipped"
         for c, b in runnable:
-            out.append(Trial(c, "skipped", error="--compile-only", so=str(b.path) if b else "",
+            status = "skipped" if b is None else "cached" if b.cached else "built"
+            out.append(Trial(c, status, error="--compile-only" if b is None else "", so=str(b.path) if b else "",
                              build_key=b.key if b else ""))
         return Evaluation(out, compile_s, 0.0)
     jobs_ = []
@@ -487,10 +489,13 @@ def tune(w: GemmWorkload, *, arch: str = "sm90a", gpu: str | None = None, regist
     result = TuneResult(w, rule, arch, gpu, None, None)
     key = w.key(arch, gpu) if registry is not None else None
 
-    # 1. The registry first.
-    if registry is not None and not force and not compile_only:
+    # 1. The registry first (with --compile-only too: a kernel it has needs no build).
+    if registry is not None and not force:
         hit = _from_registry(registry, key, w, result)
         if hit:
+            if compile_only:
+                hit.notes.append("the registry has a current kernel for this workload: nothing to build "
+                                 "(--force builds the candidates anyway)")
             return hit
 
     # 2. Candidates.

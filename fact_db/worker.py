@@ -9,7 +9,7 @@ reports it and exits, so no later candidate runs in a poisoned context.
 Protocol: the parent writes one JSON job per line to the worker's stdin and reads one
 JSON result per line from its stdout (everything else the worker prints goes to stderr).
 
-    job    {"id", "kind": "cutlass"|"eager", "so", "template", "spec", "options",
+    job    {"id", "kind": "cutlass"|"eager"|"norm", "so", "template", "spec", "options",
             "workload", "trials", "reps"}
     result {"id", "status": ok|verify_failed|launch_error|crashed|timeout, "time_ms",
             "p10_ms", "p90_ms", "err", "eager_err", "error", "device"}
@@ -35,6 +35,15 @@ def _run_job(job: dict, cache: dict) -> dict:
     if job["kind"] == "ping":  # start-up only: torch imported, CUDA context made
         torch.cuda.init()
         return {"id": job["id"], "status": "ok", "gpu": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
+    if job["kind"] == "attention":  # fact_db/attention_tune.py: a library backend or an attention kernel
+        from .attention_tune import run_job
+        return run_job(job, cache)
+
+    if job["kind"] == "norm":  # a norm candidate (so set) or eager (so empty): fact_db/norm.py
+        from .norm import NormWorkload, evaluate_one
+        res = evaluate_one(NormWorkload(**job["workload"]), job.get("so") or None, job.get("trials", 4),
+                           job.get("reps", 30))
+        return {"id": job["id"], "gpu": os.environ.get("CUDA_VISIBLE_DEVICES", ""), **res}
 
     from .bench import time_cuda
     from .kernel import GemmKernel, GemmSpec

@@ -74,3 +74,18 @@ def test_partial_result_is_printed_with_the_error():
 def test_missing_path():
     r = CliRunner().invoke(cli, ["discover", "no/such/problem.py"])
     assert r.exit_code == 1 and "does not exist" in r.output
+
+
+def test_one_vocabulary_for_arch_and_dtype_and_json_without_nan():
+    from fact_db.cli.main import jdump
+    assert jdump({"a": float("nan"), "b": [float("inf"), 1.5]}) == '{"a": null, "b": [null, 1.5]}'
+    for arch in ("sm90", "sm90a"):
+        r = CliRunner().invoke(cli, ["tune", "--shape", "64x64x64", "--arch", arch, "--compile-only",
+                                     "--max-candidates", "1", "--no-registry"])
+        assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(cli, ["tune", "--shape", "64x64x64", "--arch", "sm100"])
+    assert r.exit_code == 2 and "'sm90', 'sm90a', 'sm80'" in r.output
+    r = CliRunner().invoke(cli, ["tune", "--shape", "64x64x64", "--dtype", "int8"])
+    assert r.exit_code == 2 and "'float32'" in r.output
+    r = CliRunner().invoke(cli, ["discover", str(PROBLEMS / "layernorm.py"), "--arch", "sm90a"])
+    assert r.exit_code == 0 and "(sm90)" in r.output

@@ -135,3 +135,20 @@ def test_another_batch_size_is_right_and_warns_once(artifact, loaded):
     assert sum("called with" in str(w.message) for w in seen) == 1
     with torch.no_grad():
         torch.testing.assert_close(y, run_at_policy(eager, manifest["policy"], x), rtol=1e-3, atol=1e-3)
+
+
+def test_the_composed_module_replays_one_cuda_graph_equal_to_its_ops(artifact, loaded):
+    manifest = json.loads((artifact / "manifest.json").read_text())
+    assert loaded.cuda_graph == manifest["cuda_graph"] and loaded.prefer_eager == manifest["prefer_eager"]
+    # whether the graph was kept is a timing decision (optimize.choose_graph); replay it here regardless
+    loaded.cuda_graph, loaded.prefer_eager = True, False
+    from fact_db.compose import run_at_policy
+    x, x2 = _inputs(manifest), _inputs(manifest)
+    with torch.no_grad():
+        y = loaded(*x)
+        kept = y.clone()
+        assert loaded._graphs and not loaded.graph_note, loaded.graph_note  # captured, and its check passed
+        assert torch.equal(y, run_at_policy(loaded.gm, manifest["policy"], x))
+        y2 = loaded(*x2)  # a replay on other inputs: copied in, its output copied out
+        assert torch.equal(y2, run_at_policy(loaded.gm, manifest["policy"], x2))
+    assert torch.equal(y, kept) and not torch.equal(y, y2)  # the first output is not the graph's buffer

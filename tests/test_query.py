@@ -96,8 +96,10 @@ def test_filters_on_the_command_line(home):
     hits = json.loads(r.stdout)["hits"]
     assert hits and all(not h["archs"] or "sm80" in h["archs"] for h in hits)
     r = run(home, "query", "gemm", "--op", "gemm_epilogue", "--kind", "rule", "--json")
-    assert {h["id"] for h in json.loads(r.stdout)["hits"]} <= {x for x in index.rule_families()
-                                                                 if index.rule_families()[x] == "gemm_epilogue"}
+    got = {h["id"] for h in json.loads(r.stdout)["hits"]}
+    epilogue_rules = {x for x, fam in index.rule_families().items() if fam == "gemm_epilogue"}
+    assert got and got <= epilogue_rules  # not vacuous: the filter keeps some, and only those
+    assert {"gemm-bias", "gemm-residual"} <= got
     bad = run(home, "query", "gemm", "--arch", "pentium")
     assert bad.exit_code == 1 and "arch 'pentium' is not an architecture" in bad.output
 
@@ -206,3 +208,10 @@ def test_batched_lookup_agrees_with_registry_lookup(tmp_path):
                 assert want.distance == pytest.approx(hit.distance)
         assert len(seen) > 40 and any(h.stale for h in seen) and any(not h.stale for h in seen)
         assert any(h.exact for h in seen) and any(not h.exact for h in seen)
+
+
+def test_paths_are_printed(home):
+    good = run(home, "query", "gemm with bias and relu in the epilogue", "--kind", "rule", "-n", "2")
+    assert "rules/gemm_epilogue/" in good.output  # the rule's file
+    ex = run(home, "query", "split-k gemm", "--kind", "example", "-n", "1")
+    assert "cutlass_library/source/examples/" in ex.output.splitlines()[1]  # the example's directory

@@ -430,7 +430,7 @@ def test_seed_is_imported_on_first_use_and_again_when_it_changes(tmp_path, monke
         assert [(r.key.m, r.provenance) for r in reg.kernels()] == [(256, "seed")]
         meta = reg.meta()
         assert meta["seed_sha256"] == __import__("hashlib").sha256(seed.read_bytes()).hexdigest()
-        assert meta["seed_path"] == str(seed) and meta["schema_version"] == "1"
+        assert meta["seed_path"] == str(seed) and meta["schema_version"] == str(db_mod.SCHEMA_VERSION)
         assert meta["created_by"].startswith("fact-db ")
         reg.put_kernel(make_rec(make_key(m=256), time_ms=9.0).replace(notes="mine"))  # slower: kept
         reg.db.begin  # noqa: B018
@@ -628,18 +628,20 @@ def test_migrations_run_once_in_order_and_leave_index_tables_alone(tmp_path, mon
     con.execute("insert into index_docs values ('a', 'kept')")
     con.close()
     with Registry.open(str(path), seed=False) as reg:
-        assert reg.meta()["schema_version"] == "1"
+        assert reg.meta()["schema_version"] == str(db_mod.SCHEMA_VERSION)
+        assert reg.meta()["last_migration"] == db_mod.MIGRATIONS[-1][1]
     calls = []
+    nxt = db_mod.SCHEMA_VERSION + 1
 
-    def m002(conn):
+    def m_extra(conn):
         calls.append(1)
         conn.exec_driver_sql("alter table kernels add column extra varchar default ''")
 
-    monkeypatch.setattr(db_mod, "MIGRATIONS", db_mod.MIGRATIONS + [(2, "m002_extra", m002)])
-    monkeypatch.setattr(db_mod, "SCHEMA_VERSION", 2)
+    monkeypatch.setattr(db_mod, "MIGRATIONS", db_mod.MIGRATIONS + [(nxt, "m_extra", m_extra)])
+    monkeypatch.setattr(db_mod, "SCHEMA_VERSION", nxt)
     for _ in range(2):
         with Registry.open(str(path), seed=False) as reg:
-            assert reg.meta()["schema_version"] == "2" and reg.meta()["last_migration"] == "m002_extra"
+            assert reg.meta()["schema_version"] == str(nxt) and reg.meta()["last_migration"] == "m_extra"
     assert calls == [1]
     con = duckdb.connect(str(path), read_only=True)
     assert con.execute("select * from index_docs").fetchall() == [("a", "kept")]

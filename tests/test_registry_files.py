@@ -45,7 +45,7 @@ def test_duckdb_file_with_other_tables(tmp_path):
     con.execute("create table kernels (name varchar)")   # a name fact-db uses, but not fact-db's
     con.execute("insert into orders values (1, 9.5)")
     con.close()
-    msg = refused(str(p), p, "holds tables that fact-db did not create (kernels, orders)", "no factdb_meta table",
+    msg = refused(str(p), p, "holds objects that fact-db did not create (kernels, orders)", "no factdb_meta table",
                   "left untouched")
     assert msg.endswith("point --db/FACTDB_DB at a fact-db database or at a new file name")
 
@@ -65,7 +65,7 @@ def test_sqlite_url_to_other_files(tmp_path):
     con.execute("create table users (name text)")
     con.commit()
     con.close()
-    refused(f"sqlite:///{p}", p, "holds tables that fact-db did not create (users)")
+    refused(f"sqlite:///{p}", p, "holds objects that fact-db did not create (users)")
     q = tmp_path / "garbage.db"
     q.write_bytes(b"\x00\x01" * 3000)
     refused(f"sqlite:///{q}", q, "is not a SQLite database")
@@ -86,7 +86,7 @@ def test_newer_schema_version(tmp_path, backend):
         con.execute("update factdb_meta set value = '99' where key = 'schema_version'")
         con.commit()
         con.close()
-    msg = refused(url, p, "schema version 99, newer than this fact-db understands (1)", "upgrade fact-db")
+    msg = refused(url, p, f"schema version 99, newer than this fact-db understands ({__import__('fact_db.db').db.SCHEMA_VERSION})", "upgrade fact-db")
     assert msg.count(";") == 1
 
 
@@ -112,7 +112,7 @@ def test_empty_file(tmp_path):
     q = tmp_path / "empty.sqlite"   # SQLite treats an empty file as a new database
     q.write_bytes(b"")
     with Registry.open(f"sqlite:///{q}", seed=False) as reg:
-        assert reg.meta()["schema_version"] == "1"
+        assert reg.meta()["schema_version"] == str(__import__("fact_db.db").db.SCHEMA_VERSION)
 
 
 def test_index_only_database_is_initialised(tmp_path):

@@ -143,7 +143,8 @@ def _nvcc_skip_reason() -> str | None:
 def nvcc_command(name: str, cu: Path, so: Path) -> list[str]:
     """The project's build flags, plus the include roots examples.yaml names."""
     cutlass = _cutlass_source()
-    roots = {"cutlass_examples": cutlass / "examples", "kernels_cpp_include": KERNELS / "include"}
+    roots = {"cutlass_examples": cutlass / "examples", "kernels_cpp_include": KERNELS / "include",
+             "cutlass_example_88": cutlass / "examples" / "88_hopper_fmha"}
     entry = EXAMPLES[name]
     cmd = ["nvcc", "-std=c++17", "-O3", "-DNDEBUG", "--expt-relaxed-constexpr",
            "-Xcompiler=-fPIC", "-shared"]

@@ -241,7 +241,24 @@ def test_compile_errors_become_trials_with_the_command(fake_build):
 
 def test_compile_only_needs_no_gpu(fake_build):
     r = tune(GemmWorkload(1024, 1024, 1024, policy="bf16"), compile_only=True, progress=False, max_candidates=5)
-    assert r.winner is None and {t.status for t in r.trials} <= {"skipped", "compile_error"}
+    assert r.winner is None and {t.status for t in r.trials} <= {"skipped", "built", "cached", "compile_error"}
+
+
+def test_compile_only_asks_the_registry_first_and_ends_with_a_build_summary(fake_build):
+    from fact_db.cli.tune import _print_result
+    w = GemmWorkload(1024, 1024, 1024, policy="bf16")
+    r = tune(w, compile_only=True, progress=False, max_candidates=5)
+    built = [t for t in r.trials if t.status in ("built", "cached")]
+    assert built and all(t.so for t in built)
+    lines = []
+    _print_result(r, out=lines.append)
+    summary = next(ln for ln in lines if ln.startswith("build summary:"))
+    n = sum(t.status == "built" for t in r.trials)
+    assert f"{n} built" in summary and all(any(t.so in ln for ln in lines) for t in built)
+    reg = Registry.open("memory")
+    tune(w, registry=reg, runner=fake_runner(lambda i: 0.6), max_candidates=5, progress=False, gpu="h100")
+    again = tune(w, registry=reg, compile_only=True, progress=False, max_candidates=5, gpu="h100")
+    assert again.winner is not None and any("nothing to build" in n for n in again.notes)
 
 
 # --------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ EXPECTED = {
     "bad-reference.yaml": (20, "references[0]", ["`examples/49_hopper_gemm_with_colective_builder` is not in the installed nvidia-cutlass package",
                                                   "did you mean `examples/49_hopper_gemm_with_collective_builder`?"]),
     "missing-fixture.yaml": (21, "fixture", ["missing-fixture.py` is missing", "# match: missing-fixture"]),
-    "unsafe-where.yaml": (13, "match.where", ["function `__import__('os').system` is not allowed"]),
+    "unsafe-where.yaml": (14, "match.where[0]", ["function `__import__('os').system` is not allowed"]),
     "unknown-node.yaml": (11, "match.nodes.act.inputs", ["input `gemm1` is not a node of this pattern", "`$gemm1`"]),
     "unknown-fragment.yaml": (11, "match.nodes.act.use", ["unknown fragment `rleu`", "did you mean `relu`?"]),
     "wrong-type.yaml": (6, "arch", ["expected array, got str 'sm90a'"]),

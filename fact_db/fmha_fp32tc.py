@@ -1,0 +1,70 @@
+"""fp32-accurate attention on TF32 tensor cores: the `fmha_fp32tc_sm90` family (FMHA_ABI).
+
+A flash-attention forward (kernels_cpp/fmha_fp32tc_sm90.cu.j2): both products on TF32
+tensor cores (warp-level mma.sync m16n8k8) with each operand split into a TF32 high and low
+part and three products (3xTF32), softmax in fp32 registers. As for `gemm_fp32tc_sm90`'s
+`split3`, the `fp32` policy adds the tensor cores' partial sums into fp32 registers every
+32 of k (`promote_k`), `tf32x3` every 64 (or never, promote_k=0, as the fastest variant).
+
+>>> w = AttentionWorkload(128, 8, 8, 512, 512, 96, 96, causal=True)
+>>> applies(w, "sm90a") is None
+True
+>>> label(configs(w, 4)[0])
+'fmha_fp32tc q64 k64 hd96 p32'
+"""
+from __future__ import annotations
+
+from . import template
+from .attention import AttentionWorkload
+from .build import Source
+
+TEMPLATE = "fmha_fp32tc_sm90"
+POLICIES = ("fp32", "tf32x3")
+HEAD_DIMS = (64, 96, 128)    # padded head dims the family builds; smaller d pads up inside the kernel
+MAX_HEAD_DIM = 128
+ARCHES = ("sm90a", "sm90", "sm80")
+# promotion every k per policy (README, gemm_fp32tc_sm90): fp32 32, tf32x3 64 or none
+PROMOTE = {"fp32": (32, 16), "tf32x3": (64, 0, 32)}
+BLOCK_N = (64, 32)
+
+
+def _padded(dim: int) -> int:
+    for hd in HEAD_DIMS:
+        if dim <= hd:
+            return hd
+    return -1
+
+
+def applies(w: AttentionWorkload, arch: str) -> str | None:
+    """None when this family can serve `w` on `arch`, else why not."""
+    if w.policy not in POLICIES:
+        return f"fmha_fp32tc serves the fp32 and tf32x3 policies, not {w.policy}"
+    if arch not in ARCHES:
+        return f"fmha_fp32tc needs TF32 mma.sync (sm80 or newer), not arch {arch}"
+    if w.d > MAX_HEAD_DIM or w.dv > MAX_HEAD_DIM:
+        return f"head dim {w.d}/{w.dv} above {MAX_HEAD_DIM}, the largest fmha_fp32tc builds"
+    if w.lq < 2 or w.lk < 2:
+        return "sequence length 1: the library serves it"
+    if w.batch * w.heads > 65535:
+        return f"batch*heads={w.batch * w.heads} above the grid limit 65535"
+    return None
+
+
+def configs(w: AttentionWorkload, max_n: int) -> list[dict]:
+    """Parameter sets, best guess first: block_n 64 before 32, the policy's promotion first."""
+    hd, hdv = _padded(w.d), _padded(w.dv)
+    out = []
+    for promote in PROMOTE.get(w.policy, ()):
+        for bn in BLOCK_N:
+            out.append({"head_dim": hd, "head_dim_v": hdv, "block_n": bn, "promote_k": promote})
+    return out[:max(0, max_n)]
+
+
+def label(config: dict) -> str:
+    hd = f"hd{config['head_dim']}" + (f"/{config['head_dim_v']}" if config["head_dim_v"] != config["head_dim"] else "")
+    return f"fmha_fp32tc q64 k{config['block_n']} {hd} p{config['promote_k']}"
+
+
+def source(w: AttentionWorkload, config: dict) -> Source:
+    arch = "sm90a"
+    return Source(TEMPLATE, template.render(TEMPLATE, config), arch=arch)

@@ -1,0 +1,128 @@
+"""Problem files run in a child process with a memory limit and a time limit.
+
+A problem file is Python that runs: building its model and tracing it executes whatever the
+file says. `factdb discover` therefore re-runs itself in a child process (this module) with
+`RLIMIT_DATA` set to the memory limit and a wall-clock limit, so a file that allocates
+gigabytes, loops forever or ends the process (`os._exit(0)`, `sys.exit(3)`) cannot take the
+CLI down or pass for success. The child marks its own end in a file the parent names
+(`FACTDB_SANDBOX_DONE`); a child that ends without that mark was ended by the problem file,
+and the parent says how: exit code, signal, limit hit.
+
+Limits: `--max-memory` MiB (default 8192, `FACTDB_PROBLEM_MAX_MEMORY`) and `--timeout`
+seconds (default 300, `FACTDB_PROBLEM_TIMEOUT`).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+
+from .errors import ProblemError
+
+ENV_CHILD = "FACTDB_SANDBOX_DONE"
+DEFAULT_MEMORY_MB = 8192
+DEFAULT_TIMEOUT_S = 300.0
+
+
+def in_child() -> bool:
+    return bool(os.environ.get(ENV_CHILD))
+
+
+def mark_done(status: str) -> None:
+    """Called by the child when the command itself finished (ok, or an error it reported)."""
+    path = os.environ.get(ENV_CHILD)
+    if path:
+        with open(path, "w") as f:
+            f.write(status)
+
+
+def limits(max_memory_mb: int | None, timeout_s: float | None) -> tuple[int, float]:
+    mem = max_memory_mb or int(os.environ.get("FACTDB_PROBLEM_MAX_MEMORY", DEFAULT_MEMORY_MB))
+    tmo = timeout_s or float(os.environ.get("FACTDB_PROBLEM_TIMEOUT", DEFAULT_TIMEOUT_S))
+    return mem, tmo
+
+
+MAX_OUTPUT = 4 * 1024 * 1024  # bytes of the child's stdout (and of its stderr) passed on; a file that prints more is cut
+
+
+class _Capped:
+    """Reads a pipe to its end in a thread, keeping at most MAX_OUTPUT bytes."""
+
+    def __init__(self, pipe):
+        import threading
+        self.pipe, self.kept, self.size, self.dropped = pipe, [], 0, 0
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self):
+        while True:
+            chunk = self.pipe.read1(65536) if hasattr(self.pipe, "read1") else self.pipe.read(65536)
+            if not chunk:
+                return
+            room = MAX_OUTPUT - self.size
+            if room > 0:
+                self.kept.append(chunk[:room])
+                self.size += min(room, len(chunk))
+            self.dropped += max(0, len(chunk) - max(room, 0))
+
+    def text(self) -> str:
+        self.thread.join(timeout=5)
+        out = b"".join(self.kept).decode("utf-8", "replace")
+        return out + (f"\n[{self.dropped} more bytes of output cut]\n" if self.dropped else "")
+
+
+def _relay(readers) -> None:
+    """The child's stdout and stderr, passed on through click (so CliRunner and pipes see them)."""
+    import click
+    out, err = readers[0].text(), readers[1].text()
+    if out:
+        click.echo(out, nl=False)
+    if err:
+        click.echo(err, nl=False, err=True)
+
+
+def run(args: list[str], problem: str, *, max_memory_mb: int, timeout_s: float) -> int:
+    """Run `python -m fact_db.cli ARGS` in a child under the limits, its output passed
+    through; returns its exit code, or raises ProblemError saying how the problem file ended it."""
+    import resource
+
+    def limit():  # in the child, before exec
+        os.setsid()
+        cap = max_memory_mb * 1024 * 1024
+        _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+        if hard != resource.RLIM_INFINITY:
+            cap = min(cap, hard)  # a caller's own limit stands
+        resource.setrlimit(resource.RLIMIT_DATA, (cap, cap))
+
+    fd, done = tempfile.mkstemp(prefix="factdb-sandbox-")
+    os.close(fd)
+    env = dict(os.environ, **{ENV_CHILD: done})
+    try:
+        child = subprocess.Popen([sys.executable, "-m", "fact_db.cli", *args], env=env, preexec_fn=limit,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        readers = [_Capped(child.stdout), _Capped(child.stderr)]
+        try:
+            rc = child.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+            _relay(readers)
+            raise ProblemError(f"{problem}: building and tracing did not finish within {timeout_s:g} s (a loop in "
+                               "the problem file?); it was stopped. Raise --timeout if it needs longer") from None
+        _relay(readers)
+        with open(done) as f:
+            status = f.read()
+    finally:
+        os.unlink(done)
+    if status:
+        return rc  # the command ran to its end and reported its own result
+    if rc < 0:
+        name = signal.Signals(-rc).name if -rc in signal.Signals._value2member_map_ else str(-rc)
+        raise ProblemError(f"{problem}: the process building the problem was killed by {name}"
+                           + (" (out of memory? the limit is --max-memory "
+                              f"{max_memory_mb} MiB)" if -rc == signal.SIGKILL else "")
+                           + "; nothing was discovered")
+    raise ProblemError(f"{problem}: the problem file ended the process with exit code {rc} before discovery "
+                       "finished (it calls sys.exit or os._exit?); nothing was discovered")

@@ -1,0 +1,1 @@
+create macro m(a) as a + 1;

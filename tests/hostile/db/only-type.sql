@@ -1,0 +1,1 @@
+create type mood as enum ('ok', 'sad');

@@ -1,0 +1,1 @@
+create schema s; create table s.t(x int);

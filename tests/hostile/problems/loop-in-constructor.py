@@ -1,0 +1,10 @@
+import torch
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        while True:
+            pass
+def get_inputs():
+    return [torch.rand(4, 4)]
+def get_init_inputs():
+    return []

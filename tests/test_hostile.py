@@ -1,0 +1,129 @@
+"""The hostile-input corpus (tests/hostile/, cases.json): rule files, `where` expressions,
+registry import lines, database files and problem files as a hostile contributor would
+write them. Each case runs the CLI in a subprocess under 1 GiB of data memory and a wall
+clock limit (10 s; 25 s for problem files, whose child imports torch afresh), and must end with the exit code and the one sentence its case names (naming
+the file), without a traceback and without writing where the write was refused.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CORPUS = ROOT / "tests" / "hostile"
+CASES = json.loads((CORPUS / "cases.json").read_text())
+MEMORY = 1024 * 1024 * 1024  # bytes of data memory for the CLI process (and its children)
+SECONDS = 10                 # each case, end to end
+SECONDS_PROBLEM = 25         # a problem file runs in a child that imports torch again (slow on a loaded CI host)
+
+
+def _limit():
+    resource.setrlimit(resource.RLIMIT_DATA, (MEMORY, MEMORY))
+
+
+def _generate(kind: str, path: Path) -> None:
+    if kind == "big-rule":  # a rule file of 300 KiB: refused before it is parsed
+        path.write_text("id: big\ndescription: >\n" + ("  " + "x" * 98 + "\n") * 3000)
+    elif kind == "long-line":  # one JSONL line of 2 MiB: refused without holding it whole
+        path.write_text('{"notes": "' + "n" * (2 * 1024 * 1024) + '"}\n')
+    else:
+        raise AssertionError(kind)
+
+
+def _sha(p: Path) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest() if p.exists() else ""
+
+
+def test_the_corpus_covers_every_class_with_forty_cases_or_more():
+    kinds = {c["file"].split("/")[0] for c in CASES}
+    assert kinds == {"rules", "jsonl", "db", "problems"} and len(CASES) >= 40
+    assert all((CORPUS / c["file"]).is_file() for c in CASES if "generate" not in c)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["file"] for c in CASES])
+def test_hostile_input_ends_bounded_with_one_sentence(case, tmp_path):
+    home = tmp_path / "home"
+    src = CORPUS / case["file"]
+    if "generate" in case:
+        src = tmp_path / Path(case["file"]).name
+        _generate(case["generate"], src)
+    db = tmp_path / "foreign.duckdb"
+    if case["file"].endswith(".sql"):
+        import duckdb
+        con = duckdb.connect(str(db))
+        con.execute(src.read_text())
+        con.close()
+    copy = tmp_path / src.name
+    if "{file_copy}" in case["run"]:
+        shutil.copy2(src, copy)
+    args = [a.format(file=src, db=db, file_copy=copy) for a in case["run"]]
+    watched = db if db.exists() else copy if copy.exists() else None
+    before = _sha(watched) if watched else ""
+    env = dict(os.environ, FACTDB_HOME=str(home), HF_HUB_OFFLINE="1")
+    limit = SECONDS_PROBLEM if case["file"].startswith("problems/") else SECONDS
+    p = subprocess.run([sys.executable, "-m", "fact_db.cli", *args], capture_output=True, text=True, env=env,
+                       timeout=limit, preexec_fn=_limit, cwd=tmp_path)
+    out = p.stdout + p.stderr
+    assert p.returncode == case["exit"], out[-2000:]
+    assert case["expect"] in out, out[-2000:]
+    assert "Traceback" not in out, out[-2000:]
+    if case["exit"]:
+        named = src.name if not case["file"].endswith((".sql", ".bin")) else (db if db.exists() else copy).name
+        assert any(named in ln for ln in out.splitlines()), out[-2000:]  # the error names the file
+    if case.get("unchanged") and watched is not None:
+        assert _sha(watched) == before  # a refused database is left as it was
+    if case["run"][:2] == ["registry", "import"]:
+        store = home / "fact.duckdb"
+        if store.exists():  # an import refused is all-or-nothing: no row went in
+            import duckdb
+            con = duckdb.connect(str(store), read_only=True)
+            try:
+                assert con.execute("select count(*) from kernels").fetchone()[0] == 0
+            finally:
+                con.close()
+
+
+def _cli(home, *args, env_extra=None, **kw):
+    env = dict(os.environ, FACTDB_HOME=str(home), HF_HUB_OFFLINE="1", **(env_extra or {}))
+    return subprocess.run([sys.executable, "-m", "fact_db.cli", *args], capture_output=True, text=True, env=env,
+                          timeout=60, preexec_fn=_limit, **kw)
+
+
+@pytest.mark.parametrize("args", [["query", "gemm with bias"], ["index", "build"], ["registry", "list"]])
+def test_an_unwritable_home_is_one_sentence_naming_it(tmp_path, args):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    home = blocker / "home"  # cannot be created: its parent is a file (root ignores permission bits)
+    p = _cli(home, *args)
+    out = p.stdout + p.stderr
+    assert p.returncode == 1 and "Traceback" not in out, out[-2000:]
+    assert str(home) in out and "FACTDB_HOME" in out and out.count("Error:") == 1, out[-2000:]
+
+
+def test_text_from_an_imported_row_is_shown_with_control_characters_escaped(tmp_path):
+    home = tmp_path / "home"
+    seed = {"FACTDB_SEED": str(ROOT / "index" / "kernels.jsonl")}
+    assert _cli(home, "registry", "list", env_extra=seed).returncode == 0  # a registry with the shipped seed rows
+    exp = _cli(home, "registry", "export", "-")
+    rows = exp.stdout.splitlines()
+    assert rows, exp.stderr
+    row = json.loads(rows[0])
+    row.pop("digest", None)
+    row["m"] += 64  # a new key, so the import inserts it
+    row["notes"] = "\x1b[2J\x1b[31mowned\x07"
+    f = tmp_path / "evil.jsonl"
+    f.write_text(json.dumps(row) + "\n")
+    imp = _cli(home, "registry", "import", str(f))
+    assert imp.returncode == 0, imp.stdout + imp.stderr
+    listed = _cli(home, "registry", "list", "--json").stdout
+    digest = next(r["digest"] for r in json.loads(listed) if r.get("notes", "").endswith("owned\x07"))
+    shown = _cli(home, "registry", "show", digest).stdout
+    assert "\\x1b[2J\\x1b[31mowned\\x07" in shown and "\x1b" not in shown and "\x07" not in shown

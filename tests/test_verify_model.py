@@ -1,0 +1,80 @@
+"""End-to-end verification of a whole model (verify.verify_model): KernelBench's allclose
+against eager, and when a failure of it is the half-precision output format's rounding."""
+from __future__ import annotations
+
+import torch
+
+from fact_db.verify import ulp, verify_model
+
+
+def _draw(t):
+    g = torch.Generator().manual_seed(t)
+    # magnitudes up to ~12: where an ulp of bf16 (0.03-0.06) exceeds 1e-2 + 1e-2 |x| in places
+    return (torch.rand(4096, generator=g) * 12 - 6,), ("randn" if t % 2 else "like")
+
+
+def _bf16(x):
+    return x.to(torch.bfloat16).to(torch.float32)
+
+
+def reference(x):
+    return x * 1.0
+
+
+def test_ulp_of_bf16_and_fp16():
+    x = torch.tensor([1.0, 1.5, 4.0, 5.0, 8.0, -6.0], dtype=torch.float64)
+    assert ulp(x, "bfloat16").tolist() == [2 ** -7, 2 ** -7, 2 ** -5, 2 ** -5, 2 ** -4, 2 ** -5]
+    assert ulp(x, "float16").tolist() == [2 ** -10, 2 ** -10, 2 ** -8, 2 ** -8, 2 ** -7, 2 ** -8]
+
+
+def _nudged(x, ulps: int, every: int = 2):
+    """bf16 values `ulps` units of bf16 away from the correctly rounded x, on every `every`th element."""
+    b = x.to(torch.bfloat16)
+    step = torch.ones_like(b)
+    for _ in range(ulps):
+        b = torch.where(torch.arange(b.numel()) % every == 0, torch.nextafter(b, b + step * 100), b)
+    return b.to(torch.float32)
+
+
+def test_a_bf16_model_two_ulps_from_eager_and_closer_to_float64_passes_as_rounding():
+    # eager is 2 ulps off on half the elements; the composed model rounds correctly.
+    v = verify_model(lambda x: _bf16(x), lambda x: _nudged(x, 2), reference, _draw, "bf16", out_dtype="bfloat16")
+    assert v.ok, v.reason
+    assert all(not t.allclose for t in v.trials)               # the check itself failed, and says so
+    assert all("ulp" in t.rounding and "rounding" in t.rounding for t in v.trials)
+
+
+def test_a_bf16_model_further_from_float64_than_eager_fails_kernelbench():
+    # the composed model is the one 2 ulps off (on few enough elements to stay within the policy's
+    # bound): the same kind of differences, but it is the less accurate one
+    v = verify_model(lambda x: _nudged(x, 2, every=8), lambda x: _bf16(x), reference, _draw, "bf16", out_dtype="bfloat16")
+    assert not v.ok and "KernelBench's allclose at 0.01" in v.reason
+
+
+def test_differences_beyond_two_ulps_are_not_rounding_but_may_be_eagers_error():
+    # eager 4 ulps off on half the elements, the composed model exact: not the format's
+    # rounding, but eager's own error (the composed output is the closer one everywhere)
+    v = verify_model(lambda x: _bf16(x), lambda x: _nudged(x, 4), reference, _draw, "bf16", out_dtype="bfloat16")
+    assert v.ok, v.reason
+    assert all("ulp" not in t.rounding and "eager's own error" in t.rounding for t in v.trials)
+
+
+def test_a_float32_model_more_accurate_than_eager_passes_where_eager_itself_is_off():
+    # eager carries an error of 3e-4 relative on some elements (a library's large-K sum); the
+    # composed model is exact: allclose(composed, eager) at 1e-4 fails, by eager's error
+    def eager(x):
+        y = x * 1.0
+        y[::7] *= 1 + 3e-4
+        return y
+    v = verify_model(lambda x: x * 1.0, eager, reference, _draw, "fp32", out_dtype="float32")
+    assert v.ok, v.reason
+    assert all(not t.allclose and "eager's own error" in t.rounding for t in v.trials)
+
+
+def test_a_float32_model_off_where_eager_is_right_still_fails():
+    def composed(x):
+        y = x * 1.0
+        y[::7] *= 1 + 3e-4
+        return y
+    v = verify_model(composed, lambda x: x * 1.0, reference, _draw, "fp32", out_dtype="float32")
+    assert not v.ok
