@@ -74,9 +74,11 @@ def _common(fn):
 @click.option("--out", type=click.Path(file_okay=False), default=None,
               help="Artifact directory (default: $FACTDB_HOME/artifacts/<problem>-<policy>-<time>).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--llm", "use_llm", is_flag=True, help="Ask the configured language model about regions no rule fuses (see README, The agent).")
+@click.option("--offline", is_flag=True, help="Never open a socket for the language model.")
 @handle_errors
 def optimize(problem, policy, max_candidates, budget, gpus, peers, no_bench, no_cuda_graph, force, db, no_registry,
-             out, as_json):
+             out, as_json, use_llm, offline):
     """Discover, realize and compose PROBLEM into a faster model; verify it end to end,
     time it against eager PyTorch and torch.compile, save it as an artifact and report.
 
@@ -94,6 +96,10 @@ def optimize(problem, policy, max_candidates, budget, gpus, peers, no_bench, no_
 
     from fact_db.optimize import optimize_problem, plan_problem
     from fact_db.report import markdown, report_dict
+    if use_llm:
+        from fact_db.agent import consult, summary_line
+        info = consult(problem, policy=policy, offline=offline)
+        click.echo(json.dumps({"llm": info}) if as_json else summary_line(info), err=True)
     reg = _open_registry(db, not no_registry)
     try:
         if not torch.cuda.is_available():

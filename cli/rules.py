@@ -134,3 +134,52 @@ def test_(paths, as_json, verbose):
                 click.echo(str(o))
         click.echo(f"{len(outcomes) - len(failed)} passed, {len(failed)} failed", err=True)
     raise SystemExit(1 if failed else 0)
+
+
+@rules.command()
+@click.argument("problem")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="Directory for accepted rules (written as rules/<family>/<id>.yaml and .py, ready for a pull request).")
+@click.option("--arch", default="sm90", show_default=True, help="Target architecture.")
+@click.option("--policy", default="fp32", show_default=True, help="Precision policy.")
+@click.option("--offline", is_flag=True, help="Never call the model (replies already cached are not used either).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@handle_errors
+def propose(problem, out_dir, arch, policy, offline, as_json):
+    """Ask the configured language model for rules covering what PROBLEM leaves to eager.
+
+    Only regions the shipped rules do not fuse are asked about; each proposal must validate,
+    pass its own fixture and match the region before it is written to --out. The model is
+    configured by FACTDB_LLM_BASE_URL/FACTDB_LLM_MODEL/FACTDB_LLM_API_KEY or
+    $FACTDB_HOME/llm.yaml; without either nothing is called.
+
+    \b
+    Example:
+      FACTDB_LLM_BASE_URL=http://127.0.0.1:8000/v1 FACTDB_LLM_MODEL=qwen \\
+        factdb rules propose benchmarks/problems/gemm_div_gelu.py --out proposed/
+    """
+    from fact_db.agent import Agent
+    from fact_db.discover import discover_problem
+    from fact_db.llm import LLM
+    from fact_db.rules import load_rules
+
+    llm = LLM.open(offline=offline)
+    if llm is None:
+        raise click.ClickException("no language model configured (set FACTDB_LLM_BASE_URL and FACTDB_LLM_MODEL, "
+                                   "or write $FACTDB_HOME/llm.yaml with base_url and model)" if not offline
+                                   else "--offline: nothing to propose without the model")
+    rs = load_rules()
+    report = discover_problem(problem, arch=arch, policy=policy, rules=rs)
+    agent = Agent(llm, out_dir=Path(out_dir))
+    props = agent.run(report, rs, problem)
+    if as_json:
+        click.echo(json.dumps({"proposals": [p.as_dict() for p in props], "llm": llm.usage.as_dict()}, indent=2))
+    else:
+        for p in props:
+            click.echo(f"{p.region:24} {p.kind:7} {p.outcome:18} {p.reason}")
+            for f in p.files:
+                click.echo(f"  wrote {f}")
+        click.echo(f"{len(props)} proposal(s), {sum(p.outcome == 'accepted' for p in props)} accepted; "
+                   f"{llm.usage.calls} call(s), {llm.usage.cached} from cache", err=True)
+    if not any(p.outcome == "accepted" for p in props) and props:
+        raise SystemExit(1)

@@ -193,9 +193,11 @@ def _tune_attention(shape, kv_heads, causal, scale, policy, dtype, arch, max_can
 @cli.command()
 @click.argument("problem")
 @click.option("--policy", type=click.Choice(POLICIES), default="fp32", show_default=True)
+@click.option("--llm", "use_llm", is_flag=True, help="Ask the configured language model about regions no rule fuses (see README, The agent).")
+@click.option("--offline", is_flag=True, help="Never open a socket for the language model.")
 @common
 @handle_errors
-def realize(problem, policy, max_candidates, gpus, compile_only, force, no_registry, db, jobs, as_json):
+def realize(problem, policy, max_candidates, gpus, compile_only, force, no_registry, db, jobs, as_json, use_llm, offline):
     """Discover PROBLEM's regions and tune every GEMM-family one (stages 1 and 2).
 
     PROBLEM is a KernelBench-format file or module, as for `factdb discover`. Regions of
@@ -207,6 +209,11 @@ def realize(problem, policy, max_candidates, gpus, compile_only, force, no_regis
       factdb realize benchmarks/problems/square_gemm_fp32.py --policy tf32x3 --compile-only
     """
     from fact_db.realize import realize_problem
+
+    if use_llm:
+        from fact_db.agent import consult, summary_line
+        info = consult(problem, policy=policy, offline=offline)
+        click.echo(json.dumps({"llm": info}) if as_json else summary_line(info), err=True)
 
     def show(p, r):  # each region as soon as it is done: a model's regions take minutes each
         click.echo(f"== {p.region.rule} {p.region.shape}")
