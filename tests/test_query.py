@@ -13,6 +13,7 @@ from fact_db.cli.main import cli
 
 from fact_db import index
 from fact_db.registry import KernelKey, KernelRecord, Registry
+from fact_db.rules import load_rules
 
 
 def kernel(m=4096, n=4096, k=4096, gpu="h100", arch="sm90a", policy="tf32", time_ms=1.0, template_hash=None,
@@ -52,7 +53,7 @@ def test_index_build_json_and_incremental(home):
     r = run(home, "index", "build", "--json")
     assert r.exit_code == 0, r.output
     rep = json.loads(r.stdout)
-    assert rep["docs"] == {"example": len(index.example_dirs()), "kernel": 4, "rule": 16}
+    assert rep["docs"] == {"example": len(index.example_dirs()), "kernel": 4, "rule": len(load_rules())}
     assert rep["embedded"] == 0 and rep["unchanged"] == sum(rep["docs"].values())
     assert rep["model"] == "test/hash-bag-of-words"
     t = run(home, "index", "build")
