@@ -100,7 +100,7 @@ def save(directory: Path, fast, discovery, report, *, module=None, example_input
         for z in report.regions:
             entry = _region_entry(z)
             impl = entry["impl"]
-            if impl["kind"] in ("gemm", "attention") and impl.get("so"):  # a kernel: its library and source
+            if impl["kind"] in KERNEL_KINDS and impl.get("so"):  # a kernel: its library and source
                 so = Path(impl["so"])
                 key = impl["build_key"]
                 kdir = tmp / "kernels" / key
@@ -169,9 +169,14 @@ def _checked(directory: Path, entry: dict, what: str) -> Path:
 
 
 def _kernel_impl(directory: Path, entry: dict, gpu_now, cap_now, tc_now, made_on: dict, made_with: dict):
-    """(Impl, what happened) for a GEMM region of the artifact."""
+    """(Impl, what happened) for a region of the artifact served by a kernel (GEMM, attention
+    or norm): its saved library where it was built on this GPU with this toolchain and its
+    hash matches; else rebuilt from its saved source (or its library kept) and verified again
+    against float64 here; else eager."""
     from .compose import Impl
     impl = entry["impl"]
+    kind = impl["kind"]
+    make, reverify = KERNEL_KINDS[kind]
     label = impl.get("label", "")
     if cap_now != "9.0":
         return Impl.eager(f"no sm90 GPU here ({gpu_now or 'none'})"), f"eager: no sm90 GPU here ({gpu_now or 'none'})"
@@ -181,7 +186,7 @@ def _kernel_impl(directory: Path, entry: dict, gpu_now, cap_now, tc_now, made_on
     src_ok = src is not None and src.is_file() and _sha(src) == impl.get("source_sha256")
     same = gpu_now == made_on.get("gpu") and all(tc_now.get(k) == made_with.get(k) for k in ("cutlass", "nvcc"))
     if so_ok and same:
-        return _gemm(so, impl), "loaded"
+        return make(so, impl), "loaded"
     why = ("built on " + str(made_on.get("gpu")) + " with nvcc " + str(made_with.get("nvcc"))) if not same else \
         "its library is missing or was changed"
     path = None
@@ -199,39 +204,18 @@ def _kernel_impl(directory: Path, entry: dict, gpu_now, cap_now, tc_now, made_on
         path, how = so, "kept its library"
     if path is None:
         return Impl.eager(f"{why}; {how}"), f"eager: {why}; {how}"
-    k_impl = _gemm(path, impl)
-    ok, err = _reverify(k_impl, impl)
+    k_impl = make(path, impl)
+    try:
+        ok, err = reverify(path, k_impl, impl)
+    except (KeyError, TypeError) as e:  # a manifest without what re-verification needs (an older format)
+        ok, err = False, f"the manifest lacks the workload to verify it with ({e})"
     if not ok:
         return Impl.eager(f"{why}; {how}; re-verification failed: {err}"), f"eager: {why}; {how}; re-verification failed: {err}"
     return k_impl, f"{how} and re-verified ({why}){'; ' + label if label else ''}"
 
 
-def _attention_kernel_impl(directory: Path, impl: dict, cap_now):
-    """(Impl, what happened) for an attention region served by a kernel (fact_db/attention_kernel.py):
-    its saved library when its hash matches, else rebuilt from its saved source, else eager."""
-    from .attention_kernel import AttentionKernel
-    from .compose import Impl
-    if cap_now != "9.0":
-        return Impl.eager(f"no sm90 GPU here for attention kernel {impl.get('label', '')}"), "eager: no sm90 GPU here"
-    so = directory / impl.get("so", "")
-    src = directory / impl["source"] if impl.get("source") else None
-    path, how = None, "loaded"
-    if so.is_file() and _sha(so) == impl.get("so_sha256"):
-        path = so
-    elif src is not None and src.is_file() and _sha(src) == impl.get("source_sha256"):
-        from . import build as build_mod
-        try:
-            [b] = build_mod.build([build_mod.Source(impl["template"], src.read_text(), "sm90a")], progress=False)
-            path, how = (b.path, "rebuilt from source") if b.ok else (None, f"rebuilding failed ({b.error})")
-        except build_mod.BuildError as e:
-            how = f"cannot rebuild ({e})"
-    else:
-        how = "its library and source are missing or were changed"
-    if path is None:
-        return Impl.eager(f"attention kernel: {how}"), f"eager: {how}"
-    k = AttentionKernel(path, impl["template"], build_key=impl["build_key"])
-    return Impl("attention", impl.get("label", ""), k.as_op(),
-                {x: impl[x] for x in impl if x not in ("kind", "label", "note")}), how
+def _record(impl: dict) -> dict:
+    return {x: impl[x] for x in impl if x not in ("kind", "label", "note")}
 
 
 def _gemm(path: Path, impl: dict):
@@ -239,10 +223,10 @@ def _gemm(path: Path, impl: dict):
     from .kernel import GemmKernel, GemmSpec
     k = GemmKernel(path, impl["template"], GemmSpec(**impl["spec"]), tuple(impl.get("options") or ()) or None,
                    build_key=impl["build_key"])
-    return Impl("gemm", impl.get("label", ""), k.as_op(), {x: impl[x] for x in impl if x not in ("kind", "label", "note")})
+    return Impl("gemm", impl.get("label", ""), k.as_op(), _record(impl))
 
 
-def _reverify(k_impl, impl: dict) -> tuple[bool, str]:
+def _reverify_gemm(path: Path, k_impl, impl: dict) -> tuple[bool, str]:
     from .verify import verify
     from .workload import GemmWorkload
     key = impl.get("registry_key") or {}
@@ -254,6 +238,42 @@ def _reverify(k_impl, impl: dict) -> tuple[bool, str]:
         out.copy_(op(inputs["a"], inputs["b"], inputs.get("bias"), inputs.get("c"), 1.0, 1.0 if "c" in inputs else 0.0))
     v = verify(run, w)
     return v.ok, v.reason
+
+
+def _attention(path: Path, impl: dict):
+    from .attention_kernel import AttentionKernel
+    from .compose import Impl
+    k = AttentionKernel(path, impl["template"], build_key=impl["build_key"])
+    return Impl("attention", impl.get("label", ""), k.as_op(), _record(impl))
+
+
+def _reverify_attention(path: Path, k_impl, impl: dict) -> tuple[bool, str]:
+    """The attention tuner's own check (float64 reference, causal mask included), in this process."""
+    from .attention import AttentionWorkload
+    from .attention_tune import AttnCandidate, job_for, run_job
+    c = AttnCandidate(impl.get("label", ""), "kernel", template=impl["template"], so=str(path),
+                      build_key=impl["build_key"])
+    res = run_job(job_for(c, AttentionWorkload(**impl["workload"]), reps=1), {})
+    return res.get("status") == "ok", res.get("error", "")
+
+
+def _norm(path: Path, impl: dict):
+    from .compose import Impl
+    from .norm import NormKernel, NormWorkload
+    k = NormKernel(path, NormWorkload(**impl["workload"]), build_key=impl["build_key"])
+    return Impl("norm", impl.get("label", ""), k.as_op(), _record(impl))
+
+
+def _reverify_norm(path: Path, k_impl, impl: dict) -> tuple[bool, str]:
+    """fact_db.norm's check (float64 reference, y and the sum), in this process."""
+    from .norm import NormWorkload, evaluate_one
+    res = evaluate_one(NormWorkload(**impl["workload"]), str(path), reps=1)
+    return res.get("status") == "ok", res.get("error", "")
+
+
+# kind -> (load the library at a path as an Impl, verify that Impl again on this GPU)
+KERNEL_KINDS = {"gemm": (_gemm, _reverify_gemm), "attention": (_attention, _reverify_attention),
+                "norm": (_norm, _reverify_norm)}
 
 
 def load(directory, *, loader=None):
@@ -297,9 +317,7 @@ def load(directory, *, loader=None):
             elif kind == "attention" and str(rec.get("library", "")).startswith("sdpa-"):
                 from .attention import library_op
                 impl = Impl("attention", rec.get("label", ""), library_op(rec["library"].split("-", 1)[1]), rec)
-            elif kind == "attention" and rec.get("template"):
-                impl, what = _attention_kernel_impl(directory, rec, dev.get("capability"))
-            elif kind == "gemm":
+            elif kind in KERNEL_KINDS and rec.get("template"):
                 impl, what = _kernel_impl(directory, entry, dev.get("gpu"), dev.get("capability"), tc,
                                           manifest.get("device") or {}, manifest.get("toolchain") or {})
             else:

@@ -193,18 +193,23 @@ def evaluate(w: AttentionWorkload, cands: list[AttnCandidate], *, pool=None, gpu
     return out
 
 
-def tune(w: AttentionWorkload, *, arch: str = "sm90a", max_candidates: int = 8, jobs: int | None = None,
-         pool=None, gpus=None, registry=None, force: bool = False, fams: list | None = None,
+def tune(w: AttentionWorkload, *, arch: str = "sm90a", gpu: str | None = None, max_candidates: int = 8,
+         jobs: int | None = None, pool=None, gpus=None, registry=None, force: bool = False, fams: list | None = None,
          progress: bool = False) -> AttnResult:
     """Registry first (unless `force`), else build, verify and time every candidate; the
-    winner is written to `registry` when one is given."""
+    winner is written to `registry` when one is given. Rows are keyed by `gpu` (the current
+    device's short name when None), so a winner timed on one GPU never serves another."""
+    device_name = ""
+    if registry is not None and gpu is None:
+        from .tune import current_gpu
+        gpu, device_name = current_gpu()
     if registry is not None and not force:
-        hit = registry.attention_get(w, arch)
+        hit = registry.attention_get(w, arch, gpu or "")
         if hit is not None:
             return AttnResult(w, [hit], ["registry hit"])
     cands, notes = candidates(w, arch, max_candidates, fams)
     failed = build_all(cands, jobs=jobs, progress=progress)
     res = AttnResult(w, failed + evaluate(w, cands, pool=pool, gpus=gpus), notes)
     if registry is not None and res.best is not None:
-        registry.attention_put(w, arch, res.best, res.trials)
+        registry.attention_put(w, arch, res.best, res.trials, gpu=gpu or "", device_name=device_name)
     return res

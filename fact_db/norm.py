@@ -68,6 +68,9 @@ class NormWorkload:
         d["has_bias"] = self.has_bias and self.kind == "layernorm"
         return d
 
+    def as_dict(self) -> dict:
+        return asdict(self)
+
     def key_string(self) -> str:
         k = self.key()
         return (f"{k['kind']}:{k['rows']}x{k['width']}:res={int(k['residual'])}:sum={int(k['write_sum'])}"
@@ -384,7 +387,8 @@ def record(w: NormWorkload, trials: list[NormTrial], registry, arch: str = "sm90
 
 def tune_norm(w: NormWorkload, cands: list[NormCandidate] | None = None, *, arch: str = "sm90a",
               jobs: int | None = None, built: dict | None = None, in_process: bool = False,
-              progress: bool = True, registry=None, gpu: str = "", device_name: str = "") -> list[NormTrial]:
+              progress: bool = True, registry=None, gpu: str = "", device_name: str = "",
+              gpus: list[int] | None = None) -> list[NormTrial]:
     """Build, verify and time every candidate and eager; trials best first (ok ones by time).
 
     Candidates run in the worker subprocess (fact_db.worker: a faulting kernel takes down only
@@ -403,7 +407,7 @@ def tune_norm(w: NormWorkload, cands: list[NormCandidate] | None = None, *, arch
         results = [evaluate_one(w, str(b.path) if b else None) for _, _, b in jobs_list]
     else:
         from .worker import shared_pool
-        pool = shared_pool(None)
+        pool = shared_pool(gpus)
         payload = [{"id": i, "kind": "norm", "so": str(b.path) if b else "", "workload": asdict(w)}
                    for i, (_, _, b) in enumerate(jobs_list)]
         results = pool.run(payload)
@@ -413,5 +417,6 @@ def tune_norm(w: NormWorkload, cands: list[NormCandidate] | None = None, *, arch
     ok = sorted((t for t in trials if t.status == "ok"), key=lambda t: t.time_ms)
     trials = ok + [t for t in trials if t.status != "ok"]
     if registry is not None:
+        device_name = device_name or next((r.get("device", "") for r in results if r.get("device")), "")
         record(w, trials, registry, arch, gpu, device_name)
     return trials

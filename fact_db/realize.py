@@ -3,13 +3,16 @@ into a workload, and tune it (registry first).
 
 >>> results = realize_problem("benchmarks/problems/square_gemm_fp32.py", policy="tf32", registry=reg)
 
-Regions whose template is not in the GEMM family (attention, norms, dual GEMM, GEMM +
-softmax) are listed with a note: stage 2 realizes the GEMM family today.
+`plan` maps GEMM-family regions to workloads; `realize_regions` (what `optimize` runs)
+also realizes attention regions (fact_db/attention_tune.py) and LayerNorm / RMSNorm
+regions, with the residual add before them where the graph has one (fact_db/norm.py).
+Other templates (GEMM + softmax, the sm80 fused kernels) stay eager, with a note.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .norm import NormWorkload
 from .workload import GemmWorkload
 
 GEMM_TEMPLATES = {"gemm_sm90"}
@@ -141,6 +144,49 @@ def attention_workload(region, graph, policy: str):
     return w, ""
 
 
+NORM_TEMPLATES = {"add_norm", "layernorm", "rmsnorm"}
+
+
+def norm_workload(region, graph, policy: str):
+    """The NormWorkload of a LayerNorm / RMSNorm region, with or without the residual add
+    before it (None, note when the region has none: an eps that is not a constant, a weight
+    that is not one value per channel, a dtype the template does not take)."""
+    from math import prod
+
+    from .compose import HALF_POLICIES
+    from .norm import ELEMENT, NormError, NormWorkload
+    ops, attrs = region.operands, region.attrs
+    if "x" not in ops or "weight" not in ops:
+        return None, "norm operands unknown (no input or no weight: a weightless norm stays eager)"
+    eps = attrs.get("eps")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        return None, "the norm's eps is not a constant"
+    try:
+        x, wt = graph[ops["x"]], graph[ops["weight"]]
+    except (KeyError, TypeError):
+        return None, "norm operand shapes unknown"
+    if not x.shape or wt.shape != (x.shape[-1],):
+        return None, f"norm over {x.shape} with a weight of shape {wt.shape}: one weight per channel needed"
+    # bf16/fp16 policies run the whole model in that dtype (compose.run_at_policy), whatever it was traced in.
+    dtype = HALF_POLICIES.get(policy, x.dtype)
+    if dtype not in ELEMENT:
+        return None, f"norm on {dtype}: the add_norm template takes {', '.join(ELEMENT)}"
+    if "res" in ops:
+        try:
+            if graph[ops["res"]].shape != x.shape:
+                return None, "the residual's shape differs from the input's"
+        except (KeyError, TypeError):
+            return None, "the residual's shape is unknown"
+    kind = attrs.get("kind") or ("rmsnorm" if region.template == "rmsnorm" else "layernorm")
+    try:
+        w = NormWorkload(kind, rows=prod(x.shape[:-1]), width=x.shape[-1], residual="res" in ops,
+                         write_sum="res" in ops and bool(attrs.get("sum")), eps=float(eps), dtype=dtype,
+                         policy=policy, has_bias="bias" in ops)
+    except NormError as e:
+        return None, str(e)
+    return w, ""
+
+
 def _registry_state(registry, key) -> str:
     if registry is None or key is None:
         return "miss"
@@ -150,6 +196,20 @@ def _registry_state(registry, key) -> str:
     if hit.stale:
         return "stale"
     return "hit" if hit.exact else f"near ({hit.distance:.2f})"
+
+
+def _other_registry_state(registry, w, arch: str, gpu: str) -> str:
+    """The registry's answer for an attention or norm workload: hit, stale (a norm kernel
+    whose template changed since it was tuned) or miss. These tables are keyed exactly."""
+    from .attention import AttentionWorkload
+    if isinstance(w, NormWorkload):
+        from .norm import from_registry
+        if registry.norm_get(w, arch, gpu) is None:
+            return "miss"
+        return "hit" if from_registry(w, registry, arch, gpu) is not None else "stale"
+    if isinstance(w, AttentionWorkload):
+        return "hit" if registry.attention_get(w, arch, gpu) is not None else "miss"
+    return "miss"
 
 
 def gemm_impl(result, w: GemmWorkload):
@@ -224,14 +284,14 @@ def choose_attention(w, *, trials: int = 4, reps: int = 20, device="cuda", timer
     return rows, (min(ok, key=lambda r: r["ms"]) if ok else None)
 
 
-def tune_attention(w, *, arch: str = "sm90a", registry=None, max_candidates: int = 8, gpus=None,
-                   force: bool = False, progress: bool = False):
+def tune_attention(w, *, arch: str = "sm90a", gpu: str | None = None, registry=None, max_candidates: int = 8,
+                   gpus=None, force: bool = False, progress: bool = False):
     """The attention tuner (fact_db/attention_tune.py: SDPA backends and family kernels, run in
     the worker subprocess, registry first) with its result in choose_attention's (rows, best)
     form; a kernel winner carries its built library (a registry hit is rebuilt from its config,
     from the build cache when it is there)."""
     from . import attention_tune
-    res = attention_tune.tune(w, arch=arch, registry=registry, max_candidates=max_candidates, gpus=gpus,
+    res = attention_tune.tune(w, arch=arch, gpu=gpu, registry=registry, max_candidates=max_candidates, gpus=gpus,
                               force=force, progress=progress)
     kinds = {"eager": "eager", "library": "attention", "kernel": "kernel"}
     rows = []
@@ -258,7 +318,7 @@ def tune_attention(w, *, arch: str = "sm90a", registry=None, max_candidates: int
     return rows, best_row
 
 
-def _attention_impl(best):
+def _attention_impl(best, w=None):
     from .attention import library_op
     from .compose import Impl
     if best is not None and best["kind"] == "kernel":
@@ -266,7 +326,8 @@ def _attention_impl(best):
         k = AttentionKernel(best["so"], best["template"], build_key=best["build_key"])
         return Impl("attention", best["label"], k.as_op(), {
             "template": best["template"], "config": best["config"], "build_key": best["build_key"],
-            "so": str(best["so"]), "op": f"factdb::{k.op_name}"})
+            "so": str(best["so"]), "op": f"factdb::{k.op_name}",
+            "workload": w.as_dict() if w is not None else None})
     if best is None or best["kind"] == "eager":
         return Impl.eager("the explicit form is the fastest verified candidate" if best else "no candidate verified")
     if best["kind"] == "sdpa":
@@ -276,15 +337,68 @@ def _attention_impl(best):
                 {"library": best["label"], "op": f"factdb::sdpa_{backend}"})
 
 
+def tune_norm_region(w, *, arch: str = "sm90a", registry=None, gpu: str = "", gpus=None, force: bool = False,
+                     tune: bool = True, progress: bool = False):
+    """(trials, best, how) for norm workload `w`: the registry's winner first (a kernel's library
+    from the build cache, built again when it is not there), else fact_db.norm.tune_norm
+    (every candidate and eager verified against float64 and timed in the worker; the winner
+    written to `registry`). `best` is a NormTrial (candidate None: eager won) or None; `how`
+    is "registry", "tuned", or "skipped" where `tune` is off and the registry has nothing usable."""
+    from . import norm
+    if registry is not None and not force:
+        hit = norm.from_registry(w, registry, arch, gpu)
+        if hit is not None:
+            if hit.candidate is None:
+                return [hit], hit, "registry"
+            b = norm.build_candidates(w, [hit.candidate], arch=arch, progress=progress)[hit.candidate]
+            if b.ok:
+                hit.so, hit.build_key = str(b.path), b.key
+                return [hit], hit, "registry"
+    if not tune:
+        return [], None, "skipped"
+    trials = norm.tune_norm(w, arch=arch, registry=registry, gpu=gpu, gpus=gpus, progress=progress)
+    return trials, next((t for t in trials if t.status == "ok"), None), "tuned"
+
+
+def _prebuild_norms(workloads: list, arch: str, progress: bool) -> None:
+    """Every norm region's candidates compiled in one parallel batch (the tuner then finds
+    them in the build cache); a failed build is recorded by the tuner, not here."""
+    from . import build
+    from .norm import TEMPLATE, candidates, render
+    sources = [build.Source(TEMPLATE, render(w, c), arch) for w in dict.fromkeys(workloads) for c in candidates(w)]
+    if sources:
+        build.build(sources, progress=progress)
+
+
+def _norm_impl(w, best):
+    """The compose.Impl of a tuned norm region: its winner's kernel op, or eager."""
+    from dataclasses import asdict
+
+    from .compose import Impl
+    from .norm import TEMPLATE, NormKernel
+    if best is None:
+        return Impl.eager("no norm candidate verified")
+    if best.candidate is None:
+        return Impl.eager(f"eager is the fastest verified candidate ({best.time_ms:.3f} ms)" if best.time_ms else
+                          "eager is the fastest verified candidate")
+    k = NormKernel(best.so, w, build_key=best.build_key)
+    return Impl("norm", f"{TEMPLATE} {best.label}", k.as_op(), {
+        "template": TEMPLATE, "config": asdict(best.candidate), "workload": asdict(w), "build_key": best.build_key,
+        "so": str(best.so), "registry_key": w.key(), "op": f"factdb::{k.op_name}"})
+
+
 def realize_regions(report, policy: str, *, registry=None, arch: str = "sm90a", gpu: str | None = None,
                     max_candidates: int = 24, budget_s: float | None = None, gpus: list[int] | None = None,
                     runner=None, plan_only: bool = False, force: bool = False, progress: bool = True,
-                    on_result=None, attention_chooser=None) -> list[Realized]:
-    """Decide how every region of `report` runs: registry first, then tuning (GEMM family)
-    or timing the library candidates (attention), within `budget_s` seconds; everything else
-    stays eager, with the reason. Regions are tuned in order of estimated gain; a workload
-    repeated across regions is tuned once. `plan_only` looks things up and tunes nothing
-    (what `factdb optimize` shows without a GPU).
+                    on_result=None, attention_chooser=None, norm_chooser=None, norm_impl=None) -> list[Realized]:
+    """Decide how every region of `report` runs: registry first, then tuning (GEMM family,
+    attention, LayerNorm / RMSNorm with or without the residual add), within `budget_s`
+    seconds; everything else stays eager, with the reason. Regions are tuned in order of
+    estimated gain; a workload repeated across regions is tuned once. `plan_only` looks
+    things up and tunes nothing (what `factdb optimize` shows without a GPU).
+
+    `attention_chooser(w) -> (rows, best)` and `norm_chooser(w) -> (trials, best, how)` replace
+    the tuners, `norm_impl(w, best) -> Impl` the kernel loader (tests on the CPU).
     """
     import time
 
@@ -301,10 +415,16 @@ def realize_regions(report, policy: str, *, registry=None, arch: str = "sm90a", 
             w, note = attention_workload(r, report.graph, policy)
             rz.workload = w
             rz.notes = [note] if note else []
+        elif p.workload is None and r.template in NORM_TEMPLATES:
+            w, note = norm_workload(r, report.graph, policy)
+            rz.workload = w
+            rz.notes = [note] if note else []
         if r.composable:
             rz.notes.append(f"not composable: {r.composable}")
         elif isinstance(rz.workload, GemmWorkload) and registry is not None:
             rz.registry = _registry_state(registry, rz.workload.key(arch, gpu_name))
+        elif rz.workload is not None and registry is not None:
+            rz.registry = _other_registry_state(registry, rz.workload, arch, gpu_name)
         out.append(rz)
     order = sorted(out, key=lambda z: -z.region.estimate.gain_s)
     if not plan_only and runner is None and budget_s is None:
@@ -314,6 +434,9 @@ def realize_regions(report, policy: str, *, registry=None, arch: str = "sm90a", 
                                    and not z.region.composable))
         prebuild(gemms, arch=arch, gpu=gpu_name, registry=registry, max_candidates=max_candidates, force=force,
                  progress=progress)
+        if norm_chooser is None:
+            _prebuild_norms([z.workload for z in order if isinstance(z.workload, NormWorkload)
+                             and not z.region.composable], arch, progress)
     done: dict = {}
     for rz in order:
         w = rz.workload
@@ -347,16 +470,37 @@ def realize_regions(report, policy: str, *, registry=None, arch: str = "sm90a", 
                 if res.winner:
                     rz.ms, rz.err = res.winner.time_ms, res.winner.err
             done[w] = rz
+        elif isinstance(w, NormWorkload):
+            over = budget_s is not None and time.perf_counter() - t0 > budget_s
+            if over:  # what the registry has, nothing tuned
+                trials, best, rz.how = tune_norm_region(w, arch=arch, registry=registry, gpu=gpu_name,
+                                                        tune=False, progress=progress)
+            else:
+                chooser = norm_chooser or (lambda w: tune_norm_region(
+                    w, arch=arch, registry=registry, gpu=gpu_name, gpus=gpus, force=force, progress=progress))
+                trials, best, rz.how = chooser(w)
+            if rz.how == "skipped":
+                rz.notes.append("skipped: the tuning budget was spent; eager serves it")
+            else:
+                rz.impl = (norm_impl or _norm_impl)(w, best)
+                eager = next((t for t in trials if t.label == "eager" and t.status == "ok"), None)
+                if eager is not None:
+                    rz.eager_ms, rz.eager_err = eager.time_ms, eager.err
+                if best is not None:
+                    rz.ms, rz.err = best.time_ms, best.err
+                rz.notes += [f"{t.label}: {'%.3f ms' % t.time_ms if t.time_ms else t.error or t.status}"
+                             for t in trials]
+            done[w] = rz
         elif budget_s is not None and time.perf_counter() - t0 > budget_s:
             rz.how = "skipped"
             rz.notes.append("skipped: the tuning budget was spent; the model's own attention serves it")
         else:  # attention: the library candidates, timed here
             chooser = attention_chooser or (lambda w: tune_attention(
-                w, arch=arch, registry=registry, max_candidates=min(max_candidates, 8), gpus=gpus, force=force,
+                w, arch=arch, gpu=gpu_name, registry=registry, max_candidates=min(max_candidates, 8), gpus=gpus, force=force,
                 progress=progress))
             rows, best = chooser(w)
             explicit = next((x for x in rows if x["label"] == "explicit"), None)
-            rz.impl = _attention_impl(best)
+            rz.impl = _attention_impl(best, w)
             rz.how = "tuned"
             rz.eager_ms = explicit["ms"] if explicit else None
             rz.eager_err = explicit["err"] if explicit else None

@@ -1,9 +1,11 @@
 """Stand-ins for compiled kernels, for tests that compose on the CPU.
 
-A stand-in op has the exact signature and semantics of a GEMM-family kernel op
+A stand-in op has the exact signature and semantics of a kernel op -- GEMM family
 (`(a, b, bias, c, alpha, beta) -> epilogue(alpha * a @ b + beta * c + bias)`, see
-fact_db/kernel.py) and counts its calls, so a test can check both that the composed
-module computes the model's function and that the kernel op really ran.
+fact_db/kernel.py), attention (`(q, k, v, scale, causal) -> o`) or residual add + norm
+(`(x, r, weight, bias) -> (y, s)`, see fact_db/norm.py) -- and counts its calls, so a
+test can check both that the composed module computes the model's function and that the
+kernel op really ran.
 """
 from __future__ import annotations
 
@@ -60,3 +62,28 @@ def attention_op():
         return q.new_empty((*q.shape[:-1], v.shape[-1]))
     _OPS["attention"] = torch.ops.factdb_test.attention
     return _OPS["attention"]
+
+
+def norm_op(kind: str = "layernorm", eps: float = 1e-5):
+    """torch.ops.factdb_test.norm_<kind>_<eps>(x, r, weight, bias) -> (y, s): a stand-in for an
+    add_norm kernel op (fact_db/norm.py), y = norm(x + r), s = x + r (empty without r), counted."""
+    name = f"norm_{kind}_{format(eps, 'g').replace('.', 'p').replace('-', 'm')}"
+    if name in _OPS:
+        return _OPS[name]
+
+    @torch.library.custom_op(f"factdb_test::{name}", mutates_args=(),
+                             schema="(Tensor x, Tensor? r, Tensor weight, Tensor? bias) -> (Tensor, Tensor)")
+    def op(x, r, weight, bias):
+        CALLS[name] += 1
+        s = x + r if r is not None else x
+        if kind == "layernorm":
+            y = F.layer_norm(s, (x.shape[-1],), weight, bias, eps)
+        else:
+            y = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + eps) * weight
+        return y, (s.clone() if r is not None else x.new_empty(0))
+
+    @op.register_fake
+    def _(x, r, weight, bias):
+        return torch.empty_like(x), (torch.empty_like(x) if r is not None else x.new_empty(0))
+    _OPS[name] = getattr(torch.ops.factdb_test, name)
+    return _OPS[name]

@@ -125,14 +125,22 @@ def test_tune_picks_fastest_verified_and_writes_the_registry(monkeypatch):
         return []
     monkeypatch.setattr(at, "build_all", fake_build)
     reg = Registry.memory(seed=False)
-    res = at.tune(w, pool=Pool(), registry=reg, fams=[fmha_sm90])
+    res = at.tune(w, gpu="h100", pool=Pool(), registry=reg, fams=[fmha_sm90])
     assert res.best.label == "fmha q128 k64 hd64 coop"  # pingpong was faster but failed verification
-    hit = reg.attention_get(w, "sm90a")
+    hit = reg.attention_get(w, "sm90a", "h100")
     assert hit.label == res.best.label and hit.config["tile_kv"] == 64 and hit.time_ms == 1.0
-    assert reg.attention_get(w.with_(causal=False), "sm90a") is None
-    assert reg.attention_get(w.with_(scale=0.5), "sm90a") is None  # the scale is part of the key
-    again = at.tune(w, pool=None, registry=reg, fams=[fmha_sm90])
+    assert reg.attention_get(w, "sm90a", "h200") is None  # a winner timed on one GPU never serves another
+    assert reg.attention_get(w.with_(causal=False), "sm90a", "h100") is None
+    assert reg.attention_get(w.with_(scale=0.5), "sm90a", "h100") is None  # the scale is part of the key
+    again = at.tune(w, gpu="h100", pool=None, registry=reg, fams=[fmha_sm90])
     assert again.notes == ["registry hit"] and again.best.label == res.best.label
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message where no GPU is present")
+def test_tune_with_a_registry_needs_the_gpu_it_keys_rows_by():
+    from fact_db.tune import TuneError
+    with pytest.raises(TuneError, match="no CUDA GPU"):
+        at.tune(W(), registry=Registry.memory(seed=False), fams=[fmha_sm90])
 
 
 def test_cli_tune_attention_refuses_a_bad_shape_and_documents_itself():

@@ -298,6 +298,64 @@ def test_artifact_kernels_run_eager_without_an_sm90_gpu(tmp_path):
     assert torch.allclose(again(x), model(x), atol=1e-5)
 
 
+def _norm_realizer(kernel_files: Path | None = None):
+    """The stand-in realizer with the LayerNorm regions realized too, as realize does
+    (fact_db.realize.norm_workload); `kernel_files`: a directory whose kernel.so / kernel.cu
+    the norm regions claim as their built library, so the artifact saves them."""
+    from fact_db.realize import norm_workload
+
+    def realize(disc, policy):
+        out = standin_realizer()(disc, policy)
+        for z in out:
+            if z.region.rule != "layernorm":
+                continue
+            w, _ = norm_workload(z.region, disc.graph, policy)
+            rec = {"standin": f"norm:{w.kind}:{w.eps!r}", "workload": w.as_dict(), "template": "add_norm",
+                   "build_key": "b" * 24}
+            if kernel_files is not None:
+                rec["so"] = str(kernel_files / "kernel.so")
+            z.workload, z.how, z.eager_ms, z.ms = w, "tuned", 1.0, 0.5
+            z.impl = Impl("norm", "stand-in add_norm", standins.norm_op(w.kind, w.eps), rec)
+        return out
+    return realize
+
+
+def _norm_loader(rec):
+    if str(rec.get("standin", "")).startswith("norm:"):
+        _, kind, eps = rec["standin"].split(":")
+        return Impl("norm", rec.get("label", ""), standins.norm_op(kind, float(eps)), rec)
+    return standin_loader(rec)
+
+
+def test_norm_regions_compose_save_and_load(tmp_path):
+    from fact_db.artifact import load
+    files = tmp_path / "build"
+    files.mkdir()
+    (files / "kernel.so").write_bytes(b"not a real library")
+    (files / "kernel.cu").write_text("// add_norm source\n")
+    model, x, fast = _optimize(tmp_path, realizer=_norm_realizer(files))
+    assert fast.report.verification.ok
+    before = standins.CALLS.copy()
+    assert torch.allclose(fast(x), model(x), atol=1e-5)
+    assert sum((standins.CALLS - before).values()) == 7  # five GEMM/attention regions and both LayerNorms
+    art = Path(fast.artifact)
+    m = json.loads((art / "manifest.json").read_text())
+    norms = [r["impl"] for r in m["regions"] if r["impl"]["kind"] == "norm"]
+    assert len(norms) == 2 and all(n["so"] == f"kernels/{'b' * 24}/kernel.so" for n in norms)
+    assert (art / "kernels" / ("b" * 24) / "kernel.cu").read_text() == "// add_norm source\n"
+    assert norms[0]["workload"]["width"] == 64 and norms[0]["workload"]["rows"] == 32
+    again = load(art, loader=_norm_loader)
+    before = standins.CALLS.copy()
+    assert torch.allclose(again(x), model(x), atol=1e-5)
+    assert sum((standins.CALLS - before).values()) == 7
+    # Without the stand-in loader they are add_norm kernels built on another machine: no sm90 GPU here, eager.
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        eager_norms = load(art, loader=lambda rec: None if rec["kind"] == "norm" else _norm_loader(rec))
+    assert sum("layernorm: eager: no sm90 GPU here" in n for n in eager_norms.load_notes) == 2
+    assert torch.allclose(eager_norms(x), model(x), atol=1e-5)
+
+
 def test_artifact_refuses_edits_and_foreign_directories(tmp_path):
     from fact_db.artifact import ArtifactError, load
     _, _, fast = _optimize(tmp_path)
@@ -407,7 +465,10 @@ def test_factdb_optimize_prints_the_plan_without_a_gpu(tmp_path):
     d = json.loads(p.stdout, parse_constant=lambda c: pytest.fail(f"JSON has {c}"))
     assert d["plan_only"] and [r["rule"] for r in d["regions"]][:3] == ["layernorm", "gemm-bias", "attention-causal"]
     hows = {r["rule"]: r["how"] for r in d["regions"]}
-    assert hows["gemm-bias"] == "planned" and hows["layernorm"] == "eager"
+    assert hows["gemm-bias"] == "planned" and hows["layernorm"] == "planned"
+    ln = next(r for r in d["regions"] if r["rule"] == "layernorm")
+    assert ln["workload"] == {"kind": "layernorm", "rows": 128 * 512, "width": 768, "residual": False,
+                              "write_sum": False, "eps": 1e-5, "dtype": "bfloat16", "policy": "bf16", "has_bias": True}
     p = subprocess.run(cmd + ["optimize", str(ROOT / "benchmarks/problems/mingpt_block.py")], capture_output=True,
                        text=True, env=env, timeout=300)
     assert p.returncode == 0 and "no CUDA GPU here, so this is the plan" in p.stdout

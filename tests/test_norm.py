@@ -190,3 +190,118 @@ def test_compose_replaces_the_add_and_norm_and_serves_the_sum_from_the_op():
     _NORM_CALLS.clear()
     torch.testing.assert_close(gm(x, y), model(x, y))
     assert _NORM_CALLS == [1]
+
+
+# ---------------------------------------------------------------------------------------
+# Norm regions in realize_regions (stage 2 for a model) and in the composed module.
+
+class _Norms(torch.nn.Module):
+    """LayerNorm alone, residual add + LayerNorm whose sum is read again, hand-written RMSNorm."""
+
+    def __init__(self, width=64):
+        super().__init__()
+        self.ln1 = torch.nn.LayerNorm(width)
+        self.ln2 = torch.nn.LayerNorm(width, eps=1e-6)
+        self.w = torch.nn.Parameter(torch.rand(width) + 0.5)
+
+    def forward(self, x, y):
+        s = torch.tanh(self.ln1(x)) + y
+        r = s + torch.tanh(self.ln2(s))
+        return r * torch.rsqrt(r.pow(2).mean(-1, keepdim=True) + 1e-6) * self.w
+
+
+def _norm_trials(w):
+    c = NormCandidate(32, 4, 1)
+    kernel = norm.NormTrial("t32v4r1", "ok", 0.02, 1e-7, 1e-7, candidate=c, so="/x/kernel.so", build_key="bk")
+    return [kernel, norm.NormTrial("eager", "ok", 0.05, 1e-7, 1e-7)], kernel, "tuned"
+
+
+def _standin_norm_impl(w, best):
+    """realize's own Impl for an eager winner or none; a stand-in op for a kernel winner."""
+    import standins
+    from fact_db.compose import Impl
+    from fact_db.realize import _norm_impl
+    if best is None or best.candidate is None:
+        return _norm_impl(w, best)
+    return Impl("norm", f"stand-in {best.label}", standins.norm_op(w.kind, w.eps),
+                {"standin": f"norm:{w.kind}:{w.eps!r}", "workload": w.as_dict(), "template": "add_norm"})
+
+
+def test_norm_regions_get_workloads_from_what_discovery_kept():
+    from fact_db.realize import norm_workload
+    rep = _analyse(_Norms(), torch.randn(2, 8, 64), torch.randn(2, 8, 64))
+    by_rule = {r.rule: r for r in rep.regions}
+    assert set(by_rule) == {"layernorm", "add-layernorm", "rmsnorm"}
+    got = {rule: norm_workload(r, rep.graph, "fp32") for rule, r in by_rule.items()}
+    assert got["layernorm"] == (NormWorkload("layernorm", 16, 64, eps=1e-5), "")
+    assert got["add-layernorm"] == (NormWorkload("layernorm", 16, 64, residual=True, write_sum=True, eps=1e-6), "")
+    assert got["rmsnorm"] == (NormWorkload("rmsnorm", 16, 64, eps=1e-6, has_bias=False), "")
+    # a half policy runs the model in that dtype, so its norms are keyed in it
+    assert norm_workload(by_rule["layernorm"], rep.graph, "bf16")[0].dtype == "bfloat16"
+
+
+def test_a_norm_without_weight_or_constant_eps_stays_eager_with_the_reason():
+    from fact_db.realize import norm_workload
+
+    class NoAffine(torch.nn.Module):
+        def forward(self, x):
+            return torch.nn.functional.layer_norm(x, (x.shape[-1],))
+    rep = _analyse(NoAffine(), torch.randn(4, 32))
+    [r] = rep.regions
+    w, why = norm_workload(r, rep.graph, "fp32")
+    assert w is None and "weightless" in why
+    r.attrs["eps"] = "eps"
+    r.operands["weight"] = r.operands["x"]
+    assert norm_workload(r, rep.graph, "fp32") == (None, "the norm's eps is not a constant")
+
+
+def test_realize_regions_tunes_norm_regions_and_the_composed_model_computes_the_model():
+    import standins
+    from fact_db.compose import rewrite
+    from fact_db.realize import realize_regions
+    model = _Norms().eval()
+    x, y = torch.randn(2, 8, 64), torch.randn(2, 8, 64)
+    rep = _analyse(model, x, y)
+    seen = []
+    out = realize_regions(rep, "fp32", gpu="h100", progress=False, norm_impl=_standin_norm_impl,
+                          norm_chooser=lambda w: (seen.append(w), _norm_trials(w))[1])
+    assert len(seen) == 3 and {z.how for z in out} == {"tuned"}
+    assert all(z.impl.kind == "norm" and z.ms == 0.02 and z.eager_ms == 0.05 and z.speedup == 2.5 for z in out)
+    assert any("eager: 0.050 ms" in n for z in out for n in z.notes)
+    gm, notes = rewrite(rep.graph.program, rep.regions, {z.index: z.impl for z in out})
+    assert notes == []
+    targets = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+    assert not any(t.startswith(("aten.layer_norm", "aten.rsqrt", "aten.pow")) for t in targets), targets
+    before = standins.CALLS.copy()
+    torch.testing.assert_close(gm(x, y), model(x, y))
+    assert sum((standins.CALLS - before).values()) == 3
+
+
+def test_norm_regions_ask_the_registry_and_a_spent_budget_skips_what_it_has_not():
+    from fact_db.realize import norm_workload, realize_regions
+    from fact_db.registry import Registry
+    rep = _analyse(_Norms(), torch.randn(2, 8, 64), torch.randn(2, 8, 64))
+    r_ln = next(r for r in rep.regions if r.rule == "layernorm")
+    w_ln = norm_workload(r_ln, rep.graph, "fp32")[0]
+    with Registry.open("memory") as reg:
+        norm.record(w_ln, [norm.NormTrial("eager", "ok", 0.01, 1e-7)], reg, gpu="h100")
+        out = realize_regions(rep, "fp32", registry=reg, gpu="h100", plan_only=True, progress=False)
+        assert {z.region.rule: z.registry for z in out} == {"layernorm": "hit", "add-layernorm": "miss",
+                                                            "rmsnorm": "miss"}
+        assert reg.norm_get(w_ln, "sm90a", "h200") is None  # keyed by GPU: never crosses hardware
+        called = []
+        out = realize_regions(rep, "fp32", registry=reg, gpu="h100", budget_s=0.0, progress=False,
+                              norm_impl=_standin_norm_impl, norm_chooser=lambda w: called.append(w))
+        hows = {z.region.rule: z.how for z in out}
+        assert hows == {"layernorm": "registry", "add-layernorm": "skipped", "rmsnorm": "skipped"}
+        ln = next(z for z in out if z.region.rule == "layernorm")
+        assert ln.impl.kind == "eager" and "eager is the fastest" in ln.impl.note and not called
+        assert all("budget was spent" in " ".join(z.notes) for z in out if z.how == "skipped")
+
+
+def test_norm_impl_is_eager_when_eager_wins_or_nothing_verified():
+    from fact_db.realize import _norm_impl
+    w = NormWorkload("layernorm", 16, 64)
+    assert _norm_impl(w, None).kind == "eager" and "no norm candidate verified" in _norm_impl(w, None).note
+    e = _norm_impl(w, norm.NormTrial("eager", "ok", 0.01, 1e-7))
+    assert e.kind == "eager" and "0.010 ms" in e.note
