@@ -298,17 +298,28 @@ def ask_registry(report: Report, registry) -> dict:
     """Each GEMM-family region's REGISTRY answer from `registry`: `hit` (an exact, current
     row: its measured time is kept in `measured_s`), `near (D)` (the nearest compatible
     shape at distance D), `stale` (a row whose template or toolchain changed) or `miss`.
-    Regions of other families have no registry rows yet and stay `miss`. Returns the counts."""
+    Attention and norm regions are looked up by their exact key (hit, stale or miss).
+    Returns the counts."""
     from collections import Counter
 
-    from .realize import plan
+    from .realize import NORM_TEMPLATES, attention_workload, measured_other, norm_workload, plan
     from .workload import GemmWorkload
     arch = "sm90a" if report.arch.startswith("sm90") else report.arch
+    gpu = report.gpu.lower()
     counts = Counter()
     with registry.pinned():
         for r, p in zip(report.regions, plan(report, report.policy)):
             r.registry = "miss"
-            if isinstance(p.workload, GemmWorkload):
+            other = None
+            if r.template.startswith("fmha"):
+                other = attention_workload(r, report.graph, report.policy)[0]
+            elif r.template in NORM_TEMPLATES:
+                other = norm_workload(r, report.graph, report.policy)[0]
+            if other is not None:
+                r.registry, ms = measured_other(registry, other, arch, gpu)
+                if ms:
+                    r.measured_s = ms / 1e3
+            elif isinstance(p.workload, GemmWorkload):
                 hit = registry.lookup(p.workload.key(arch, report.gpu.lower()))
                 if hit is not None:
                     if hit.stale:

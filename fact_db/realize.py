@@ -198,18 +198,25 @@ def _registry_state(registry, key) -> str:
     return "hit" if hit.exact else f"near ({hit.distance:.2f})"
 
 
-def _other_registry_state(registry, w, arch: str, gpu: str) -> str:
-    """The registry's answer for an attention or norm workload: hit, stale (a norm kernel
-    whose template changed since it was tuned) or miss. These tables are keyed exactly."""
+def measured_other(registry, w, arch: str, gpu: str) -> tuple[str, float | None]:
+    """(state, measured ms) of the registry's answer for an attention or norm workload: hit
+    with the winner's time, stale (a norm kernel whose template changed since it was tuned)
+    or miss. These tables are keyed exactly: there is no nearest shape."""
     from .attention import AttentionWorkload
     if isinstance(w, NormWorkload):
         from .norm import from_registry
         if registry.norm_get(w, arch, gpu) is None:
-            return "miss"
-        return "hit" if from_registry(w, registry, arch, gpu) is not None else "stale"
+            return "miss", None
+        hit = from_registry(w, registry, arch, gpu)
+        return ("hit", hit.time_ms) if hit is not None else ("stale", None)
     if isinstance(w, AttentionWorkload):
-        return "hit" if registry.attention_get(w, arch, gpu) is not None else "miss"
-    return "miss"
+        hit = registry.attention_get(w, arch, gpu)
+        return ("hit", hit.time_ms) if hit is not None else ("miss", None)
+    return "miss", None
+
+
+def _other_registry_state(registry, w, arch: str, gpu: str) -> str:
+    return measured_other(registry, w, arch, gpu)[0]
 
 
 def gemm_impl(result, w: GemmWorkload):

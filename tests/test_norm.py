@@ -305,3 +305,18 @@ def test_norm_impl_is_eager_when_eager_wins_or_nothing_verified():
     assert _norm_impl(w, None).kind == "eager" and "no norm candidate verified" in _norm_impl(w, None).note
     e = _norm_impl(w, norm.NormTrial("eager", "ok", 0.01, 1e-7))
     assert e.kind == "eager" and "0.010 ms" in e.note
+
+
+def test_discovery_asks_the_registry_about_norm_regions_and_shows_the_measured_time():
+    from fact_db.discover import ask_registry
+    from fact_db.realize import norm_workload
+    from fact_db.registry import Registry
+    rep = _analyse(_Norms(), torch.randn(2, 8, 64), torch.randn(2, 8, 64))
+    r_ln = next(r for r in rep.regions if r.rule == "layernorm")
+    with Registry.open("memory") as reg:
+        norm.record(norm_workload(r_ln, rep.graph, "fp32")[0], [norm.NormTrial("t32v4r1", "ok", 0.004, 1e-7,
+                    candidate=NormCandidate(32, 4, 1))], reg, gpu=rep.gpu)
+        counts = ask_registry(rep, reg)
+    assert counts == {"hit": 1, "miss": 2}
+    assert r_ln.registry == "hit" and r_ln.measured_s == pytest.approx(4e-6)
+    assert all(r.registry == "miss" and r.measured_s is None for r in rep.regions if r is not r_ln)
