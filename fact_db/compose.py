@@ -124,10 +124,19 @@ def _gemm_nodes(gm, g, shapes, r, impl, fx, index: int):
         name = f"_factdb_zero_bias_{index}"
         gm.register_buffer(name, torch.zeros(n, dtype=weight.dtype, device=weight.device))
         bias = g.get_attr(name)
+    # A constant scale the region folds in (discover._gemm_scale): act(alpha * acc + beta * c + alpha * bias).
+    alpha, beta = float(attrs.get("alpha", 1.0)), float(attrs.get("beta", 1.0))
+    if alpha != 1.0 and bias is not None:
+        if bias.op == "get_attr":
+            name = f"_factdb_scaled_bias_{index}"
+            gm.register_buffer(name, (_attr_tensor(gm, bias.target) * alpha).detach())
+            bias = g.get_attr(name)
+        else:
+            bias = g.call_function(aten.mul.Tensor, (bias, alpha))
     c = fx(ops.get("c"))
     if c is not None and flatten:
         c = g.call_function(aten.reshape.default, (c, [-1, n]))
-    y = g.call_function(impl.op, (a, b, bias, c, 1.0, 1.0 if c is not None else 0.0))
+    y = g.call_function(impl.op, (a, b, bias, c, alpha, beta if c is not None else 0.0))
     if flatten:
         y = g.call_function(aten.view.default, (y, list(sout)))
     return y

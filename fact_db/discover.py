@@ -119,6 +119,37 @@ def _name(v):
     return v.name if hasattr(v, "name") else None
 
 
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
+
+
+def _gemm_scale(m, epi: list) -> tuple[dict, str]:
+    """({alpha, beta}, why-not) for a GEMM region whose epilogue has `scale`: a multiplication
+    or division by one constant. The kernels compute act(alpha * acc + beta * c + bias), so a
+    scale before the activation (or after ReLU, when positive: relu(f x) = f relu(x)) is the
+    GEMM's alpha with the bias scaled by it too; a scale after the residual scales it (beta)."""
+    scales = [n for n in m.compute_nodes if n.op in ("aten.mul", "aten.div") and len(n.args) >= 2
+              and sum(isinstance(a, (int, float)) and not isinstance(a, bool) for a in n.args[:2]) == 1]
+    if len(scales) != 1:
+        return {}, "the scale is not one multiplication or division by a constant"
+    s = scales[0]
+    c = next(a for a in s.args[:2] if isinstance(a, (int, float)) and not isinstance(a, bool))
+    if s.op == "aten.div":
+        if s.args[1] is not c:
+            return {}, "a constant divided by the GEMM's result is not a scale of it"
+        if c == 0:
+            return {}, "a division by zero"
+        factor = 1.0 / float(c)
+    else:
+        factor = float(c)
+    acts = [e for e in epi if e in ACTIVATIONS]
+    at = epi.index("scale")
+    if any(epi.index(a) < at for a in acts) and not (acts == ["relu"] and factor > 0):
+        return {}, (f"a scale by {factor:g} after {acts[0]} is not the GEMM's alpha (only ReLU commutes with a "
+                    "positive scale)")
+    after_residual = "residual" in epi and epi.index("residual") < at
+    return {"alpha": factor, "beta": factor if after_residual else 1.0}, ""
+
+
 def _operands(m, template: str) -> tuple[dict, dict, str]:
     """(operands, attrs, why-not) of a region, read off its matched nodes.
 
@@ -153,6 +184,11 @@ def _operands(m, template: str) -> tuple[dict, dict, str]:
                 ops["c"] = x.name
             elif x.op not in ("parameter", "buffer", "constant", "input") or x.numel > 1:
                 why = why or f"reads `{x.name}` of shape {list(x.shape)}, neither a bias nor a residual"
+        epi = list(m.rule.realize.get("epilogue") or [])
+        if "scale" in epi:
+            scale, swhy = _gemm_scale(m, epi)
+            attrs.update(scale)
+            why = why or swhy
         return ops, attrs, why
     if template.startswith("dual_gemm"):
         g, u = m.bindings.get("gate"), m.bindings.get("up")

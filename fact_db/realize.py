@@ -47,7 +47,8 @@ def plan(report, policy: str) -> list[Planned]:
         if r.template not in GEMM_TEMPLATES:
             out.append(Planned(r, None, f"template {r.template}: not realized yet (stage 2 covers the GEMM family)"))
             continue
-        epi = EPILOGUE_OF.get(tuple(r.epilogue or ["none"]))
+        # A constant scale is the kernel's alpha (discovery read it into attrs), not an epilogue of its own.
+        epi = EPILOGUE_OF.get(tuple(e for e in r.epilogue or [] if e != "scale") or ("none",))
         p = r.problem
         la, lb = r.layouts.get("a", "row"), r.layouts.get("b", "row")
         if epi is None or la not in ("row", "col") or lb not in ("row", "col"):

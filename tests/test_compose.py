@@ -546,3 +546,61 @@ def test_eager_is_returned_where_it_times_faster(block):
         assert (sum((standins.CALLS - before).values()) == 0) is eager  # eager: no kernel op ran
         if eager:
             assert "0.200 against 0.300 ms" in note and "runs eager" in repr(fast)
+
+
+# ------------------------------------------------------------------------------------------
+# A constant scale folded into the GEMM's alpha (the agent's KernelBench rules: tests/data/agent).
+
+AGENT_RULES = Path(__file__).resolve().parent / "data" / "agent"
+
+
+class _ScaledLinear(torch.nn.Module):
+    def __init__(self, form: str, c: float):
+        super().__init__()
+        self.fc, self.form, self.c = torch.nn.Linear(32, 16), form, c
+
+    def forward(self, x):
+        y = self.fc(x)
+        if self.form == "div-gelu":
+            return torch.nn.functional.gelu(y / self.c)
+        if self.form == "relu-div":
+            return torch.relu(y) / self.c
+        return y * torch.sigmoid(y) * self.c
+
+
+@pytest.mark.parametrize("form, rule, c, alpha, epilogue", [
+    ("div-gelu", "gemm-bias-div-gelu", 10.0, 0.1, "bias_gelu"),
+    ("relu-div", "gemm-bias-relu-div", 2.0, 0.5, "bias_relu"),
+])
+def test_a_constant_scale_is_the_gemms_alpha_with_the_bias_scaled_too(form, rule, c, alpha, epilogue):
+    import fact_db
+    from fact_db.rules import load_rules
+    torch.manual_seed(0)
+    model, x = _ScaledLinear(form, c).eval(), torch.randn(8, 32)
+    disc = fact_db.discover(model, (x,), rules=load_rules(extra=[AGENT_RULES / f"{rule}.yaml"]))
+    [r] = disc.regions
+    assert r.rule == rule and r.composable == "" and r.attrs["alpha"] == pytest.approx(alpha)
+    [p] = plan(disc, "fp32")
+    assert p.workload.epilogue == epilogue  # the same kernel as without the scale: alpha is a launch argument
+    before = standins.CALLS.copy()
+    gm, notes = rewrite(disc.graph.program, disc.regions, {0: Impl("gemm", "stand-in", standins.gemm_op(epilogue),
+                                                                   {"spec": {"epilogue": epilogue}})})
+    assert notes == [] and not any(str(n.target).startswith(("aten.div", "aten.gelu", "aten.relu"))
+                                   for n in gm.graph.nodes if n.op == "call_function")
+    torch.testing.assert_close(gm(x), model(x))
+    assert (standins.CALLS - before)[f"gemm_{epilogue}"] == 1
+
+
+@pytest.mark.parametrize("form, rule, c, why", [
+    ("swish-scale", "gemm-bias-silu-scale", 2.0, "after silu is not the GEMM's alpha"),
+    ("relu-div", "gemm-bias-relu-div", -2.0, "after relu is not the GEMM's alpha"),
+])
+def test_a_scale_that_does_not_commute_with_the_activation_stays_eager(form, rule, c, why):
+    import fact_db
+    from fact_db.rules import load_rules
+    model, x = _ScaledLinear(form, c).eval(), torch.randn(8, 32)
+    disc = fact_db.discover(model, (x,), rules=load_rules(extra=[AGENT_RULES / f"{rule}.yaml"]))
+    [r] = disc.regions
+    assert r.rule == rule and why in r.composable
+    [z] = realize_regions(disc, "fp32", plan_only=True, progress=False)
+    assert z.how == "eager" and any(why in n for n in z.notes)

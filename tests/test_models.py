@@ -54,6 +54,9 @@ def test_vit_layer():
 def test_opt_decoder():
     r = discover_problem(P + "hf_opt_decoder.py")
     assert "gemm-bias-relu" in _rules(r) and "sdpa-attention" in _rules(r)
+    # the query projection scaled by head_dim ** -0.5: the scale is the GEMM's alpha
+    q = next(x for x in r.regions if x.rule == "gemm-bias-scale")
+    assert q.composable == "" and q.attrs["alpha"] == pytest.approx(64 ** -0.5)
 
 
 def test_unfollowed_higher_order_op_is_uncovered_not_a_crash():
