@@ -158,12 +158,54 @@ def asks(report, rules) -> list:
     return out
 
 
-def prompt(ask: Ask, report, rules) -> list:
+EXCERPT_CHARS = 1200
+
+
+def _excerpt(hit) -> str:
+    """What a retrieved document says, for the prompt: a rule's YAML, an example's summary and
+    the opening of its main source after the licence header."""
+    path = hit.meta.get("path") or ""
+    try:
+        if hit.kind == "rule":
+            p = Path(path) if Path(path).is_absolute() else paths.ROOT / path
+            return p.read_text(errors="replace")[:EXCERPT_CHARS]
+        text = hit.meta.get("summary") or ""
+        main = Path(path) / hit.meta["main"] if path and hit.meta.get("main") else None
+        if main is not None and main.is_file():
+            lines = main.read_text(errors="replace").splitlines()
+            start = next((i for i, ln in enumerate(lines) if ln.startswith("#include")), 0)
+            text += "\n" + "\n".join(lines[max(0, start - 30):start + 20])
+        return text[:EXCERPT_CHARS]
+    except (OSError, KeyError):
+        return ""
+
+
+def retrieve(ask: Ask, report, n_rules: int = 3, n_examples: int = 2) -> tuple[list, str]:
+    """The nearest rules and vetted CUTLASS examples in the search index (what `factdb query`
+    answers, offline, filtered by the report's arch), each with an excerpt; and a note when
+    the index could not answer (the prompt goes out without them then)."""
+    from . import index
+    from .errors import FactError
+    text = f"fused epilogue: {ask.why}; " + ", ".join(f"{o['op']} {o.get('dtype') or ''}".strip() for o in ask.ops)
+    out = []
+    try:
+        for kind, n in (("rule", n_rules), ("example", n_examples)):
+            for h in index.search(text, kind=kind, arch=report.arch, n=n).hits:
+                out.append({"kind": h.kind, "id": h.id, "title": h.title, "path": h.meta.get("path", ""),
+                            "ranked": h.why, "excerpt": _excerpt(h)})
+    except (FactError, OSError) as e:
+        return out, f"retrieval unavailable: {str(e).splitlines()[0][:200] if str(e) else type(e).__name__}"
+    return out, ""
+
+
+def prompt(ask: Ask, report, rules, retriever=retrieve) -> list:
     nearest = [{"rule": rid, "reason": m.reason} for rid, m in sorted(report.misses.items())
                if m is not None and m.node is not None and m.node.name in {o["name"] for o in ask.ops}][:6]
+    retrieved, note = retriever(ask, report) if retriever is not None else ([], "retrieval off")
     body = {
         "region": ask.ops, "why_uncovered": ask.why, "arch": report.arch, "gpu": report.gpu,
         "precision_policy": report.policy, "nearest_rules": nearest,
+        "retrieved": retrieved, **({"retrieval_note": note} if note else {}),
         "templates": _template_catalogue(rules),
         "example_rule": _example_rule(),
     }
@@ -194,8 +236,9 @@ class Agent:
     """
 
     def __init__(self, llm: LLM, *, out_dir: Path | None = None, realize=None, kernel_hooks: dict | None = None,
-                 log: Path | None = None):
+                 log: Path | None = None, retriever=retrieve):
         self.llm = llm
+        self.retriever = retriever  # (ask, report) -> (documents, note); None: no retrieval
         self.out_dir = Path(out_dir) if out_dir else None
         self.realize = realize
         self.kernel_hooks = kernel_hooks
@@ -218,7 +261,7 @@ class Agent:
     def one(self, ask: Ask, report, rules, problem_spec) -> Proposal:
         before = self.llm.usage.cached
         try:
-            text = self.llm.chat(prompt(ask, report, rules), region=ask.node)
+            text = self.llm.chat(prompt(ask, report, rules, self.retriever), region=ask.node)
         except LLMError as e:
             return self._record(Proposal(ask.node, "?", "timeout" if e.reason == "timeout" else "no reply", str(e)))
         cached = self.llm.usage.cached > before

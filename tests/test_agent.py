@@ -53,6 +53,7 @@ def _run(env, script, **kw):
         llm = LLM(Config(srv.url, "scripted", timeout_s=kw.pop("timeout_s", 30), backoff_s=0.01, retries=2))
         rules = load_rules()
         rep = discover(LinearRelu(), (torch.randn(8, 64),), rules=rules)
+        kw.setdefault("retriever", None)  # retrieval has its own tests below; these are about the replies
         agent = Agent(llm, out_dir=env / "out", **kw)
         props = agent.run(rep, rules)
         return props, llm, srv
@@ -282,3 +283,32 @@ def test_rules_propose_cli(env, monkeypatch):
     out = json.loads(res.output[res.output.index("{"):])
     assert out["llm"]["calls"] == 1 and out["proposals"][0]["outcome"] == "accepted"
     assert (env / "o" / "rules" / "agent" / "gemm-bias-relu.yaml").read_text() == RELU_YAML
+
+
+def test_the_prompt_carries_the_nearest_rules_and_examples_with_excerpts(env):
+    """Grounding: the index's nearest rules and vetted CUTLASS examples (what `factdb query`
+    answers, offline), each with its path and an excerpt, go into the prompt."""
+    from fact_db.agent import retrieve
+    props, _, srv = _run(env, [(200, _reply(kind="rule", rule=RELU_YAML, fixture=RELU_FIX), 0)], retriever=retrieve)
+    assert props[0].outcome == "accepted"
+    body = json.loads(srv.requests[0]["messages"][1]["content"])
+    got = body["retrieved"]
+    rules_ = [d for d in got if d["kind"] == "rule"]
+    examples = [d for d in got if d["kind"] == "example"]
+    assert len(rules_) == 3 and len(examples) == 2 and "retrieval_note" not in body
+    assert all(d["excerpt"].startswith(f"id: {d['id']}") and d["path"].endswith(f"/{d['id']}.yaml") for d in rules_)
+    assert all(d["id"].startswith("examples/") and len(d["excerpt"]) > 40 for d in examples)
+    assert "gemm-bias-relu" not in {d["id"] for d in rules_}  # removed from this rule set, so not in its index
+
+
+def test_a_prompt_goes_out_without_retrieval_when_the_index_cannot_answer(env, monkeypatch):
+    from fact_db import index
+    from fact_db.agent import retrieve
+
+    def broken(*a, **kw):
+        raise index.IndexError_("the index file is damaged")
+    monkeypatch.setattr(index, "search", broken)
+    props, _, srv = _run(env, [(200, _reply(kind="rule", rule=RELU_YAML, fixture=RELU_FIX), 0)], retriever=retrieve)
+    body = json.loads(srv.requests[0]["messages"][1]["content"])
+    assert body["retrieved"] == [] and body["retrieval_note"] == "retrieval unavailable: the index file is damaged"
+    assert props[0].outcome == "accepted"
