@@ -96,14 +96,18 @@ def optimize(problem, policy, max_candidates, budget, gpus, peers, no_bench, no_
 
     from fact_db.optimize import optimize_problem, plan_problem
     from fact_db.report import markdown, report_dict
+    rules = None
     if use_llm:
         from fact_db.agent import consult, summary_line
         info = consult(problem, policy=policy, offline=offline)
         click.echo(json.dumps({"llm": info}) if as_json else summary_line(info), err=True)
+        if info.get("rule_files"):  # the accepted rules join the shipped ones for this run
+            from fact_db.rules import load_rules
+            rules = load_rules(extra=[Path(f) for f in info["rule_files"]])
     reg = _open_registry(db, not no_registry)
     try:
         if not torch.cuda.is_available():
-            report = plan_problem(problem, policy=policy, registry=reg)
+            report = plan_problem(problem, policy=policy, registry=reg, rules=rules)
             if as_json:
                 click.echo(jdump(report_dict(report), indent=1))
                 return
@@ -115,7 +119,7 @@ def optimize(problem, policy, max_candidates, budget, gpus, peers, no_bench, no_
             return
         fast = optimize_problem(problem, policy=policy, registry=reg, max_candidates=max_candidates, budget=budget,
                                 gpus=_gpus(gpus), out=out, bench=not no_bench, peers=_peers(peers), force=force,
-                                progress=not as_json, cuda_graph=not no_cuda_graph)
+                                progress=not as_json, cuda_graph=not no_cuda_graph, rules=rules)
     finally:
         if reg is not None:
             reg.close()

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import click
 
@@ -210,10 +211,14 @@ def realize(problem, policy, max_candidates, gpus, compile_only, force, no_regis
     """
     from fact_db.realize import realize_problem
 
+    rules = None
     if use_llm:
         from fact_db.agent import consult, summary_line
         info = consult(problem, policy=policy, offline=offline)
         click.echo(json.dumps({"llm": info}) if as_json else summary_line(info), err=True)
+        if info.get("rule_files"):  # the accepted rules join the shipped ones for this run
+            from fact_db.rules import load_rules
+            rules = load_rules(extra=[Path(f) for f in info["rule_files"]])
 
     def show(p, r):  # each region as soon as it is done: a model's regions take minutes each
         click.echo(f"== {p.region.rule} {p.region.shape}")
@@ -230,7 +235,7 @@ def realize(problem, policy, max_candidates, gpus, compile_only, force, no_regis
     try:
         report, results = realize_problem(problem, policy=policy, registry=reg, max_candidates=max_candidates,
                                           gpus=_gpus(gpus), jobs=jobs, compile_only=compile_only, force=force,
-                                          progress=not as_json, on_result=None if as_json else show)
+                                          progress=not as_json, on_result=None if as_json else show, rules=rules)
     finally:
         if reg is not None:
             reg.close()

@@ -367,18 +367,25 @@ class Agent:
 def consult(problem: str, *, policy: str = "fp32", arch: str = "sm90", offline: bool = False,
             out_dir: Path | None = None, realize=None) -> dict:
     """`--llm` on optimize and realize: ask the configured model about what PROBLEM leaves to
-    eager, before any tuning. Returns {configured, calls, cached, tokens, served, proposals}."""
+    eager, before any tuning. Returns {configured, calls, cached, tokens, served, proposals,
+    rule_files}: `rule_files` are the accepted rules' YAML files (written under `out_dir`,
+    default $FACTDB_HOME/agent/accepted/), which the caller adds to the rule set it discovers
+    with, so the accepted fusion is realized and composed like a shipped rule's."""
     from .discover import discover_problem
     from .rules import load_rules
 
     llm = LLM.open(offline=offline)
     if llm is None:
         return {"configured": False, "calls": 0, "cached": 0, "tokens": 0, "served": [], "proposals": [],
+                "rule_files": [],
                 "note": "offline" if offline else "no language model configured (FACTDB_LLM_BASE_URL/FACTDB_LLM_MODEL or $FACTDB_HOME/llm.yaml)"}
     rs = load_rules()
     report = discover_problem(problem, arch=arch, policy=policy, rules=rs)
+    out_dir = Path(out_dir) if out_dir else paths.home() / "agent" / "accepted"
     props = Agent(llm, out_dir=out_dir, realize=realize).run(report, rs, problem)
-    return {"configured": True, **llm.usage.as_dict(), "proposals": [p.as_dict() for p in props]}
+    files = [f for p in props if p.outcome == "accepted" for f in p.files if f.endswith(".yaml")]
+    return {"configured": True, **llm.usage.as_dict(), "proposals": [p.as_dict() for p in props],
+            "rule_files": files}
 
 
 def summary_line(info: dict) -> str:

@@ -238,10 +238,12 @@ def _check_gpu(device) -> dict:
     return info
 
 
-def plan(module, example_inputs, *, policy: str = "fp32", registry=None, gpu: str = "h100", name: str | None = None):
+def plan(module, example_inputs, *, policy: str = "fp32", registry=None, gpu: str = "h100", name: str | None = None,
+         rules=None):
     """What optimize would do, without a GPU: discovery, then per region its workload, what
     the registry has for it (hit / near / stale / miss) and the roofline estimate. Returns
-    an OptimizeReport with `plan_only` set; nothing is tuned or run."""
+    an OptimizeReport with `plan_only` set; nothing is tuned or run. `rules`: the RuleSet to
+    discover with (default: the shipped rules)."""
     from .discover import discover
     from .realize import realize_regions
     if policy not in POLICIES:
@@ -249,7 +251,7 @@ def plan(module, example_inputs, *, policy: str = "fp32", registry=None, gpu: st
     report = OptimizeReport(name or type(module).__name__, policy, {"name": "none", "gpu": gpu, "capability": None},
                             toolchain_info(), [], plan_only=True)
     with stage("discover", report, False):
-        disc = discover(module, example_inputs, arch="sm90", gpu=gpu, policy=policy)
+        disc = discover(module, example_inputs, arch="sm90", gpu=gpu, policy=policy, rules=rules)
     report.regions = realize_regions(disc, policy, registry=registry, gpu=gpu, plan_only=True, progress=False)
     report.notes.append(f"plan only: estimated eager time {disc.eager_s * 1e3:.3f} ms on {disc.gpu} (roofline floor)")
     report.discovery = disc
@@ -260,7 +262,7 @@ def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max
              budget: float | None = None, gpus: list[int] | None = None, out: str | Path | None = None,
              bench: bool = True, peers=PEERS, trials: int = 5, make_inputs=None, name: str | None = None,
              progress: bool = True, force: bool = False, save: bool = True, realizer=None, timer=None,
-             cuda_graph: bool = True):
+             cuda_graph: bool = True, rules=None):
     """Optimize `module` for `example_inputs` under `policy`; returns the composed module
     (an nn.Module called like `module`) with `.report` (OptimizeReport) and `.artifact`.
 
@@ -270,7 +272,8 @@ def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max
     `timer(fn, input_sets) -> ms` replace GPU realization and timing (tests on CPU).
     `cuda_graph`: the composed module replays itself as a CUDA graph for the signature it was
     optimized for (one launch per call; checked bitwise against the graph run op by op on
-    its first call, and off with a note if that fails).
+    its first call, and off with a note if that fails). `rules`: the RuleSet to discover with
+    (default: the shipped rules; `--llm` adds the rules the agent accepted).
     """
     import torch
 
@@ -291,7 +294,7 @@ def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max
     inputs_p = cast_floats(inputs, policy_dtype(policy)) if policy_dtype(policy) else inputs
 
     with stage("discover", report, progress):
-        disc = discover(model_p, inputs_p, arch="sm90", gpu=info["gpu"] or "h100", policy=policy)
+        disc = discover(model_p, inputs_p, arch="sm90", gpu=info["gpu"] or "h100", policy=policy, rules=rules)
     if disc.partial:
         raise OptimizeError(f"only part of {name} could be traced ({disc.note}); optimize needs the whole model")
     with stage("realize", report, progress):

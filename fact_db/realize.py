@@ -65,15 +65,16 @@ def plan(report, policy: str) -> list[Planned]:
 
 
 def realize_problem(problem: str, *, policy: str = "tf32", arch: str = "sm90a", registry=None, on_result=None,
-                    **tune_kw):
-    """Discover `problem` and tune every GEMM-family region. Returns (report, [(Planned, TuneResult | None)]).
+                    rules=None, **tune_kw):
+    """Discover `problem` (with `rules`, default the shipped ones) and tune every GEMM-family
+    region. Returns (report, [(Planned, TuneResult | None)]).
 
     Regions with the same workload (a Llama block's K and V projections) are tuned once and
     share the result; `on_result(planned, result)` is called as each region is done, in order.
     """
     from .discover import discover_problem
     from .tune import tune
-    report = discover_problem(problem, arch="sm90", policy=policy)
+    report = discover_problem(problem, arch="sm90", policy=policy, rules=rules)
     results = []
     done: dict[GemmWorkload, tuple[int, object]] = {}
     for i, p in enumerate(plan(report, policy)):

@@ -312,3 +312,31 @@ def test_a_prompt_goes_out_without_retrieval_when_the_index_cannot_answer(env, m
     body = json.loads(srv.requests[0]["messages"][1]["content"])
     assert body["retrieved"] == [] and body["retrieval_note"] == "retrieval unavailable: the index file is damaged"
     assert props[0].outcome == "accepted"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the plan printed where no GPU is present")
+def test_optimize_llm_discovers_and_plans_with_the_accepted_rule(env, monkeypatch):
+    """`factdb optimize --llm`: the accepted rule joins the rule set optimize discovers with, so
+    its region is realized and composed like a shipped rule's (here, without a GPU: planned,
+    the division as the GEMM's alpha); a second run makes no call and plans the same."""
+    from click.testing import CliRunner
+    from fact_db.cli.main import cli
+    reply = _reply(kind="rule", rule=(DATA / "gemm-bias-div-gelu.yaml").read_text(),
+                   fixture=(DATA / "gemm-bias-div-gelu.py").read_text())
+    for run in range(2):
+        srv = Server([(200, reply, 0)])
+        try:
+            monkeypatch.setenv("FACTDB_LLM_BASE_URL", srv.url)
+            monkeypatch.setenv("FACTDB_LLM_MODEL", "scripted")
+            res = CliRunner().invoke(cli, ["optimize", str(PROBLEMS / "gemm_div_gelu.py"), "--llm", "--json"])
+        finally:
+            srv.close()
+        assert res.exit_code == 0, res.output
+        llm = json.loads(res.stderr)["llm"]
+        assert llm["calls"] == (1 if run == 0 else 0) and [p["outcome"] for p in llm["proposals"]] == ["accepted"]
+        assert llm["rule_files"] == [str(env / "home" / "agent" / "accepted" / "rules" / "agent" /
+                                         "gemm-bias-div-gelu.yaml")]
+        d = json.loads(res.stdout)
+        [r] = d["regions"]
+        assert r["rule"] == "gemm-bias-div-gelu" and r["how"] == "planned"
+        assert r["workload"]["epilogue"] == "bias_gelu"
