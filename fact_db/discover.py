@@ -338,7 +338,7 @@ def ask_registry(report: Report, registry) -> dict:
     Returns the counts."""
     from collections import Counter
 
-    from .realize import NORM_TEMPLATES, attention_workload, measured_other, norm_workload, plan
+    from .realize import measured_other, plan, workload_of
     from .workload import GemmWorkload
     arch = "sm90a" if report.arch.startswith("sm90") else report.arch
     gpu = report.gpu.lower()
@@ -346,17 +346,13 @@ def ask_registry(report: Report, registry) -> dict:
     with registry.pinned():
         for r, p in zip(report.regions, plan(report, report.policy)):
             r.registry = "miss"
-            other = None
-            if r.template.startswith("fmha"):
-                other = attention_workload(r, report.graph, report.policy)[0]
-            elif r.template in NORM_TEMPLATES:
-                other = norm_workload(r, report.graph, report.policy)[0]
-            if other is not None:
-                r.registry, ms = measured_other(registry, other, arch, gpu)
+            w = workload_of(r, p, report.graph, report.policy)[0]
+            if w is not None and not isinstance(w, GemmWorkload):
+                r.registry, ms = measured_other(registry, w, arch, gpu)
                 if ms:
                     r.measured_s = ms / 1e3
-            elif isinstance(p.workload, GemmWorkload):
-                hit = registry.lookup(p.workload.key(arch, report.gpu.lower()))
+            elif w is not None:
+                hit = registry.lookup(w.key(arch, gpu))
                 if hit is not None:
                     if hit.stale:
                         r.registry = "stale"

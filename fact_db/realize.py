@@ -200,6 +200,18 @@ def _registry_state(registry, key) -> str:
     return "hit" if hit.exact else f"near ({hit.distance:.2f})"
 
 
+def workload_of(region, planned: Planned, graph, policy: str):
+    """(workload, note) of a region: the plan's GEMM workload, else its attention or norm
+    workload, else None with the reason it has none."""
+    if planned.workload is not None:
+        return planned.workload, planned.note
+    if region.template.startswith("fmha"):
+        return attention_workload(region, graph, policy)
+    if region.template in NORM_TEMPLATES:
+        return norm_workload(region, graph, policy)
+    return None, planned.note
+
+
 def measured_other(registry, w, arch: str, gpu: str) -> tuple[str, float | None]:
     """(state, measured ms) of the registry's answer for an attention or norm workload: hit
     with the winner's time, stale (a norm kernel whose template changed since it was tuned)
@@ -216,9 +228,6 @@ def measured_other(registry, w, arch: str, gpu: str) -> tuple[str, float | None]
         return ("hit", hit.time_ms) if hit is not None else ("miss", None)
     return "miss", None
 
-
-def _other_registry_state(registry, w, arch: str, gpu: str) -> str:
-    return measured_other(registry, w, arch, gpu)[0]
 
 
 def gemm_impl(result, w: GemmWorkload):
@@ -392,7 +401,7 @@ def _norm_impl(w, best):
                           "eager is the fastest verified candidate")
     k = NormKernel(best.so, w, build_key=best.build_key)
     return Impl("norm", f"{TEMPLATE} {best.label}", k.as_op(), {
-        "template": TEMPLATE, "config": asdict(best.candidate), "workload": asdict(w), "build_key": best.build_key,
+        "template": TEMPLATE, "config": asdict(best.candidate), "workload": w.as_dict(), "build_key": best.build_key,
         "so": str(best.so), "registry_key": w.key(), "op": f"factdb::{k.op_name}"})
 
 
@@ -418,22 +427,14 @@ def realize_regions(report, policy: str, *, registry=None, arch: str = "sm90a", 
     gpu_name = gpu or "h100"
     out: list[Realized] = []
     for i, r in enumerate(report.regions):
-        p = planned[id(r)]
-        rz = Realized(i, r, p.workload, Impl.eager(), "eager", notes=[p.note] if p.note else [])
-        if p.workload is None and r.template.startswith("fmha"):
-            w, note = attention_workload(r, report.graph, policy)
-            rz.workload = w
-            rz.notes = [note] if note else []
-        elif p.workload is None and r.template in NORM_TEMPLATES:
-            w, note = norm_workload(r, report.graph, policy)
-            rz.workload = w
-            rz.notes = [note] if note else []
+        w, note = workload_of(r, planned[id(r)], report.graph, policy)
+        rz = Realized(i, r, w, Impl.eager(), "eager", notes=[note] if note else [])
         if r.composable:
             rz.notes.append(f"not composable: {r.composable}")
         elif isinstance(rz.workload, GemmWorkload) and registry is not None:
             rz.registry = _registry_state(registry, rz.workload.key(arch, gpu_name))
         elif rz.workload is not None and registry is not None:
-            rz.registry = _other_registry_state(registry, rz.workload, arch, gpu_name)
+            rz.registry = measured_other(registry, rz.workload, arch, gpu_name)[0]
         out.append(rz)
     order = sorted(out, key=lambda z: -z.region.estimate.gain_s)
     if not plan_only and runner is None and budget_s is None:
