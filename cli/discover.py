@@ -95,29 +95,12 @@ def discover(problem, arch, gpu, policy, as_json, explain, db, no_registry, max_
       factdb discover benchmarks/problems/mingpt_block.py --policy tf32 --explain
     """
     from fact_db import sandbox
-    arch = model_arch(arch)
     if not sandbox.in_child():
-        mem, tmo = sandbox.limits(max_memory, timeout)
-        args = ["discover", problem, "--arch", arch, "--policy", policy] + (["--gpu", gpu] if gpu else []) + \
-            (["--json"] if as_json else []) + (["--explain"] if explain else []) + \
-            (["--db", db] if db else []) + (["--no-registry"] if no_registry else [])
         from .main import Ctx
-        rc = sandbox.run((["--debug"] if Ctx.debug else []) + args, problem, max_memory_mb=mem, timeout_s=tmo)
-        if rc:
-            raise click.exceptions.Exit(rc)
+        sandbox.rerun(click.get_current_context(), problem, max_memory, timeout, debug=Ctx.debug)
         return
-    try:
-        _discover(problem, arch, gpu, policy, as_json, explain, db, no_registry)
-    except MemoryError:
-        sandbox.mark_done("error")
-        raise click.ClickException(f"{problem}: building or tracing ran out of memory (the limit is "
-                                   f"{sandbox.limits(max_memory, None)[0]} MiB: --max-memory)") from None
-    except (SystemExit, KeyboardInterrupt):
-        raise  # the problem file's own exit: the parent names it, unmarked
-    except BaseException:
-        sandbox.mark_done("error")
-        raise
-    sandbox.mark_done("ok")
+    with sandbox.guarded(problem, max_memory):
+        _discover(problem, model_arch(arch), gpu, policy, as_json, explain, db, no_registry)
 
 
 def _ask(report, db, no_registry) -> None:

@@ -82,9 +82,11 @@ def optimize(problem, policy, max_candidates, budget, gpus, peers, no_bench, no_
     """Discover, realize and compose PROBLEM into a faster model; verify it end to end,
     time it against eager PyTorch and torch.compile, save it as an artifact and report.
 
-    PROBLEM is anything `factdb discover` takes; its file is Python that runs (the model is
-    built on the GPU). Without a GPU, optimize stops after discovery and the registry
-    lookup and prints the plan: which regions have a registry row, which would be tuned.
+    PROBLEM is anything `factdb discover` takes; its file is Python that runs. With a GPU the
+    model is built in this process (on the GPU); without one, optimize stops after discovery
+    and the registry lookup and prints the plan (which regions have a registry row, which
+    would be tuned), building the model in a child process under a memory and a time limit
+    ($FACTDB_PROBLEM_MAX_MEMORY MiB, default 8192; $FACTDB_PROBLEM_TIMEOUT s, default 300).
     Load the result with `fact_db.load(DIR)`: nothing is tuned again.
 
     \b
@@ -92,6 +94,22 @@ def optimize(problem, policy, max_candidates, budget, gpus, peers, no_bench, no_
       factdb optimize benchmarks/problems/mingpt_block.py --policy fp32 --out out/mingpt-fp32
       factdb optimize benchmarks/problems/llama_block.py --policy bf16 --budget 5 --peers compile
     """
+    import torch
+
+    from fact_db import sandbox
+    if not torch.cuda.is_available() and not sandbox.in_child():
+        # The plan builds the model here: a problem file is Python that runs, so it runs in a
+        # child under the memory and time limits, as for `factdb discover`.
+        from .main import Ctx
+        sandbox.rerun(click.get_current_context(), problem, debug=Ctx.debug)
+        return
+    with sandbox.guarded(problem):
+        _optimize(problem, policy, max_candidates, budget, gpus, peers, no_bench, no_cuda_graph, force, db,
+                  no_registry, out, as_json, use_llm, offline)
+
+
+def _optimize(problem, policy, max_candidates, budget, gpus, peers, no_bench, no_cuda_graph, force, db, no_registry,
+              out, as_json, use_llm, offline):
     import torch
 
     from fact_db.optimize import optimize_problem, plan_problem

@@ -44,6 +44,65 @@ def limits(max_memory_mb: int | None, timeout_s: float | None) -> tuple[int, flo
     return mem, tmo
 
 
+def args_of(ctx) -> list[str]:
+    """The command line of click context `ctx` (its command path less the program name, its
+    arguments and the options given other than their defaults), to run it again in the child."""
+    import click
+    path, c = [], ctx
+    while c.parent is not None:  # the subcommands' names, not the program's (`python -m fact_db.cli`)
+        path.insert(0, c.info_name)
+        c = c.parent
+    args, opts = [], []
+    for p in ctx.command.params:
+        v = ctx.params.get(p.name)
+        if isinstance(p, click.Argument):
+            args.append(str(v))
+        elif v is None or v == p.default or (p.is_flag and not v):
+            continue
+        elif p.is_flag:
+            opts.append(p.opts[0])
+        else:
+            opts += [p.opts[0], str(v)]
+    return path + args + opts
+
+
+def guarded(problem: str, max_memory_mb: int | None = None):
+    """In the child: marks the end of the command (ok, or an error it reports itself) so the
+    parent can tell it from the problem file ending the process; a MemoryError becomes one
+    sentence naming the limit."""
+    import contextlib
+
+    import click
+
+    @contextlib.contextmanager
+    def guard():
+        try:
+            yield
+        except MemoryError:
+            mark_done("error")
+            raise click.ClickException(f"{problem}: building or tracing ran out of memory (the limit is "
+                                       f"{limits(max_memory_mb, None)[0]} MiB: --max-memory or "
+                                       "$FACTDB_PROBLEM_MAX_MEMORY)") from None
+        except (SystemExit, KeyboardInterrupt):
+            raise  # the problem file's own exit: the parent names it, unmarked
+        except BaseException:
+            mark_done("error")
+            raise
+        mark_done("ok")
+    return guard()
+
+
+def rerun(ctx, problem: str, max_memory_mb: int | None = None, timeout_s: float | None = None,
+          debug: bool = False) -> None:
+    """Run the command of `ctx` again in a child under the limits (module docstring); its exit
+    code becomes ours. Call it where not in_child()."""
+    import click
+    mem, tmo = limits(max_memory_mb, timeout_s)
+    rc = run((["--debug"] if debug else []) + args_of(ctx), problem, max_memory_mb=mem, timeout_s=tmo)
+    if rc:
+        raise click.exceptions.Exit(rc)
+
+
 MAX_OUTPUT = 4 * 1024 * 1024  # bytes of the child's stdout (and of its stderr) passed on; a file that prints more is cut
 
 
