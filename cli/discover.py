@@ -6,7 +6,7 @@ import time
 
 import click
 
-from .main import arch_choice, cli, handle_errors, jdump, model_arch
+from .main import arch_choice, cli, handle_errors, jdump, model_arch, problem_sandbox
 
 # The choices are spelled out here so that `factdb --help` and commands other than
 # discover do not import torch (fact_db.roofline does); a test checks they match.
@@ -78,6 +78,7 @@ def _print(report, explain: bool):
 @click.option("--timeout", type=click.FloatRange(1, None), default=None,
               help="Seconds building and tracing may take (default 300, or $FACTDB_PROBLEM_TIMEOUT).")
 @handle_errors
+@problem_sandbox()
 def discover(problem, arch, gpu, policy, as_json, explain, db, no_registry, max_memory, timeout):
     """Trace PROBLEM, match the rules and rank the regions worth building.
 
@@ -94,13 +95,7 @@ def discover(problem, arch, gpu, policy, as_json, explain, db, no_registry, max_
     Example:
       factdb discover benchmarks/problems/mingpt_block.py --policy tf32 --explain
     """
-    from fact_db import sandbox
-    if not sandbox.in_child():
-        from .main import Ctx
-        sandbox.rerun(click.get_current_context(), problem, max_memory, timeout, debug=Ctx.debug)
-        return
-    with sandbox.guarded(problem, max_memory):
-        _discover(problem, model_arch(arch), gpu, policy, as_json, explain, db, no_registry)
+    _discover(problem, model_arch(arch), gpu, policy, as_json, explain, db, no_registry)
 
 
 def _ask(report, db, no_registry) -> None:

@@ -79,6 +79,30 @@ def handle_errors(fn):
     return wrapper
 
 
+def no_gpu() -> bool:
+    import torch
+    return not torch.cuda.is_available()
+
+
+def problem_sandbox(when=lambda: True):
+    """A command taking PROBLEM (a file of Python that runs) re-runs itself in a child process
+    under the memory and time limits (fact_db/sandbox.py) where `when()` holds, so a file that
+    allocates, loops or exits cannot take the CLI down or pass for success. The command's own
+    `max_memory` and `timeout` options are the limits where it has them."""
+    def deco(fn):
+        @functools.wraps(fn)
+        def wrapper(**kw):
+            from fact_db import sandbox
+            if not sandbox.in_child() and when():
+                sandbox.rerun(click.get_current_context(), kw["problem"], kw.get("max_memory"), kw.get("timeout"),
+                              debug=Ctx.debug)
+                return None
+            with sandbox.guarded(kw["problem"], kw.get("max_memory")):
+                return fn(**kw)
+        return wrapper
+    return deco
+
+
 def _one_sentence(e: Exception) -> str:
     """An unexpected exception as one sentence: files that cannot be written (a read-only
     $FACTDB_HOME) named with what to do, anything else as an internal error."""

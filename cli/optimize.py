@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from .main import cli, handle_errors, jdump
+from .main import cli, handle_errors, jdump, no_gpu, problem_sandbox
 from .tune import POLICIES, _gpus, _open_registry
 
 PEERS = ("compile", "max-autotune")
@@ -77,6 +77,7 @@ def _common(fn):
 @click.option("--llm", "use_llm", is_flag=True, help="Ask the configured language model about regions no rule fuses (see README, The agent).")
 @click.option("--offline", is_flag=True, help="Never open a socket for the language model.")
 @handle_errors
+@problem_sandbox(when=no_gpu)  # the plan builds the model here; with a GPU it is built on it, in this process
 def optimize(problem, policy, max_candidates, budget, gpus, peers, no_bench, no_cuda_graph, force, db, no_registry,
              out, as_json, use_llm, offline):
     """Discover, realize and compose PROBLEM into a faster model; verify it end to end,
@@ -94,22 +95,6 @@ def optimize(problem, policy, max_candidates, budget, gpus, peers, no_bench, no_
       factdb optimize benchmarks/problems/mingpt_block.py --policy fp32 --out out/mingpt-fp32
       factdb optimize benchmarks/problems/llama_block.py --policy bf16 --budget 5 --peers compile
     """
-    import torch
-
-    from fact_db import sandbox
-    if not torch.cuda.is_available() and not sandbox.in_child():
-        # The plan builds the model here: a problem file is Python that runs, so it runs in a
-        # child under the memory and time limits, as for `factdb discover`.
-        from .main import Ctx
-        sandbox.rerun(click.get_current_context(), problem, debug=Ctx.debug)
-        return
-    with sandbox.guarded(problem):
-        _optimize(problem, policy, max_candidates, budget, gpus, peers, no_bench, no_cuda_graph, force, db,
-                  no_registry, out, as_json, use_llm, offline)
-
-
-def _optimize(problem, policy, max_candidates, budget, gpus, peers, no_bench, no_cuda_graph, force, db, no_registry,
-              out, as_json, use_llm, offline):
     import torch
 
     from fact_db.optimize import optimize_problem, plan_problem

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 import yaml
 
-from .main import cli, handle_errors, jdump
+from .main import cli, handle_errors, jdump, problem_sandbox
 
 
 @cli.group()
@@ -145,6 +145,7 @@ def test_(paths, as_json, verbose):
 @click.option("--offline", is_flag=True, help="Never call the model (replies already cached are not used either).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 @handle_errors
+@problem_sandbox()
 def propose(problem, out_dir, arch, policy, offline, as_json):
     """Ask the configured language model for rules covering what PROBLEM leaves to eager.
 
@@ -182,4 +183,4 @@ def propose(problem, out_dir, arch, policy, offline, as_json):
         click.echo(f"{len(props)} proposal(s), {sum(p.outcome == 'accepted' for p in props)} accepted; "
                    f"{llm.usage.calls} call(s), {llm.usage.cached} from cache", err=True)
     if not any(p.outcome == "accepted" for p in props) and props:
-        raise SystemExit(1)
+        raise click.exceptions.Exit(1)

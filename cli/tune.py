@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from .main import DTYPES, arch_choice, build_arch, cli, handle_errors, jdump
+from .main import DTYPES, arch_choice, build_arch, cli, handle_errors, jdump, no_gpu, problem_sandbox
 
 POLICIES = ("fp32", "tf32x3", "tf32", "bf16", "fp16")
 EPILOGUES = ("none", "bias", "bias_relu", "bias_gelu", "bias_gelu_tanh", "bias_silu", "residual")
@@ -198,6 +198,7 @@ def _tune_attention(shape, kv_heads, causal, scale, policy, dtype, arch, max_can
 @click.option("--offline", is_flag=True, help="Never open a socket for the language model.")
 @common
 @handle_errors
+@problem_sandbox(when=no_gpu)  # without a GPU (--compile-only) the model is built here only to discover it
 def realize(problem, policy, max_candidates, gpus, compile_only, force, no_registry, db, jobs, as_json, use_llm, offline):
     """Discover PROBLEM's regions and tune every GEMM-family one (stages 1 and 2).
 

@@ -50,8 +50,8 @@ def test_the_corpus_covers_every_class_with_forty_cases_or_more():
 
 @pytest.mark.parametrize("case", CASES, ids=[c["file"] for c in CASES])
 def test_hostile_input_ends_bounded_with_one_sentence(case, tmp_path):
-    if case["run"][0] == "optimize" and __import__("torch").cuda.is_available():
-        pytest.skip("with a GPU, optimize builds the model in its own process (it needs the GPU and the module)")
+    if case["run"][0] in ("optimize", "realize") and __import__("torch").cuda.is_available():
+        pytest.skip("with a GPU, optimize and realize build the model in their own process (they need the GPU)")
     home = tmp_path / "home"
     src = CORPUS / case["file"]
     if "generate" in case:
