@@ -88,15 +88,19 @@ def problem_sandbox(when=lambda: True):
     """A command taking PROBLEM (a file of Python that runs) re-runs itself in a child process
     under the memory and time limits (fact_db/sandbox.py) where `when()` holds, so a file that
     allocates, loops or exits cannot take the CLI down or pass for success. The command's own
-    `max_memory` and `timeout` options are the limits where it has them."""
+    `max_memory` and `timeout` options are the limits where it has them. Where `when()` does
+    not hold (a GPU run that needs the model here), the problem is first built and traced on
+    the meta device in a child (sandbox.preflight), then run here."""
     def deco(fn):
         @functools.wraps(fn)
         def wrapper(**kw):
             from fact_db import sandbox
-            if not sandbox.in_child() and when():
-                sandbox.rerun(click.get_current_context(), kw["problem"], kw.get("max_memory"), kw.get("timeout"),
-                              debug=Ctx.debug)
-                return None
+            if not sandbox.in_child():
+                if when():
+                    sandbox.rerun(click.get_current_context(), kw["problem"], kw.get("max_memory"),
+                                  kw.get("timeout"), debug=Ctx.debug)
+                    return None
+                sandbox.preflight(kw["problem"], debug=Ctx.debug)  # it runs here next: try it in a child first
             with sandbox.guarded(kw["problem"], kw.get("max_memory")):
                 return fn(**kw)
         return wrapper

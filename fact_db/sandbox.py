@@ -103,6 +103,22 @@ def rerun(ctx, problem: str, max_memory_mb: int | None = None, timeout_s: float 
         raise click.exceptions.Exit(rc)
 
 
+def preflight(problem: str, debug: bool = False) -> None:
+    """Where a command must build PROBLEM in its own process (on the GPU), first build and
+    trace it on the meta device in a child under the limits (`factdb discover`, output kept
+    back): a file that exits, loops or allocates at import, construction or tracing is
+    stopped and named before it runs here. Code that misbehaves only on real data is not
+    caught. ProblemError names the file and what the child said."""
+    mem, tmo = limits(None, None)
+    err: list = []
+    rc = run((["--debug"] if debug else []) + ["discover", problem, "--no-registry", "--json"], problem,
+             max_memory_mb=mem, timeout_s=tmo, stderr=err)
+    if rc:
+        said = [ln for ln in "".join(err).splitlines() if ln.strip()]
+        raise ProblemError(f"{problem}: building and tracing it in a child process failed before it runs here"
+                           + (f" ({said[-1].removeprefix('Error: ')})" if said else f" (exit code {rc})"))
+
+
 MAX_OUTPUT = 4 * 1024 * 1024  # bytes of the child's stdout (and of its stderr) passed on; a file that prints more is cut
 
 
@@ -142,9 +158,11 @@ def _relay(readers) -> None:
         click.echo(err, nl=False, err=True)
 
 
-def run(args: list[str], problem: str, *, max_memory_mb: int, timeout_s: float) -> int:
+def run(args: list[str], problem: str, *, max_memory_mb: int, timeout_s: float, stderr: list | None = None) -> int:
     """Run `python -m fact_db.cli ARGS` in a child under the limits, its output passed
-    through; returns its exit code, or raises ProblemError saying how the problem file ended it."""
+    through (or, given a `stderr` list, its stderr appended there and nothing shown);
+    returns its exit code, or raises ProblemError saying how the problem file ended it."""
+    relay = stderr is None
     import resource
 
     def limit():  # in the child, before exec
@@ -167,10 +185,15 @@ def run(args: list[str], problem: str, *, max_memory_mb: int, timeout_s: float) 
         except subprocess.TimeoutExpired:
             os.killpg(child.pid, signal.SIGKILL)
             child.wait()
-            _relay(readers)
+            if relay:
+                _relay(readers)
             raise ProblemError(f"{problem}: building and tracing did not finish within {timeout_s:g} s (a loop in "
                                "the problem file?); it was stopped. Raise --timeout if it needs longer") from None
-        _relay(readers)
+        if relay:
+            _relay(readers)
+        else:
+            readers[0].text()
+            stderr.append(readers[1].text())
         with open(done) as f:
             status = f.read()
     finally:

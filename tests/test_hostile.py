@@ -129,3 +129,18 @@ def test_text_from_an_imported_row_is_shown_with_control_characters_escaped(tmp_
     digest = next(r["digest"] for r in json.loads(listed) if r.get("notes", "").endswith("owned\x07"))
     shown = _cli(home, "registry", "show", digest).stdout
     assert "\\x1b[2J\\x1b[31mowned\\x07" in shown and "\x1b" not in shown and "\x07" not in shown
+
+
+def test_preflight_stops_a_problem_before_a_gpu_command_builds_it_in_process():
+    """With a GPU, optimize and realize build the model in their own process; before that the
+    problem is built and traced on meta in the sandboxed child, so a file that exits, loops or
+    raises at import, construction or tracing is stopped and named there."""
+    from fact_db.errors import ProblemError
+    from fact_db.sandbox import preflight
+    preflight(str(ROOT / "benchmarks" / "problems" / "gemm_bias_relu.py"))  # a good problem passes, silently
+    bad = CORPUS / "problems"
+    with pytest.raises(ProblemError, match=r"exit-three-at-import\.py: the problem file ended the process with exit code 3"):
+        preflight(str(bad / "exit-three-at-import.py"))
+    with pytest.raises(ProblemError, match=r"constructor-raises\.py: building and tracing it in a child process "
+                                           r"failed before it runs here \(.*constructor-raises\.py:5"):
+        preflight(str(bad / "constructor-raises.py"))
