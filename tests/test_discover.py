@@ -199,3 +199,28 @@ def test_real_allocation_during_construction_is_bounded():
     assert "late" not in known  # built on meta: the budget was spent
     assert all(prm.device.type == "meta" for prm in model.parameters())
     assert inputs[0].device.type == "meta"
+
+
+def test_discovery_walks_into_autocast_and_grad_mode_wrappers():
+    """torch.export wraps code under torch.autocast(enabled=False) or torch.no_grad() (older
+    HF rotary embeddings) in higher-order ops whose bodies are submodules; discovery inlines
+    them, naming their ops under the wrapper, and matches rules inside."""
+    import torch
+
+    from fact_db.discover import discover
+
+    class Wrapped(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(64, 64), torch.nn.Linear(64, 64)
+
+        def forward(self, x):
+            with torch.autocast(device_type="cpu", enabled=False):
+                y = torch.relu(self.a(x.float()))
+            with torch.no_grad():
+                return torch.nn.functional.gelu(self.b(y))
+
+    r = discover(Wrapped(), (torch.randn(8, 64),))
+    assert [x.rule for x in r.regions] == ["gemm-bias-relu", "gemm-bias-gelu"]
+    assert all("." in n for x in r.regions for n in x.nodes)  # ops of the wrappers' bodies, inlined
+    assert r.uncovered == []

@@ -16,10 +16,10 @@ def _rules(report):
     return [r.rule for r in report.regions]
 
 
-def test_llama_decoder_rotary_autocast_is_walked_into():
+def test_llama_decoder():
+    # transformers before 5.2x ran the rotary embedding under torch.autocast(enabled=False),
+    # which torch.export wraps in a higher-order op (discovery walks into it: tests/test_discover.py)
     r = discover_problem(P + "hf_llama_decoder.py")
-    # the rotary embedding sits in torch.export's autocast wrapper; its ops are inlined, named under the wrapper
-    assert any("." in n.name and n.op.startswith("aten.") for n in r.graph.calls())
     assert _rules(r) == ["rmsnorm", "gemm", "gemm", "gemm", "sdpa-attention", "gemm-residual", "rmsnorm",
                          "dual-gemm-swiglu", "gemm-residual"]
     assert r.regions[1].shape == "1024x2048x2048" and r.regions[2].shape == "1024x256x2048"
