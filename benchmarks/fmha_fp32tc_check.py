@@ -92,6 +92,7 @@ def timeit(fn, reps):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer shapes and reps (~2 min on an H100)")
+    ap.add_argument("--out", default="", help="results file (default benchmarks/results/<gpu>-<date>-fmha-fp32tc.json)")
     args = ap.parse_args()
     torch.manual_seed(0)
     dev = torch.device("cuda")
@@ -177,7 +178,7 @@ def main():
         print(f"{name}: {ms:.3f} ms, {t_sdpa / ms:.2f}x SDPA fp32", flush=True)
         results["timings"].append({"name": name, "ms": ms, "speedup_vs_sdpa_fp32": t_sdpa / ms})
     gpu = torch.cuda.get_device_name().split()[1].lower() if " " in torch.cuda.get_device_name() else "gpu"
-    out = Path(__file__).parent / "results" / f"{gpu}-{datetime.date.today()}-fmha-fp32tc.json"
+    out = Path(args.out) if args.out else Path(__file__).parent / "results" / f"{gpu}-{datetime.date.today()}-fmha-fp32tc.json"
     out.write_text(json.dumps(results, indent=1))
     print("wrote", out)
 
