@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from .main import cli, handle_errors, jdump, no_gpu, problem_sandbox
-from .tune import POLICIES, _gpus, _open_registry
+from .tune import POLICIES, _gpus, _open_registry, consult_rules
 
 PEERS = ("compile", "max-autotune")
 MORE_PEERS = ("reduce-overhead",)  # torch.compile's CUDA-graph mode, asked for by name
@@ -99,14 +99,7 @@ def optimize(problem, policy, max_candidates, budget, gpus, peers, no_bench, no_
 
     from fact_db.optimize import optimize_problem, plan_problem
     from fact_db.report import markdown, report_dict
-    rules = None
-    if use_llm:
-        from fact_db.agent import consult, summary_line
-        info = consult(problem, policy=policy, offline=offline)
-        click.echo(json.dumps({"llm": info}) if as_json else summary_line(info), err=True)
-        if info.get("rule_files"):  # the accepted rules join the shipped ones for this run
-            from fact_db.rules import load_rules
-            rules = load_rules(extra=[Path(f) for f in info["rule_files"]])
+    rules = consult_rules(problem, policy, offline, as_json) if use_llm else None
     reg = _open_registry(db, not no_registry)
     try:
         if not torch.cuda.is_available():

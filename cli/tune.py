@@ -191,6 +191,18 @@ def _tune_attention(shape, kv_heads, causal, scale, policy, dtype, arch, max_can
         click.echo(f"  note: {n}")
 
 
+def consult_rules(problem, policy, offline, as_json):
+    """`--llm`: ask the agent about PROBLEM (its summary on stderr); the rule set with the rules
+    it accepted joined to the shipped ones, or None where it accepted none."""
+    from fact_db.agent import consult, summary_line
+    info = consult(problem, policy=policy, offline=offline)
+    click.echo(json.dumps({"llm": info}) if as_json else summary_line(info), err=True)
+    if not info.get("rule_files"):
+        return None
+    from fact_db.rules import load_rules
+    return load_rules(extra=[Path(f) for f in info["rule_files"]])
+
+
 @cli.command()
 @click.argument("problem")
 @click.option("--policy", type=click.Choice(POLICIES), default="fp32", show_default=True)
@@ -212,14 +224,7 @@ def realize(problem, policy, max_candidates, gpus, compile_only, force, no_regis
     """
     from fact_db.realize import realize_problem
 
-    rules = None
-    if use_llm:
-        from fact_db.agent import consult, summary_line
-        info = consult(problem, policy=policy, offline=offline)
-        click.echo(json.dumps({"llm": info}) if as_json else summary_line(info), err=True)
-        if info.get("rule_files"):  # the accepted rules join the shipped ones for this run
-            from fact_db.rules import load_rules
-            rules = load_rules(extra=[Path(f) for f in info["rule_files"]])
+    rules = consult_rules(problem, policy, offline, as_json) if use_llm else None
 
     def show(p, r):  # each region as soon as it is done: a model's regions take minutes each
         click.echo(f"== {p.region.rule} {p.region.shape}")
