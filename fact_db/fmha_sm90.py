@@ -37,6 +37,9 @@ def applies(w: AttentionWorkload, arch: str) -> str | None:
         return f"fmha_sm90 causal needs lq <= lk (top-left mask), got lq={w.lq} lk={w.lk}"
     if w.lq == 1 or w.lk == 1:
         return "sequence length 1: a decode step, the library serves it"
+    if w.lq % 8:
+        return (f"fmha_sm90 needs a query length that is a multiple of 8 (example 88's alignment "
+                f"check), got lq={w.lq}")
     if w.batch * w.heads * w.lq * w.d >= MAX_INT or w.batch * w.kv_heads * w.lk * w.d >= MAX_INT:
         return "tensors past 2^31 elements (the kernel's strides are 32-bit)"
     return None

@@ -252,9 +252,10 @@ class NormKernel:
             return existing
         kernel, w = self, self.workload
 
-        @torch.library.custom_op(f"factdb::{name}", mutates_args=())
-        def op(x: torch.Tensor, r: torch.Tensor | None, weight: torch.Tensor,
-               bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        # schema spelled out: this module's annotations are strings, which infer_schema refuses
+        @torch.library.custom_op(f"factdb::{name}", mutates_args=(), device_types="cuda",
+                                 schema="(Tensor x, Tensor? r, Tensor weight, Tensor? bias) -> (Tensor, Tensor)")
+        def op(x, r, weight, bias):
             y, s = kernel(x, r, weight, bias)
             return y, (s if s is not None else x.new_empty(0))
 

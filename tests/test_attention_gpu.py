@@ -92,8 +92,10 @@ def test_grouped_query_attention(kernels, heads, kv_heads):
     _check(_pick(kernels, w), w)
 
 
-@pytest.mark.parametrize("lq,lk,causal", [(100, 100, True), (333, 333, True), (77, 200, False), (200, 77, False),
-                                          (130, 300, True)])
+# query lengths are multiples of 8 (the family refuses others: example 88's alignment check); key
+# lengths are free; none is a multiple of the 128-row tile
+@pytest.mark.parametrize("lq,lk,causal", [(104, 104, True), (328, 333, True), (72, 200, False), (200, 77, False),
+                                          (136, 300, True)])
 def test_ragged_lengths(kernels, lq, lk, causal):
     w = W(lq=lq, lk=lk, causal=causal, d=96, dv=96)
     _check(_pick(kernels, w), w)

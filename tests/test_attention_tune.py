@@ -34,7 +34,7 @@ def test_fmha_sm90_configs_cover_head_dims(d):
 @pytest.mark.parametrize("kw,why", [
     (dict(d=160, dv=160), "head dims"), (dict(d=60, dv=60), "multiples of 8"), (dict(d=64, dv=128), "equal"),
     (dict(policy="fp32"), "bfloat16/float16"), (dict(lq=1), "sequence length 1"),
-    (dict(lq=128, lk=64), "lq <= lk"),
+    (dict(lq=128, lk=64), "lq <= lk"), (dict(lq=100, lk=100), "multiple of 8"),
 ])
 def test_fmha_sm90_refuses_what_it_cannot_serve(kw, why):
     assert why in fmha_sm90.applies(W(**kw), "sm90a")
@@ -45,7 +45,7 @@ def test_fmha_sm90_refuses_other_arch():
 
 
 def test_gqa_and_ragged_lengths_apply():
-    assert fmha_sm90.applies(W(heads=8, kv_heads=2, lq=100, lk=100), "sm90a") is None
+    assert fmha_sm90.applies(W(heads=8, kv_heads=2, lq=104, lk=110), "sm90a") is None
 
 
 def test_candidates_are_library_backends_plus_family_kernels():
