@@ -99,8 +99,8 @@ def main():
     variants = []
     for hd in (64, 96, 128):
         for promote in ((32, 0) if hd != 96 else (32, 64, 0)):
-            for bn in ((64,) if args.quick and hd != 96 else (64, 32)):
-                variants.append({"head_dim": hd, "head_dim_v": hd, "block_n": bn, "promote_k": promote})
+            for bm, bn in (((128, 64),) if args.quick and hd != 96 else fmha_fp32tc.TILES):
+                variants.append({"head_dim": hd, "head_dim_v": hd, "block_m": bm, "block_n": bn, "promote_k": promote})
     w0 = AttentionWorkload(1, 1, 1, 64, 64, 64, 64)
     srcs = [fmha_fp32tc.source(w0, c) for c in variants]
     built = build(srcs, jobs=16)
@@ -113,8 +113,8 @@ def main():
     shapes = [  # b, h, hk, lq, lk, d, causal
         (2, 4, 4, 77, 77, 64, False), (2, 4, 4, 77, 77, 64, True), (1, 8, 2, 130, 200, 64, True),
         (2, 4, 4, 100, 37, 96, True), (2, 4, 2, 129, 129, 96, False), (1, 2, 2, 65, 300, 128, True),
-        (1, 2, 2, 200, 100, 128, False), (2, 3, 3, 64, 64, 80, True), (4, 8, 8, 512, 512, 96, True),
-    ]
+        (1, 2, 2, 200, 100, 128, False), (2, 3, 3, 64, 64, 80, True), (2, 2, 2, 150, 150, 90, True), (4, 8, 8, 512, 512, 96, True),
+    ]  # d=90: rows not 16-byte multiples, the plain-load path
     results = {"machine": _provenance.machine(torch=torch.__version__), "gpu": torch.cuda.get_device_name(),
                "commit": _provenance.commit(), "checks": [], "timings": []}
     for (b, h, hk, lq, lk, d, causal) in shapes:

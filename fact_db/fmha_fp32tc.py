@@ -1,7 +1,7 @@
 """fp32-accurate attention on TF32 tensor cores: the `fmha_fp32tc_sm90` family (FMHA_ABI).
 
-A flash-attention forward (kernels_cpp/fmha_fp32tc_sm90.cu.j2): both products on TF32
-tensor cores (warp-level mma.sync m16n8k8) with each operand split into a TF32 high and low
+A flash-attention forward (kernels_cpp/fmha_fp32tc_sm90.cu.j2), K/V tiles pipelined through
+shared memory with cp.async: both products on TF32 tensor cores (warp-level mma.sync m16n8k8) with each operand split into a TF32 high and low
 part and three products (3xTF32), softmax in fp32 registers. As for `gemm_fp32tc_sm90`'s
 `split3`, the `fp32` policy adds the tensor cores' partial sums into fp32 registers every
 32 of k (`promote_k`), `tf32x3` every 64 (or never, promote_k=0, as the fastest variant).
@@ -10,7 +10,7 @@ part and three products (3xTF32), softmax in fp32 registers. As for `gemm_fp32tc
 >>> applies(w, "sm90a") is None
 True
 >>> label(configs(w, 4)[0])
-'fmha_fp32tc q64 k64 hd96 p32'
+'fmha_fp32tc q128 k64 hd96 p32'
 """
 from __future__ import annotations
 
@@ -25,7 +25,8 @@ MAX_HEAD_DIM = 128
 ARCHES = ("sm90a", "sm90", "sm80")
 # promotion every k per policy (README, gemm_fp32tc_sm90): fp32 32, tf32x3 64 or none
 PROMOTE = {"fp32": (32, 16), "tf32x3": (64, 0, 32)}
-BLOCK_N = (64, 32)
+# (block_m, block_n): query rows per CTA (a warp per 16) and keys per pipelined tile
+TILES = ((128, 64), (64, 64), (128, 32), (64, 32))
 
 
 def _padded(dim: int) -> int:
@@ -51,18 +52,18 @@ def applies(w: AttentionWorkload, arch: str) -> str | None:
 
 
 def configs(w: AttentionWorkload, max_n: int) -> list[dict]:
-    """Parameter sets, best guess first: block_n 64 before 32, the policy's promotion first."""
+    """Parameter sets, best guess first: the policy's promotion first, then the tiles in TILES order."""
     hd, hdv = _padded(w.d), _padded(w.dv)
     out = []
     for promote in PROMOTE.get(w.policy, ()):
-        for bn in BLOCK_N:
-            out.append({"head_dim": hd, "head_dim_v": hdv, "block_n": bn, "promote_k": promote})
+        for bm, bn in TILES:
+            out.append({"head_dim": hd, "head_dim_v": hdv, "block_m": bm, "block_n": bn, "promote_k": promote})
     return out[:max(0, max_n)]
 
 
 def label(config: dict) -> str:
     hd = f"hd{config['head_dim']}" + (f"/{config['head_dim_v']}" if config["head_dim_v"] != config["head_dim"] else "")
-    return f"fmha_fp32tc q64 k{config['block_n']} {hd} p{config['promote_k']}"
+    return f"fmha_fp32tc q{config.get('block_m', 64)} k{config['block_n']} {hd} p{config['promote_k']}"
 
 
 def source(w: AttentionWorkload, config: dict) -> Source:

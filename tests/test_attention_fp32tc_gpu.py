@@ -27,11 +27,11 @@ from fact_db import fmha_fp32tc  # noqa: E402
 from fact_db.attention import AttentionWorkload  # noqa: E402
 from fact_db.build import build  # noqa: E402
 
-CONFIGS = [
-    {"head_dim": 64, "head_dim_v": 64, "block_n": 64, "promote_k": 32},
-    {"head_dim": 96, "head_dim_v": 96, "block_n": 64, "promote_k": 32},
-    {"head_dim": 96, "head_dim_v": 96, "block_n": 32, "promote_k": 0},
-    {"head_dim": 128, "head_dim_v": 128, "block_n": 64, "promote_k": 64},
+CONFIGS = [  # both block_m, both block_n, each padded head dim, with and without promotion
+    {"head_dim": 64, "head_dim_v": 64, "block_m": 128, "block_n": 64, "promote_k": 32},
+    {"head_dim": 96, "head_dim_v": 96, "block_m": 64, "block_n": 64, "promote_k": 32},
+    {"head_dim": 96, "head_dim_v": 96, "block_m": 128, "block_n": 32, "promote_k": 0},
+    {"head_dim": 128, "head_dim_v": 128, "block_m": 64, "block_n": 32, "promote_k": 64},
 ]
 
 
@@ -47,6 +47,7 @@ def kernels():
 SHAPES = [  # b, h, hk, lq, lk, d, causal
     (2, 4, 4, 77, 77, 64, True), (1, 8, 2, 130, 200, 64, False), (2, 4, 4, 100, 37, 96, True),
     (2, 4, 2, 129, 129, 96, False), (1, 2, 2, 65, 300, 128, True), (2, 3, 3, 64, 64, 80, True),
+    (2, 2, 2, 150, 150, 90, True),  # rows of 90 floats: not 16-byte multiples, the plain-load path
     (2, 8, 8, 512, 512, 96, True),
 ]
 
@@ -85,3 +86,21 @@ def test_causal_mask_is_applied(kernels):
     full = reference(q, k, v, 0.125, False)
     assert (causal.double() - reference(q, k, v, 0.125, True)).abs().max() < 1e-5
     assert (causal.double() - full).abs().max() > 1e-2, "a kernel ignoring the mask would equal the unmasked result"
+
+
+def test_unaligned_and_strided_inputs_take_the_plain_load_path(kernels):
+    """q starting 4 bytes past a 16-byte boundary, and k as a strided view: the 16-byte copies
+    cannot serve them, the plain loads must, with the same result as packed inputs."""
+    c, run = next((c, r) for c, r in kernels if c["head_dim"] == 96)
+    b, h, lq, d = 2, 4, 100, 96
+    g = torch.Generator(device="cuda").manual_seed(3)
+    q, k, v = (torch.randn(b, h, lq, d, device="cuda", generator=g) for _ in range(3))
+    packed = run(q, k, v, d ** -0.5, True)
+    buf = torch.empty(q.numel() + 1, device="cuda")
+    q_off = buf[1:].view_as(q)
+    q_off.copy_(q)
+    assert q_off.data_ptr() % 16 != 0
+    k_strided = torch.randn(b, h, lq, 2 * d + 2, device="cuda")[..., : d]  # row stride 194: not a multiple of 4
+    k_strided.copy_(k)
+    out = run(q_off, k_strided, v, d ** -0.5, True)
+    assert torch.equal(out, packed)

@@ -140,9 +140,12 @@ def test_custom_op_under_compile(kernels):
 
 def test_tuner_end_to_end_in_the_worker(tmp_path):
     from fact_db.registry import Registry
-    w = W(heads=8, kv_heads=2, lq=300, lk=300, d=96, dv=96)
+    w = W(heads=8, kv_heads=2, lq=296, lk=300, d=96, dv=96)
     reg = Registry.open(f"duckdb:///{tmp_path / 'r.duckdb'}", seed=False)
     res = attention_tune.tune(w, registry=reg, jobs=16, fams=[fmha_sm90])
     kinds = {t.label: t.status for t in res.trials}
     assert all(s == "ok" for lbl, s in kinds.items() if lbl.startswith("fmha")), kinds
-    assert res.best is not None and reg.attention_get(w, "sm90a").label == res.best.label
+    from fact_db.tune import current_gpu
+    gpu = current_gpu()[0]
+    assert res.best is not None and reg.attention_get(w, "sm90a", gpu).label == res.best.label
+    assert reg.attention_get(w, "sm90a", "some-other-gpu") is None  # rows are keyed by the GPU

@@ -31,7 +31,8 @@ def test_refuses_with_a_reason(w, arch, why):
 
 def test_configs_follow_the_policy_promotion():
     fp32 = fmha_fp32tc.configs(MINGPT, 8)
-    assert fp32[0] == {"head_dim": 96, "head_dim_v": 96, "block_n": 64, "promote_k": 32}
+    assert fp32[0] == {"head_dim": 96, "head_dim_v": 96, "block_m": 128, "block_n": 64, "promote_k": 32}
+    assert {(c["block_m"], c["block_n"]) for c in fp32} == set(fmha_fp32tc.TILES)
     assert {c["promote_k"] for c in fp32} <= {32, 16}, "the fp32 policy always promotes"
     tf = fmha_fp32tc.configs(MINGPT.with_(policy="tf32x3"), 8)
     assert tf[0]["promote_k"] == 64 and 0 in {c["promote_k"] for c in tf}
@@ -46,7 +47,7 @@ def test_head_dims_pad_up_inside_the_kernel():
 def test_labels_are_distinct():
     labels = [fmha_fp32tc.label(c) for c in fmha_fp32tc.configs(MINGPT.with_(policy="tf32x3"), 8)]
     assert len(set(labels)) == len(labels)
-    assert labels[0] == "fmha_fp32tc q64 k64 hd96 p64"
+    assert labels[0] == "fmha_fp32tc q128 k64 hd96 p64"
 
 
 def test_source_renders_the_abi_with_the_config():
@@ -56,4 +57,7 @@ def test_source_renders_the_abi_with_the_config():
     assert "size_t fact_fmha_fp32tc_sm90_workspace_size(" in src.code
     assert "kHeadDim = 128;" in src.code and "kHeadDimV = 64;" in src.code
     assert "kBlockN = 32;" in src.code and "kPromoteK = 0;" in src.code
+    assert "kBlockM = 64;" in src.code, "configs stored before block_m existed render the 64-row tile"
+    assert "kBlockM = 128;" in fmha_fp32tc.source(MINGPT, fmha_fp32tc.configs(MINGPT, 1)[0]).code
+    assert "cp.async.cg.shared.global" in src.code, "K/V tiles are pipelined with cp.async"
     assert "cvt.rna.tf32.f32" in src.code, "operands are rounded to TF32, not truncated"
