@@ -98,9 +98,13 @@ def main():
     dev = torch.device("cuda")
     variants = []
     for hd in (64, 96, 128):
-        for promote in ((32, 0) if hd != 96 else (32, 64, 0)):
-            for bm, bn in (((128, 64),) if args.quick and hd != 96 else fmha_fp32tc.TILES):
-                variants.append({"head_dim": hd, "head_dim_v": hd, "block_m": bm, "block_n": bn, "promote_k": promote})
+        for promote in ((32, 0) if hd != 96 or args.quick else (32, 64, 0)):
+            for bm, bn in (((128, 32),) if args.quick and hd != 96 else fmha_fp32tc.TILES):
+                for presplit in (1, 0):
+                    c = {"head_dim": hd, "head_dim_v": hd, "block_m": bm, "block_n": bn, "presplit": presplit,
+                         "promote_k": promote}
+                    if fmha_fp32tc.smem_bytes(c) <= fmha_fp32tc.SMEM_LIMIT:
+                        variants.append(c)
     w0 = AttentionWorkload(1, 1, 1, 64, 64, 64, 64)
     srcs = [fmha_fp32tc.source(w0, c) for c in variants]
     built = build(srcs, jobs=16)

@@ -10,7 +10,7 @@ part and three products (3xTF32), softmax in fp32 registers. As for `gemm_fp32tc
 >>> applies(w, "sm90a") is None
 True
 >>> label(configs(w, 4)[0])
-'fmha_fp32tc q128 k64 hd96 p32'
+'fmha_fp32tc q128 k64 hd96 p32 presplit'
 """
 from __future__ import annotations
 
@@ -27,6 +27,17 @@ ARCHES = ("sm90a", "sm90", "sm80")
 PROMOTE = {"fp32": (32, 16), "tf32x3": (64, 0, 32)}
 # (block_m, block_n): query rows per CTA (a warp per 16) and keys per pipelined tile
 TILES = ((128, 64), (64, 64), (128, 32), (64, 32))
+
+
+SMEM_LIMIT = 227 * 1024  # an sm90 CTA's dynamic shared memory
+
+
+def smem_bytes(config: dict) -> int:
+    """Shared memory of a config (the template's kSmemFloats): the Q tile, two K/V stages, and
+    with presplit one more K/V tile for the low parts; rows padded by 4 floats."""
+    q, k, v = config["head_dim"] + 4, config["head_dim"] + 4, config["head_dim_v"] + 4
+    bm, bn = config.get("block_m", 64), config["block_n"]
+    return 4 * (bm * q + (2 + (1 if config.get("presplit") else 0)) * bn * (k + v))
 
 
 def _padded(dim: int) -> int:
@@ -52,18 +63,24 @@ def applies(w: AttentionWorkload, arch: str) -> str | None:
 
 
 def configs(w: AttentionWorkload, max_n: int) -> list[dict]:
-    """Parameter sets, best guess first: the policy's promotion first, then the tiles in TILES order."""
+    """Parameter sets, best guess first: the policy's promotion first, then the tiles in TILES
+    order, each split once per CTA (presplit) and per warp; those past the shared memory left out."""
     hd, hdv = _padded(w.d), _padded(w.dv)
     out = []
     for promote in PROMOTE.get(w.policy, ()):
         for bm, bn in TILES:
-            out.append({"head_dim": hd, "head_dim_v": hdv, "block_m": bm, "block_n": bn, "promote_k": promote})
+            for presplit in (1, 0):
+                c = {"head_dim": hd, "head_dim_v": hdv, "block_m": bm, "block_n": bn, "presplit": presplit,
+                     "promote_k": promote}
+                if smem_bytes(c) <= SMEM_LIMIT:
+                    out.append(c)
     return out[:max(0, max_n)]
 
 
 def label(config: dict) -> str:
     hd = f"hd{config['head_dim']}" + (f"/{config['head_dim_v']}" if config["head_dim_v"] != config["head_dim"] else "")
-    return f"fmha_fp32tc q{config.get('block_m', 64)} k{config['block_n']} {hd} p{config['promote_k']}"
+    split = " presplit" if config.get("presplit") else ""
+    return f"fmha_fp32tc q{config.get('block_m', 64)} k{config['block_n']} {hd} p{config['promote_k']}{split}"
 
 
 def source(w: AttentionWorkload, config: dict) -> Source:

@@ -27,9 +27,9 @@ from fact_db import fmha_fp32tc  # noqa: E402
 from fact_db.attention import AttentionWorkload  # noqa: E402
 from fact_db.build import build  # noqa: E402
 
-CONFIGS = [  # both block_m, both block_n, each padded head dim, with and without promotion
-    {"head_dim": 64, "head_dim_v": 64, "block_m": 128, "block_n": 64, "promote_k": 32},
-    {"head_dim": 96, "head_dim_v": 96, "block_m": 64, "block_n": 64, "promote_k": 32},
+CONFIGS = [  # both block_m, both block_n, each padded head dim, with and without promotion and presplit
+    {"head_dim": 64, "head_dim_v": 64, "block_m": 128, "block_n": 64, "presplit": 1, "promote_k": 32},
+    {"head_dim": 96, "head_dim_v": 96, "block_m": 64, "block_n": 64, "presplit": 1, "promote_k": 32},
     {"head_dim": 96, "head_dim_v": 96, "block_m": 128, "block_n": 32, "promote_k": 0},
     {"head_dim": 128, "head_dim_v": 128, "block_m": 64, "block_n": 32, "promote_k": 64},
 ]

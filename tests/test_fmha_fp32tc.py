@@ -31,10 +31,12 @@ def test_refuses_with_a_reason(w, arch, why):
 
 def test_configs_follow_the_policy_promotion():
     fp32 = fmha_fp32tc.configs(MINGPT, 8)
-    assert fp32[0] == {"head_dim": 96, "head_dim_v": 96, "block_m": 128, "block_n": 64, "promote_k": 32}
+    assert fp32[0] == {"head_dim": 96, "head_dim_v": 96, "block_m": 128, "block_n": 64, "presplit": 1,
+                       "promote_k": 32}
     assert {(c["block_m"], c["block_n"]) for c in fp32} == set(fmha_fp32tc.TILES)
+    assert {c["presplit"] for c in fp32} == {0, 1}
     assert {c["promote_k"] for c in fp32} <= {32, 16}, "the fp32 policy always promotes"
-    tf = fmha_fp32tc.configs(MINGPT.with_(policy="tf32x3"), 8)
+    tf = fmha_fp32tc.configs(MINGPT.with_(policy="tf32x3"), 99)
     assert tf[0]["promote_k"] == 64 and 0 in {c["promote_k"] for c in tf}
     assert len(fmha_fp32tc.configs(MINGPT, 1)) == 1 and fmha_fp32tc.configs(MINGPT, 0) == []
 
@@ -47,7 +49,7 @@ def test_head_dims_pad_up_inside_the_kernel():
 def test_labels_are_distinct():
     labels = [fmha_fp32tc.label(c) for c in fmha_fp32tc.configs(MINGPT.with_(policy="tf32x3"), 8)]
     assert len(set(labels)) == len(labels)
-    assert labels[0] == "fmha_fp32tc q128 k64 hd96 p64"
+    assert labels[0] == "fmha_fp32tc q128 k64 hd96 p64 presplit"
 
 
 def test_source_renders_the_abi_with_the_config():
@@ -60,4 +62,17 @@ def test_source_renders_the_abi_with_the_config():
     assert "kBlockM = 64;" in src.code, "configs stored before block_m existed render the 64-row tile"
     assert "kBlockM = 128;" in fmha_fp32tc.source(MINGPT, fmha_fp32tc.configs(MINGPT, 1)[0]).code
     assert "cp.async.cg.shared.global" in src.code, "K/V tiles are pipelined with cp.async"
-    assert "cvt.rna.tf32.f32" in src.code, "operands are rounded to TF32, not truncated"
+    assert "+ 0x1000u) & 0xffffe000u" in src.code, "operands are rounded to TF32 (ties away), not truncated"
+    assert "kPresplit = false;" in src.code
+
+
+def test_configs_fit_shared_memory():
+    """hd128 with 128-row tiles, 64-key tiles and presplit needs 270 KB: left out, its per-warp
+    split sibling kept; the byte count is the template's."""
+    big = fmha_fp32tc.configs(MINGPT.with_(d=128, dv=128), 99)
+    assert all(fmha_fp32tc.smem_bytes(c) <= fmha_fp32tc.SMEM_LIMIT for c in big)
+    assert {"block_m": 128, "block_n": 64, "presplit": 0}.items() <= big[0].items()
+    c = {"head_dim": 128, "head_dim_v": 128, "block_m": 128, "block_n": 64, "presplit": 1, "promote_k": 32}
+    assert fmha_fp32tc.smem_bytes(c) == 4 * (128 * 132 + 3 * 64 * 264) > fmha_fp32tc.SMEM_LIMIT
+    src = fmha_fp32tc.source(MINGPT, fmha_fp32tc.configs(MINGPT, 1)[0]).code
+    assert "kPresplit = true;" in src
