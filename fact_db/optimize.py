@@ -359,15 +359,17 @@ def optimize_problem(spec: str, **kw):
     `get_inputs()`."""
     import torch
 
+    from .sandbox import time_limit
     from .trace import load_problem
-    problem = load_problem(spec)
     if not torch.cuda.is_available() and kw.get("realizer") is None:
         raise OptimizeError("no CUDA GPU is visible: use plan_problem() (`factdb optimize` prints the plan)")
     dev = torch.device("cuda") if kw.get("realizer") is None else torch.device("cpu")
-    torch.manual_seed(0)
-    with torch.device(dev):
-        model = problem.make_model()
-        inputs = problem.make_inputs()
+    with time_limit(spec, kw.pop("build_timeout_s", None)):  # the file's code runs here: bounded in time
+        problem = load_problem(spec)
+        torch.manual_seed(0)
+        with torch.device(dev):
+            model = problem.make_model()
+            inputs = problem.make_inputs()
 
     def make_inputs():
         with torch.device(dev):

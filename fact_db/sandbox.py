@@ -92,6 +92,34 @@ def guarded(problem: str, max_memory_mb: int | None = None):
     return guard()
 
 
+def time_limit(problem: str, timeout_s: float | None = None):
+    """Around code of PROBLEM that must run in this process (building the model on the GPU,
+    after `preflight`): past the time limit (the child's: --timeout or $FACTDB_PROBLEM_TIMEOUT)
+    it stops with a ProblemError naming the file. A no-op inside the child (the parent keeps
+    the time there) and off the main thread (no signal can reach it)."""
+    import contextlib
+    import threading
+
+    @contextlib.contextmanager
+    def limit():
+        if in_child() or threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        tmo = limits(None, timeout_s)[1]
+
+        def stop(signum, frame):
+            raise ProblemError(f"{problem}: building it took longer than {tmo:g} s (the limit: --timeout or "
+                               "$FACTDB_PROBLEM_TIMEOUT)")
+        old = signal.signal(signal.SIGALRM, stop)
+        signal.setitimer(signal.ITIMER_REAL, tmo)
+        try:
+            yield
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
+    return limit()
+
+
 def rerun(ctx, problem: str, max_memory_mb: int | None = None, timeout_s: float | None = None,
           debug: bool = False) -> None:
     """Run the command of `ctx` again in a child under the limits (module docstring); its exit

@@ -144,3 +144,18 @@ def test_preflight_stops_a_problem_before_a_gpu_command_builds_it_in_process():
     with pytest.raises(ProblemError, match=r"constructor-raises\.py: building and tracing it in a child process "
                                            r"failed before it runs here \(.*constructor-raises\.py:5"):
         preflight(str(bad / "constructor-raises.py"))
+
+
+def test_the_in_process_build_of_the_gpu_path_is_bounded_in_time():
+    """Preflight builds on meta, so code that loops only on real data passes it; the GPU path
+    then builds the model in this process under the same time limit, which stops it with one
+    sentence naming the file (here a constructor that always loops, run directly)."""
+    import time
+
+    from fact_db.errors import ProblemError
+    from fact_db.optimize import optimize_problem
+    f = CORPUS / "problems" / "loop-in-constructor.py"
+    t0 = time.monotonic()
+    with pytest.raises(ProblemError, match=r"loop-in-constructor\.py: building it took longer than 1 s"):
+        optimize_problem(str(f), realizer=lambda *a, **k: None, build_timeout_s=1)  # a realizer: runs on the CPU
+    assert time.monotonic() - t0 < 10
