@@ -133,11 +133,16 @@ def _on_gpu(inputs) -> bool:
     return torch.cuda.is_available() and any(isinstance(x, torch.Tensor) and x.is_cuda for x in inputs)
 
 
+GRAPH_MARGIN = 0.97  # a graph is kept only where it times at least 3% faster than op by op
+
+
 def choose_graph(fast, policy: str, draw, timer=None) -> str:
     """Keep the composed module's CUDA graph only where it is faster than the graph run op by
     op, timed on three fresh input sets: a graph saves the host's launches (a launch-bound
     Llama block at bf16: 0.43 against 1.12 ms) but copies inputs in and outputs out, which a
-    memory-bound model pays for (a LayerNorm: 0.31 against 0.17 ms). Returns the note."""
+    memory-bound model pays for (a LayerNorm: 0.31 against 0.17 ms). Within GRAPH_MARGIN the
+    graph is dropped: the minGPT block at fp32 timed 12.73 against 12.79 ms here and then 13.41
+    against 12.45 in the benchmark that followed, so a tie is not a win. Returns the note."""
     import torch
 
     from .bench import time_cuda
@@ -157,7 +162,7 @@ def choose_graph(fast, policy: str, draw, timer=None) -> str:
     if fast.graph_note:  # the capture, or its check against the ops, failed while timing
         return fast.graph_note
     ops_ms = ms(ops)
-    if ops_ms <= graph_ms:
+    if graph_ms > GRAPH_MARGIN * ops_ms:
         fast.cuda_graph = False
         fast._graphs.clear()
         return f"CUDA graph off: op by op {ops_ms:.3f} ms, replayed as a graph {graph_ms:.3f} ms"

@@ -513,12 +513,13 @@ def test_measure_times_every_peer_and_the_composed_module_compiled(tmp_path):
 
 def test_the_cuda_graph_is_kept_only_where_it_is_faster(block):
     """choose_graph keeps the graph on a launch-bound model and turns it off where copying
-    inputs in and outputs out costs more than the launches it saves (timings injected)."""
+    inputs in and outputs out costs more than the launches it saves, or where the two are
+    within the margin (timings injected)."""
     from fact_db.optimize import choose_graph
     model, x, disc = block
     gm, _ = rewrite(disc.graph.program, disc.regions, {})
     draw = lambda t: ((torch.rand_like(x),), "like")  # noqa: E731
-    for graph_ms, ops_ms, on in ((0.43, 1.12, True), (0.31, 0.17, False)):
+    for graph_ms, ops_ms, on in ((0.43, 1.12, True), (0.31, 0.17, False), (12.725, 12.792, False)):
         fast = ComposedModule(gm, model, policy="fp32", optimized_for=signature((x,)), cuda_graph=True)
         fast._graphs["sig"] = object()
         timer = lambda fn, xs, g=graph_ms, o=ops_ms, f=fast: g if fn.__name__ == "<lambda>" else o  # noqa: E731
