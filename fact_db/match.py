@@ -418,7 +418,7 @@ def match_rule(rule, graph: Graph, arch: str | None = None) -> tuple:
                 break
     nearest = None if found else t.best
     if found and rule.patterns[0].siblings is not None:
-        found, nearest = _sibling_groups(rule, found, graph)
+        found, nearest = _sibling_groups(rule, found, graph, t.best)
     if nearest is not None and nearest.node is None:
         want = sorted({pn.op_text() for p in rule.patterns for pn in [p.nodes[p.output]]})
         have = sorted({n.op for n in graph.calls() if not aten.is_transparent(n) and n.op.startswith("aten.")})
@@ -431,10 +431,11 @@ def _value(v) -> str:
     return getattr(v, "name", None) or repr(v)
 
 
-def _sibling_groups(rule, found: list, graph: Graph) -> tuple:
+def _sibling_groups(rule, found: list, graph: Graph, missed: NoMatch) -> tuple:
     """(GroupMatch list, NoMatch or None) of a sibling rule: its single-output matches grouped
     by the values of the shared captures, each group split further by the `same` expressions;
-    a group with fewer than `min` members is no match."""
+    a group with fewer than `min` members is no match (`missed`: the nearest failure of a
+    would-be member, quoted in the reason)."""
     sib = rule.patterns[0].siblings
     order = {id(n): i for i, n in enumerate(graph.nodes)}
     # One member per computation: the plain GEMM inside a GEMM + add is the same projection.
@@ -480,7 +481,9 @@ def _sibling_groups(rule, found: list, graph: Graph) -> tuple:
             outs = ", ".join(f"`{m.output.name}`" for m in cluster)
             why.append((len(cluster), NoMatch(f"only {len(cluster)} match{'es' if len(cluster) > 1 else ''} ({outs}) "
                                               f"read{'s' if len(cluster) == 1 else ''} {shared}; rule `{rule.id}` "
-                                              f"groups at least {sib.min}", cluster[0].output, len(cluster))))
+                                              f"groups at least {sib.min}"
+                                              + (f"; nearest other: {missed.reason}" if missed.node is not None else ""),
+                                              cluster[0].output, len(cluster))))
     if groups:
         return groups, None
     return [], max(why, key=lambda x: x[0])[1] if why else NoMatch("no sibling group", None, -1)

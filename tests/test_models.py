@@ -20,15 +20,20 @@ def test_llama_decoder():
     # transformers before 5.2x ran the rotary embedding under torch.autocast(enabled=False),
     # which torch.export wraps in a higher-order op (discovery walks into it: tests/test_discover.py)
     r = discover_problem(P + "hf_llama_decoder.py")
-    assert _rules(r) == ["rmsnorm", "gemm", "gemm", "gemm", "sdpa-attention", "gemm-residual", "rmsnorm",
+    assert _rules(r) == ["rmsnorm", "gemm-horizontal", "sdpa-attention", "gemm-residual", "rmsnorm",
                          "dual-gemm-swiglu", "gemm-residual"]
-    assert r.regions[1].shape == "1024x2048x2048" and r.regions[2].shape == "1024x256x2048"
+    # q, k and v projections (GQA: 4 KV heads of 64) as one GEMM over their concatenated weights
+    qkv = r.regions[1]
+    assert qkv.shape == "1024x2560x2048 (2048 + 256 + 256)" and qkv.epilogue == ["none"] and qkv.composable == ""
+    assert [m["b"] for m in qkv.attrs["members"]] == ["p_layer_self_attn_q_proj_weight", "p_layer_self_attn_k_proj_weight",
+                                                      "p_layer_self_attn_v_proj_weight"]
     assert r.uncovered == []
 
 
 def test_mistral_decoder():
     r = discover_problem(P + "hf_mistral_decoder.py")
     assert "dual-gemm-swiglu" in _rules(r) and _rules(r).count("rmsnorm") == 2
+    assert next(x for x in r.regions if x.rule == "gemm-horizontal").shape == "1024x1536x1024 (1024 + 256 + 256)"
     assert r.uncovered == []
 
 
@@ -41,7 +46,11 @@ def test_gpt2_block_conv1d_projections():
 
 def test_bert_layer():
     r = discover_problem(P + "hf_bert_layer.py")
-    assert _rules(r).count("gemm-bias") >= 3 and "gemm-bias-gelu" in _rules(r) and "sdpa-attention" in _rules(r)
+    assert _rules(r)[:2] == ["gemm-horizontal", "sdpa-attention"]
+    qkv = r.regions[0]  # query, key and value Linears with biases: one GEMM with a bias epilogue
+    assert qkv.shape == "3072x2304x768 (768 + 768 + 768)" and qkv.epilogue == ["bias"]
+    assert all(m["bias"] for m in qkv.attrs["members"])
+    assert "gemm-bias-gelu" in _rules(r)
     assert _rules(r).count("layernorm") == 2
 
 
@@ -49,6 +58,7 @@ def test_vit_layer():
     r = discover_problem(P + "hf_vit_layer.py")
     assert "gemm-bias-gelu" in _rules(r) and "sdpa-attention" in _rules(r)
     assert any(x.shape == "3152x3072x768" for x in r.regions)
+    assert next(x for x in r.regions if x.rule == "gemm-horizontal").shape == "3152x2304x768 (768 + 768 + 768)"
 
 
 def test_opt_decoder():
@@ -57,6 +67,9 @@ def test_opt_decoder():
     # the query projection scaled by head_dim ** -0.5: the scale is the GEMM's alpha
     q = next(x for x in r.regions if x.rule == "gemm-bias-scale")
     assert q.composable == "" and q.attrs["alpha"] == pytest.approx(64 ** -0.5)
+    # the key and value projections, unscaled, share the input: one GEMM; the scaled query stays out
+    kv = next(x for x in r.regions if x.rule == "gemm-horizontal")
+    assert kv.shape == "2048x2048x1024 (1024 + 1024)" and q.output not in kv.nodes
 
 
 def test_unfollowed_higher_order_op_is_uncovered_not_a_crash():
