@@ -87,3 +87,71 @@ def test_unfollowed_higher_order_op_is_uncovered_not_a_crash():
 
     r = discover(M(), (torch.randn(8, 64),))
     assert any(op.startswith("hop.") and "higher-order op" in why for _, op, why in r.uncovered)
+
+
+def _composed_with_stand_ins(model, x):
+    """The model composed with a stand-in GEMM op (tests/standins.py) for its gemm-horizontal
+    region only; returns (composed output, eager output, stand-in calls)."""
+    import torch
+
+    import fact_db
+    import standins
+    from fact_db.compose import Impl, rewrite
+    from fact_db.realize import plan
+    rep = fact_db.discover(model, (x,))
+    [(i, w)] = [(i, p.workload) for i, (r, p) in enumerate(zip(rep.regions, plan(rep, "fp32")))
+                if r.rule == "gemm-horizontal"]
+    gm, notes = rewrite(rep.graph.program, rep.regions, {i: Impl("gemm", "stand-in", standins.gemm_op(w.epilogue),
+                                                                 {"spec": {"epilogue": w.epilogue}})})
+    assert notes == []
+    before = standins.CALLS.copy()
+    with torch.no_grad():
+        got, want = gm(x), model(x)
+    return got, want, standins.CALLS - before
+
+
+def test_llama_qkv_composed_as_one_gemm_computes_the_layer():
+    import torch
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+
+    cfg = LlamaConfig(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2,
+                      num_hidden_layers=1, max_position_embeddings=64, attn_implementation="sdpa")
+
+    class Layer(torch.nn.Module):  # as benchmarks/problems/hf_llama_decoder.py, at test sizes
+        def __init__(self):
+            super().__init__()
+            self.rotary, self.layer = LlamaRotaryEmbedding(cfg), LlamaDecoderLayer(cfg, layer_idx=0)
+
+        def forward(self, x):
+            pos = torch.arange(x.shape[1]).unsqueeze(0)
+            out = self.layer(x, attention_mask=None, position_ids=pos, position_embeddings=self.rotary(x, pos))
+            return out[0] if isinstance(out, tuple) else out
+
+    torch.manual_seed(0)
+    got, want, calls = _composed_with_stand_ins(Layer().eval(), torch.randn(2, 16, 128))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert calls == {"gemm_none": 1}
+
+
+def test_bert_qkv_with_biases_composed_as_one_gemm_computes_the_layer():
+    import torch
+    from transformers import BertConfig
+    from transformers.models.bert.modeling_bert import BertLayer
+
+    cfg = BertConfig(hidden_size=64, num_attention_heads=4, intermediate_size=128, num_hidden_layers=1,
+                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, attn_implementation="sdpa")
+
+    class Layer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = BertLayer(cfg)
+
+        def forward(self, x):
+            out = self.layer(x)
+            return out[0] if isinstance(out, tuple) else out
+
+    torch.manual_seed(0)
+    got, want, calls = _composed_with_stand_ins(Layer().eval(), torch.randn(2, 16, 64))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert calls == {"gemm_bias": 1}
