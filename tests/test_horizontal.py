@@ -286,3 +286,17 @@ def test_siblings_must_share_a_capture_every_alternative_has(ruleset):
         build_patterns({**match, "siblings": {"share": ["y"]}}, ruleset.fragments)
     with pytest.raises(PatternError, match="`Q` in `Q` is not a node"):
         build_patterns({**match, "siblings": {"share": ["x"], "same": ["Q"]}}, ruleset.fragments)
+
+
+@pytest.mark.slow
+def test_the_split_projections_run_under_torch_compile_fullgraph():
+    from fact_db.compose import ComposedModule, signature
+    torch.manual_seed(0)
+    model = Qkv().eval()
+    x = torch.randn(2, 8, 64)
+    rep = fact_db.discover(model, (x,))
+    gm, _ = rewrite(rep.graph.program, rep.regions, _impls(rep))
+    compiled = torch.compile(ComposedModule(gm, model, policy="fp32", optimized_for=signature((x,))), fullgraph=True)
+    before = standins.CALLS.copy()
+    torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+    assert (standins.CALLS - before)["gemm_none"] == 1
