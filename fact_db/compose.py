@@ -169,6 +169,69 @@ def _dual_gemm_nodes(gm, g, shapes, r, impl, fx, index: int):
     return g.call_function(aten.view.default, (out, list(sout))) if len(sa) != 2 else out
 
 
+def _horizontal_nodes(gm, g, shapes, r, impl, fx, index: int):
+    """Sibling projections of one input (rules/gemm/gemm-horizontal.yaml) as one GEMM over
+    their weights concatenated as N x K (and their biases, zeros where a member has none),
+    buffers made here once; each member's output is its slice of the result. Returns
+    {member output name: node}."""
+    import operator
+    aten = torch.ops.aten
+    members, ops = r.attrs.get("members") or [], r.operands
+    ws, bs = [], []
+    for mem in members:
+        w = fx(mem["b"])
+        if w.op != "get_attr":
+            raise ComposeError(f"region {r.rule} at `{r.output}`: the weight `{mem['b']}` is not a parameter")
+        t = _attr_tensor(gm, w.target).detach()
+        ws.append(t if mem.get("b_layout") == "nk" else t.t())
+        if mem.get("bias"):
+            b = fx(mem["bias"])
+            if b.op != "get_attr":
+                raise ComposeError(f"region {r.rule} at `{r.output}`: the bias `{mem['bias']}` is not a parameter")
+            bs.append(_attr_tensor(gm, b.target).detach())
+        else:
+            bs.append(None)
+    ns = [int(w.shape[0]) for w in ws]
+    if len({int(w.shape[1]) for w in ws}) != 1 or [m["n"] for m in members] != ns:
+        raise ComposeError(f"region {r.rule} at `{r.output}`: the weights' shapes differ from discovery's")
+    sa = shapes.get(ops["a"])
+    outs = [shapes.get(m["output"]) for m in members]
+    if sa is None or any(o is None for o in outs):
+        raise ComposeError(f"region {r.rule} at `{r.output}`: operand shapes unknown")
+    wname, bname = f"_factdb_hcat_weight_{index}", f"_factdb_hcat_bias_{index}"
+    gm.register_buffer(wname, torch.cat(ws, dim=0).contiguous())
+    bias = None
+    if any(b is not None for b in bs):
+        gm.register_buffer(bname, torch.cat([b if b is not None else ws[i].new_zeros(ns[i]) for i, b in enumerate(bs)]))
+        bias = g.get_attr(bname)
+    a = fx(ops["a"])
+    if len(sa) != 2:
+        a = g.call_function(aten.reshape.default, (a, [-1, sa[-1]]))
+    y = g.call_function(impl.op, (a, g.call_function(aten.t.default, (g.get_attr(wname),)), bias, None, 1.0, 0.0))
+    if len(sa) != 2:
+        y = g.call_function(aten.view.default, (y, list(sa[:-1]) + [sum(ns)]))
+    parts = g.call_function(aten.split_with_sizes.default, (y, ns, -1))
+    out = {}
+    for i, (mem, shape) in enumerate(zip(members, outs)):
+        part = g.call_function(operator.getitem, (parts, i))
+        # Each slice is strided (rows of the whole result apart); a reader that views it in a
+        # way only a packed tensor allows gets a packed copy.
+        meta = torch.empty(list(sa[:-1]) + [sum(ns)], device="meta").split(ns, -1)[i]
+        if any(u.op == "call_function" and u.target is aten.view.default and not _views(meta, u.args[1])
+               for u in fx(mem["output"]).users):
+            part = g.call_function(aten.clone.default, (part,), {"memory_format": torch.contiguous_format})
+        out[mem["output"]] = part
+    return out
+
+
+def _views(meta, shape) -> bool:
+    try:
+        meta.view(list(shape))
+        return True
+    except RuntimeError:
+        return False
+
+
 def _attention_nodes(gm, g, shapes, r, impl, fx, index: int):
     aten = torch.ops.aten
     ops, attrs = r.operands, r.attrs
@@ -241,11 +304,15 @@ def rewrite(program, regions: list, impls: dict):
             notes.append(f"region {i + 1} {r.rule}: stays eager ({r.composable})")
             impl.kind, impl.note = "eager", r.composable
             continue
+        group = impl.kind == "gemm" and bool((r.attrs or {}).get("members"))
         build = _dual_gemm_nodes if impl.kind == "gemm" and (r.template or "").startswith("dual_gemm") else \
-            _BUILDERS.get(impl.kind)
+            _horizontal_nodes if group else _BUILDERS.get(impl.kind)
         if build is None:
             raise ComposeError(f"unknown implementation kind '{impl.kind}' for region {i + 1} ({r.rule})")
         out = fx(r.output)
+        if group:  # the one GEMM goes before the first member: every member reads its input
+            mine = set(r.nodes)
+            out = next((n for n in g.nodes if n.name in mine), out)
         try:
             with g.inserting_before(out):
                 new = build(gm, g, shapes, r, impl, fx, i)
@@ -253,8 +320,9 @@ def rewrite(program, regions: list, impls: dict):
             notes.append(f"region {i + 1} {r.rule}: stays eager ({e})")
             impl.kind, impl.note = "eager", str(e)
             continue
-        out.replace_all_uses_with(new)
-        fx.replaced[r.output] = new
+        for name, node in (new if isinstance(new, dict) else {r.output: new}).items():
+            fx(name).replace_all_uses_with(node)
+            fx.replaced[name] = node
         # The region's own nodes, now unused: erased explicitly, since DCE keeps ops it thinks
         # impure (dropout, even at p=0, which discovery looked through as the identity).
         mine = {n.name for n in g.nodes} & set(r.nodes)

@@ -16,7 +16,7 @@ import types
 from dataclasses import dataclass, field
 
 from . import aten, roofline
-from .match import match_all, select
+from .match import GroupMatch, match_all, select
 from .rules import RuleSet, load_rules
 from .trace import Graph, load_problem, trace_module, trace_problem
 
@@ -89,7 +89,13 @@ class Report:
 
 
 def _problem_dims(m) -> tuple:
-    """(problem dict, human shape, layouts) of a region, read off its main node."""
+    """(problem dict, human shape, layouts) of a region, read off its main node; a sibling
+    group's is the one GEMM over its concatenated weights (N summed, B read N x K)."""
+    if isinstance(m, GroupMatch):
+        dims = [aten.gemm_problem(_gemm_of(x)) for x in m.members]
+        prob = {"M": dims[0]["M"], "N": sum(d["N"] for d in dims), "K": dims[0]["K"], "batch": 1}
+        shape = f"{prob['M']}x{prob['N']}x{prob['K']} ({' + '.join(str(d['N']) for d in dims)})"
+        return prob, shape, {"a": dims[0]["layout_a"], "b": "col"}
     for n in m.compute_nodes:
         dims = aten.gemm_problem(n)
         if dims:
@@ -150,12 +156,48 @@ def _gemm_scale(m, epi: list) -> tuple[dict, str]:
     return {"alpha": factor, "beta": factor if after_residual else 1.0}, ""
 
 
+def _gemm_of(m):
+    """The GEMM node of a single-output GEMM match."""
+    return next(n for n in m.compute_nodes if n.op in aten.GEMM_OPERANDS)
+
+
+def _group_operands(m) -> tuple[dict, dict, str]:
+    """A sibling group's operands: the shared input `a`; per member (attrs["members"], in graph
+    order) its output, weight `b`, bias (or None), N and the weight's layout (nk: N x K, a
+    Linear's; kn: K x N, `x @ w`). Composition concatenates the weights as N x K."""
+    members, why = [], ""
+    x = None
+    for mem in m.members:
+        g = _gemm_of(mem)
+        ia, ib = aten.GEMM_OPERANDS[g.op]
+        a, b = g.args[ia], g.args[ib]
+        x = x or a
+        bias = None
+        for t in mem.inputs:  # besides a and b: a per-column bias, nothing else
+            if t is a or t is b:
+                continue
+            if t.shape is not None and len(t.shape) == 1 and bias is None:
+                bias = t
+            else:
+                why = why or f"`{mem.output.name}` reads `{t.name}`, neither its weight nor a bias"
+        if bias is not None and bias.op not in ("parameter", "constant"):
+            why = why or f"the bias `{bias.name}` is not a parameter or constant"
+        nk = g.op == "aten.linear"
+        members.append({"output": mem.output.name, "b": _name(b), "bias": _name(bias) if bias is not None else None,
+                        "n": int(b.shape[0] if nk else b.shape[-1]), "b_layout": "nk" if nk else "kn"})
+        if getattr(b, "op", None) not in ("parameter", "constant"):
+            why = why or f"the weight `{_name(b)}` is not a parameter or constant"
+    return {"a": _name(x)}, {"members": members, "b_layout": "nk"}, why
+
+
 def _operands(m, template: str) -> tuple[dict, dict, str]:
     """(operands, attrs, why-not) of a region, read off its matched nodes.
 
     Operands are graph node names by role; why-not is "" when composition can replace the
     region, else the reason it stays eager.
     """
+    if isinstance(m, GroupMatch):
+        return _group_operands(m)
     comp = m.compute_nodes
     out_shape = m.output.shape
     if template.startswith("gemm"):
@@ -278,12 +320,15 @@ def analyse(graph: Graph, rules: RuleSet, *, arch: str = "sm90", gpu: str | None
         lost = sorted({b.rule.id for b in matches if beaten.get(id(b)) is m})
         tmpl = m.rule.realize.get("template", "")
         operands, attrs, why = _operands(m, tmpl)
+        epilogue = list(m.rule.realize.get("epilogue") or [])
+        if isinstance(m, GroupMatch):  # a bias epilogue only where a member has a bias (zeros for the others)
+            epilogue = ["bias"] if any(x["bias"] for x in attrs.get("members", [])) else ["none"]
         regions.append(Region(
             m.rule.id, m.rule.title, tmpl, m.pattern.label,
             [n.name for n in m.nodes], m.output.name, prob, shape,
             sorted({n.dtype for n in m.compute_nodes if n.dtype and n.dtype != "bool"}), layouts, est,
             est.eager_s / total if total else 0.0, "miss", m.output.source, m.assumptions, lost,
-            list(m.rule.realize.get("epilogue") or []), operands, attrs, why))
+            epilogue, operands, attrs, why))
     covered = {n for r in regions for n in r.nodes}
     all_dtypes = {d for r in rules for p in r.patterns for d in p.dtypes}
     uncovered = []

@@ -10,7 +10,7 @@ matches resolve to the larger fusion.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from . import aten
 from .errors import ExprError
@@ -36,6 +36,11 @@ class Match:
         return [n for n in self.nodes if not aten.is_transparent(n)]
 
     @property
+    def outputs(self) -> list:
+        """The values the region produces (one, except for a sibling group)."""
+        return [self.output]
+
+    @property
     def inputs(self) -> list:
         """External tensors the region reads (captures and inputs of region nodes from outside)."""
         inside = {id(n) for n in self.nodes}
@@ -46,6 +51,30 @@ class Match:
                     seen.add(id(a))
                     out.append(a)
         return out
+
+
+@dataclass(eq=False)
+class GroupMatch(Match):
+    """Several matches of one sibling pattern (`match.siblings`) that read the same value:
+    one region with one output per member. `output` is the last member's, `nodes` all
+    members' nodes in graph order, `captures` the shared ones."""
+
+    members: list = field(default_factory=list)  # Match, in graph order
+
+    @property
+    def outputs(self) -> list:
+        return [m.output for m in self.members]
+
+
+def _group(rule, members: list, order: dict) -> GroupMatch:
+    members = sorted(members, key=lambda m: order.get(id(m.output), 0))
+    nodes = sorted({id(n): n for m in members for n in m.nodes}.values(), key=lambda n: order.get(id(n), 0))
+    p = members[0].pattern
+    shared = {k: members[0].captures[k] for k in p.siblings.share if k in members[0].captures}
+    forms = sorted({m.pattern.label for m in members if m.pattern.label})
+    p = replace(p, label=f"{len(members)} siblings" + (f" ({', '.join(forms)})" if forms else ""))
+    return GroupMatch(rule, p, members[-1].output, nodes, {}, shared,
+                      [a for m in members for a in m.assumptions], members)
 
 
 @dataclass
@@ -267,6 +296,27 @@ def _source_value(v):
     return val
 
 
+def _env(rule, p: Pattern, bound: dict, caps: dict) -> dict:
+    """What a `where` or `siblings.same` expression may read: the bound nodes and captures
+    (as TensorViews; a capture of another alternative is None) and the first GEMM's M, N, K, batch."""
+    env = {}
+    for name, n in bound.items():
+        if "/" not in name:
+            env[name] = TensorView(n)
+    for name in set().union(*(q.captures() for q in getattr(rule, "patterns", [p]))):
+        if "/" not in name:
+            env[name] = None  # a capture of another alternative: absent here
+    for name, v in caps.items():
+        if "/" not in name:
+            env[name] = TensorView(v)
+    for n in bound.values():
+        dims = aten.gemm_problem(n)
+        if dims:
+            env.update({k: v for k, v in dims.items() if k in ("M", "N", "K", "batch")})
+            break
+    return env
+
+
 def _post_checks(p: Pattern, st: _State, root: Node, rule) -> tuple:
     """(region nodes, assumptions) or a failure message."""
     bound = dict(st.bound)
@@ -286,21 +336,7 @@ def _post_checks(p: Pattern, st: _State, root: Node, rule) -> tuple:
                           f"so it cannot stay inside a fused kernel")
     assumptions = []
     if p.where:
-        env = {}
-        for name, n in bound.items():
-            if "/" not in name:
-                env[name] = TensorView(n)
-        for name in set().union(*(q.captures() for q in getattr(rule, "patterns", [p]))):
-            if "/" not in name:
-                env[name] = None  # a capture of another alternative: absent here
-        for name, v in st.caps:
-            if "/" not in name:
-                env[name] = TensorView(v)
-        for n in bound.values():
-            dims = aten.gemm_problem(n)
-            if dims:
-                env.update({k: v for k, v in dims.items() if k in ("M", "N", "K", "batch")})
-                break
+        env = _env(rule, p, bound, dict(st.caps))
 
         def is_tril(view):
             """True when the mask is lower-triangular ones: checked on its values where they are
@@ -381,12 +417,76 @@ def match_rule(rule, graph: Graph, arch: str | None = None) -> tuple:
                 found.append(res)
                 break
     nearest = None if found else t.best
+    if found and rule.patterns[0].siblings is not None:
+        found, nearest = _sibling_groups(rule, found, graph, t.best)
     if nearest is not None and nearest.node is None:
         want = sorted({pn.op_text() for p in rule.patterns for pn in [p.nodes[p.output]]})
         have = sorted({n.op for n in graph.calls() if not aten.is_transparent(n) and n.op.startswith("aten.")})
         shown = ", ".join(have[:8]) + (", ..." if len(have) > 8 else "")
         nearest = NoMatch(f"no {' or '.join(want)} in the graph (it has {shown or 'no ATen ops'})", None, -1)
     return found, nearest
+
+
+def _value(v) -> str:
+    return getattr(v, "name", None) or repr(v)
+
+
+def _sibling_groups(rule, found: list, graph: Graph, missed: NoMatch) -> tuple:
+    """(GroupMatch list, NoMatch or None) of a sibling rule: its single-output matches grouped
+    by the values of the shared captures, each group split further by the `same` expressions;
+    a group with fewer than `min` members is no match (`missed`: the nearest failure of a
+    would-be member, quoted in the reason)."""
+    sib = rule.patterns[0].siblings
+    order = {id(n): i for i, n in enumerate(graph.nodes)}
+    # One member per computation: the plain GEMM inside a GEMM + add is the same projection.
+    members, taken = [], set()
+    for m in sorted(found, key=lambda m: -len(m.compute_nodes)):
+        ids = {id(n) for n in m.compute_nodes}
+        if not ids & taken:
+            members.append(m)
+            taken |= ids
+    members.sort(key=lambda m: order.get(id(m.output), 0))
+    clusters: list = []  # [(shared values, [Match])]
+    for m in members:
+        vals = [m.captures.get(name) for name in sib.share]
+        for key, group in clusters:
+            if all(_same(a, b) for a, b in zip(key, vals)):
+                group.append(m)
+                break
+        else:
+            clusters.append((vals, [m]))
+    groups, why = [], []
+    for key, cluster in clusters:
+        shared = ", ".join(f"${n} = `{_value(v)}`" for n, v in zip(sib.share, key))
+        parts: dict = {}
+        for m in cluster:
+            env = _env(rule, m.pattern, m.bindings, m.captures)
+            try:
+                vals = tuple(w.evaluate(env) for w in sib.same)
+            except (ExprError, TypeError, ValueError, IndexError, AttributeError) as e:
+                why.append((1, NoMatch(f"`siblings.same` could not be checked at `{m.output.name}`: {e}", m.output, 1)))
+                continue
+            parts.setdefault(vals, []).append(m)
+        for vals, part in parts.items():
+            if len(part) >= sib.min:
+                groups.append(_group(rule, part, order))
+        small = [part for part in parts.values() if len(part) < sib.min]
+        if small and len(parts) > 1:
+            a, b = list(parts)[:2]
+            diff = next((w.source, x, y) for w, x, y in zip(sib.same, a, b) if x != y)
+            names = ", ".join(f"`{p[0].output.name}`" for p in parts.values())
+            why.append((len(cluster), NoMatch(f"{names} read {shared} but `{diff[0]}` differs ({diff[1]!r} and "
+                                              f"{diff[2]!r})", cluster[0].output, len(cluster))))
+        elif small:
+            outs = ", ".join(f"`{m.output.name}`" for m in cluster)
+            why.append((len(cluster), NoMatch(f"only {len(cluster)} match{'es' if len(cluster) > 1 else ''} ({outs}) "
+                                              f"read{'s' if len(cluster) == 1 else ''} {shared}; rule `{rule.id}` "
+                                              f"groups at least {sib.min}"
+                                              + (f"; nearest other: {missed.reason}" if missed.node is not None else ""),
+                                              cluster[0].output, len(cluster))))
+    if groups:
+        return groups, None
+    return [], max(why, key=lambda x: x[0])[1] if why else NoMatch("no sibling group", None, -1)
 
 
 def arch_ok(rule, arch: str) -> bool:
@@ -405,11 +505,34 @@ def match_all(rules, graph: Graph, arch: str | None = None) -> tuple:
     return matches, misses
 
 
+def _resolve_groups(matches: list) -> list:
+    """Sibling groups without the members that a larger single-output fusion covers (a
+    projection whose epilogue fuses, gate and up inside dual-gemm-swiglu): that fusion is
+    worth more to the member than sharing its input's read. A group left with fewer than
+    its `min` members is dropped."""
+    singles = [m for m in matches if not isinstance(m, GroupMatch)]
+    out = list(singles)
+    for g in (m for m in matches if isinstance(m, GroupMatch)):
+        keep = []
+        for mem in g.members:
+            mine = {id(n) for n in mem.compute_nodes}
+            if not any({id(n) for n in s.compute_nodes} & mine and {id(n) for n in s.compute_nodes} - mine
+                       for s in singles):
+                keep.append(mem)
+        if len(keep) == len(g.members):
+            out.append(g)
+        elif len(keep) >= g.pattern.siblings.min:
+            out.append(_group(g.rule, keep, {id(n): i for i, n in enumerate(g.nodes)}))
+    return out
+
+
 def select(matches: list) -> tuple:
     """Resolve overlaps: larger fusions (more compute nodes) first, then rule priority.
+    Sibling groups first lose the members a larger single-output fusion covers.
 
     Returns (chosen, {id(match): the chosen match that subsumed it}).
     """
+    matches = _resolve_groups(matches)
     ranked = sorted(matches, key=lambda m: (-len(m.compute_nodes), -m.rule.priority, m.rule.id))
     taken: dict = {}
     chosen, beaten = [], {}

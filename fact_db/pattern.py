@@ -94,6 +94,16 @@ class PNode:
 
 
 @dataclass(frozen=True)
+class Siblings:
+    """A multi-root pattern: every match of the pattern whose `share` captures are the same
+    value, and whose `same` expressions evaluate equal, joins one region of at least `min`
+    members (horizontal fusion: Q, K and V projections of one input as one GEMM)."""
+    share: tuple  # capture names
+    same: tuple = ()  # of Expr, evaluated per member
+    min: int = 2
+
+
+@dataclass(frozen=True)
 class Pattern:
     nodes: dict  # name -> PNode, in declaration order
     output: str
@@ -101,6 +111,7 @@ class Pattern:
     dtypes: tuple = ()
     label: str = ""  # which alternative, for messages ("gemm-bias[linear] + gelu-tanh[decomposed]")
     exposes: tuple = ()  # node names whose value may also be used outside the region (extra outputs)
+    siblings: Siblings | None = None  # several matches reading one value, grouped into one region
 
     def captures(self) -> set:
         return {i.name for n in self.nodes.values() for i in n.inputs if isinstance(i, Capture)}
@@ -314,10 +325,16 @@ def build_patterns(match: dict, fragments: dict) -> list:
                 raise PatternError("match.exposes", f"exposed node `{name}` is not one of the nodes {sorted(nodes)}"
                                    + (f" of alternative `{label}`" if label else ""),
                                    "name a node every alternative declares")
-    patterns = [Pattern(nodes, out, tuple(where), dtypes, label, exposes) for label, nodes, out in alts]
+    siblings = _siblings(match.get("siblings"), alts, exposes)
+    patterns = [Pattern(nodes, out, tuple(where), dtypes, label, exposes, siblings) for label, nodes, out in alts]
     known = set(PROBLEM_NAMES) | set(FUNCTIONS)
     for p in patterns:
         known |= {k for k in p.nodes if "/" not in k} | {c for c in p.captures() if "/" not in c}
+    for i, w in enumerate(siblings.same if siblings else ()):
+        unknown = sorted(w.names - known)
+        if unknown:
+            raise PatternError(f"match.siblings.same[{i}]", f"`{unknown[0]}` in `{w.source}` is not a node, capture or "
+                               "problem size of this rule", f"use one of {', '.join(sorted(known - set(FUNCTIONS)))}")
     for i, w in enumerate(where):
         unknown = sorted(w.names - known)
         if unknown:
@@ -328,3 +345,30 @@ def build_patterns(match: dict, fragments: dict) -> list:
                                f"did you mean `{guess[0]}`?" if guess else
                                f"use one of {', '.join(sorted(known - set(FUNCTIONS)))}")
     return patterns
+
+
+def _siblings(spec, alts: list, exposes: tuple) -> Siblings | None:
+    """The parsed `siblings` section: every `share` name must be a capture of every
+    alternative (it is what the members have in common)."""
+    from .errors import ExprError
+    if not spec:
+        return None
+    share = tuple(spec.get("share") or ())
+    if not share:
+        raise PatternError("match.siblings.share", "siblings share no capture", "name the capture every member reads, e.g. share: [x]")
+    if exposes:
+        raise PatternError("match.siblings", "a sibling pattern cannot also expose nodes", "remove `exposes` or `siblings`")
+    for label, nodes, out in alts:
+        caps = {i.name for n in nodes.values() for i in n.inputs if isinstance(i, Capture)}
+        for name in share:
+            if name not in caps:
+                raise PatternError("match.siblings.share", f"`{name}` is not a capture of the pattern"
+                                   + (f" (alternative `{label}`)" if label else ""),
+                                   f"use one of {', '.join('$' + c for c in sorted(c for c in caps if '/' not in c))}")
+    same = []
+    for i, text in enumerate(spec.get("same") or ()):
+        try:
+            same.append(Expr.parse(text))
+        except ExprError as e:
+            raise PatternError(f"match.siblings.same[{i}]", str(e), "use pattern nodes, captures, M, N, K, batch") from None
+    return Siblings(share, tuple(same), int(spec.get("min", 2)))

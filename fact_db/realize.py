@@ -54,9 +54,13 @@ def plan(report, policy: str) -> list[Planned]:
         if epi is None or la not in ("row", "col") or lb not in ("row", "col"):
             out.append(Planned(r, None, f"epilogue or layout not supported by the GEMM templates ({la}, {lb})"))
             continue
+        # Projections of one input (gemm-horizontal) are one plain GEMM over their concatenated
+        # weights: keyed as that GEMM (the rule its epilogue implies), so the registry's rows
+        # for the shape serve it and what is tuned for it serves them.
+        rule = "gemm" if r.attrs.get("members") else r.rule
         try:
             w = GemmWorkload(p["M"], p["N"], p["K"], p.get("batch", 1), policy=policy, layout_a=la, layout_b=lb,
-                             epilogue=epi, rule=r.rule)
+                             epilogue=epi, rule=rule)
         except Exception as e:  # noqa: BLE001  (a workload the templates cannot express: say why)
             out.append(Planned(r, None, str(e)))
             continue

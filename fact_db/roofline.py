@@ -150,7 +150,7 @@ def estimate(match, dev: Device, policy: str = "fp32", skip_fraction: float = 0.
     compute = match.compute_nodes
     flops = sum(node_flops(n) for n in compute)
     eager_bytes = sum(node_bytes(n) for n in compute)
-    fused_bytes = float(sum(a.nbytes for a in match.inputs) + match.output.nbytes)
+    fused_bytes = float(sum(a.nbytes for a in match.inputs) + sum(o.nbytes for o in match.outputs))
     eager_s = sum(node_time(n, dev, policy) for n in compute)
     mm = next((n for n in compute if _tensor_core(n)), None)
     peak = fused_matmul_tflops(dev, policy, mm.dtype) if mm is not None else dev.tflops["fp32"]

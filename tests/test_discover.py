@@ -45,7 +45,10 @@ def test_llama_block_coverage(traced, ruleset):
     assert got.count("rmsnorm") == 2
     assert "sdpa-attention" in got and "dual-gemm-swiglu" in got
     assert got.count("gemm-residual") == 2  # o_proj + residual, down_proj + residual
-    assert got.count("gemm") == 3  # q, k, v projections
+    assert got.count("gemm") == 0 and got.count("gemm-horizontal") == 1  # q, k, v projections: one GEMM
+    qkv = next(r for r in rep.regions if r.rule == "gemm-horizontal")
+    assert qkv.problem == {"M": 2048, "N": 3072, "K": 2048, "batch": 1}
+    assert [m["n"] for m in qkv.attrs["members"]] == [2048, 512, 512]
     assert rep.uncovered == []
 
 

@@ -46,8 +46,13 @@ def test_realize_tunes_a_repeated_workload_once_and_reports_each_region_in_order
                  "err": 1e-3, "device": "NVIDIA H100 80GB HBM3"} for j in jobs]
 
     seen = []
+    # Without horizontal fusion, Llama's K and V projections are two regions with one workload.
+    from fact_db.rules import RuleSet, load_rules
+    shipped = load_rules()
+    rules = RuleSet([r for r in shipped if r.id != "gemm-horizontal"], shipped.fragments)
     report, results = realize_problem(str(PROBLEMS / "llama_block.py"), policy="bf16", runner=runner, gpu="h100",
-                                      max_candidates=4, progress=False, on_result=lambda p, r: seen.append((p, r)))
+                                      max_candidates=4, progress=False, on_result=lambda p, r: seen.append((p, r)),
+                                      rules=rules)
     assert seen == results and len(results) == len(report.regions)
     tuned = [(p, r) for p, r in results if p.workload is not None]
     distinct = {p.workload for p, _ in tuned}
@@ -65,15 +70,15 @@ def test_realize_cli_lists_every_region_and_needs_no_gpu_with_compile_only():
     res = CliRunner().invoke(cli, ["realize", str(PROBLEMS / "llama_block.py"), "--policy", "bf16",
                                    "--compile-only", "--max-candidates", "1", "--no-registry"])
     assert res.exit_code == 0, res.output
-    assert res.output.count("== ") == 9
+    assert res.output.count("== ") == 7
     assert "max_candidates 1: eager only" in res.output
     assert "skipped: template rmsnorm: not realized yet" in res.output
-    assert "same workload as region 3: tuned once" in res.output
+    assert "gemm-horizontal" in res.output and "2048x3072x2048" in res.output  # q, k and v as one GEMM
     j = CliRunner().invoke(cli, ["realize", str(PROBLEMS / "llama_block.py"), "--policy", "bf16", "--compile-only",
                                  "--max-candidates", "1", "--no-registry", "--json"])
     assert j.exit_code == 0, j.output
     regions = json.loads(j.stdout)["regions"]
-    assert len(regions) == 9 and sum(r["tune"] is not None for r in regions) == 6
+    assert len(regions) == 7 and sum(r["tune"] is not None for r in regions) == 4
     assert {r["tune"]["workload"]["policy"] for r in regions if r["tune"]} == {"bf16"}
 
 
