@@ -357,8 +357,8 @@ def run_job(job: dict) -> dict:
     import torch
     if not torch.cuda.is_available():
         return {"id": job["id"], "status": "needs_gpu",
-                "error": "needs a GPU: no CUDA device is visible to the worker, so the kernel was compiled but "
-                         "neither verified nor timed"}
+                "error": "needs a GPU: no CUDA device is visible to the worker, so it was neither verified "
+                         "nor timed"}
     from .bench import time_cuda
     from .verify import verify
     spec = RegionSpec.from_dict(job["region"])

@@ -261,3 +261,26 @@ def test_without_a_gpu_the_kernel_compiles_in_the_worker_and_waits_for_one(env):
     assert list((Path(paths.home()) / "build").glob("*/kernel.so"))  # built by the worker, in the build cache
     assert reg.region_kernels() == []
     _recorded("needs a GPU")
+
+
+def test_consult_reports_the_accepted_kernel_and_that_its_region_stays_eager(env, monkeypatch):
+    """`optimize --llm`'s consult: the accepted kernel is listed (with its registry row) and the
+    summary says its region stays eager, since composition does not use llm kernels yet."""
+    from fact_db.agent import consult, summary_line
+    (env / "p.py").write_text("import torch\nimport torch.nn as nn\n\nclass Model(nn.Module):\n"
+                              "    def __init__(self):\n        super().__init__(); self.fc = nn.Linear(64, 32)\n"
+                              "    def forward(self, x):\n        return torch.relu(self.fc(x))\n\n"
+                              "def get_inputs():\n    return [torch.randn(8, 64)]\n\ndef get_init_inputs():\n    return []\n")
+    srv = Server([(200, _reply(), 0)])
+    reg = Registry.open(str(env / "reg.duckdb"))
+    try:
+        monkeypatch.setenv("FACTDB_LLM_BASE_URL", srv.url)
+        monkeypatch.setenv("FACTDB_LLM_MODEL", "scripted")
+        info = consult(str(env / "p.py"), registry=reg, runner=Runner(run=FAST))
+    finally:
+        srv.close()
+    [row] = reg.region_kernels()
+    assert info["calls"] == 1 and info["rule_files"] == []
+    assert info["kernels"] == [{"region": "linear", "registry": row["digest"], "reason": info["proposals"][0]["reason"]}]
+    line = summary_line(info)
+    assert f"accepted llm kernel {row['digest'][:12]} is in the registry" in line and "stays eager" in line
