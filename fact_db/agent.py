@@ -281,6 +281,7 @@ class Agent:
         self.compile_timeout = compile_timeout
         self._registry = registry
         self._opened = None
+        self.registry_note = ""
         self.log = Path(log) if log else paths.home() / "agent" / "proposals.jsonl"
         self.proposals: list = []
 
@@ -288,8 +289,13 @@ class Agent:
         if self._registry is False:
             return None
         if self._registry is None and self._opened is None:
-            from .registry import Registry
-            self._opened = Registry.open()
+            from .registry import Registry, RegistryError
+            try:
+                self._opened = Registry.open()
+            except RegistryError as e:  # the model can still be asked; nothing is looked up or stored
+                self._registry = False
+                self.registry_note = f"registry unavailable: {e}"
+                return None
         return self._registry or self._opened
 
     def _record(self, p: Proposal) -> Proposal:
@@ -444,7 +450,7 @@ class Agent:
             if pipe is not None and pipe.registry is not None:
                 digest = pipe.spec.digest(pipe.arch, pipe.result.get("device") or pipe.gpu)
             where = f"stored in the registry (region_kernels {digest[:12]}) with provenance llm" if digest or \
-                pipe is None else "not stored (no registry)"
+                pipe is None else f"not stored ({self.registry_note or 'no registry'})"
             return Proposal(ask.node, "kernel", "accepted", f"kernel {name}: {ks * 1e6:.1f} us, eager {es * 1e6:.1f} us"
                             f"{'; ' + detail if detail else ''}; {where}", registry=digest)
         except TimeoutError as e:

@@ -23,10 +23,13 @@ the host; the data on the device. Inputs must not be written.
 
 Source policy (checked before anything compiles): `#include <...>` only of CUDA and C++
 standard headers and of `cutlass/...` and `cute/...`; no quoted or computed includes, no
-`#include_next`/`#embed`/`#import`/`#line`, no `__attribute__((constructor))` or other code
-that runs at load time, and no calls that reach the operating system (`system(`,
-`popen(`, `exec*(`, `fork(`, `dlopen(`, `fopen(`, `syscall(` ...). nvcc gets only the
-CUTLASS include roots.
+directives other than include, define, undef, the conditionals, pragma (unroll, once,
+diagnostics), error and warning; no `__attribute__((constructor))` or other code that runs at
+load time, and no calls that reach the operating system (`system(`,
+`popen(`, `exec*(`, `fork(`, `dlopen(`, `fopen(`, `syscall(` ...). The check reads the source
+as the preprocessor does (comments removed, backslash-newlines spliced). It is lexical: the
+worker subprocess and its time limit stay the boundary. nvcc gets only the CUTLASS include
+roots.
 
     >>> spec = RegionSpec.from_graph(report.graph, ["linear", "relu"], "fp32")
     >>> why = check_source(src)              # "" or the reason it is refused
@@ -80,13 +83,16 @@ _FORBIDDEN = [
      "calls `{0}(`, which reaches the operating system"),
     (re.compile(r"__attribute__\s*\(\(\s*(constructor|destructor)"), "has a `__attribute__(({0}))` function, "
      "which would run when the library loads"),
-    (re.compile(r"^\s*#\s*(include_next|embed|import|line)\b", re.M), "uses `#{0}`"),
-    (re.compile(r"\b(asm|__asm__)\s*(volatile\s*)?\(\s*\"\s*\.(incbin|include)", re.M), "assembles `.{2}`"),
+    (re.compile(r"^[ \t]*#[ \t]*(?!(?:include|define|undef|if|ifdef|ifndef|elif|else|endif|pragma|error|warning)\b)"
+                r"(\w+)", re.M), "uses the directive `#{0}` (allowed: include, define, undef, if/ifdef/ifndef/elif/"
+     "else/endif, pragma, error, warning)"),
+    (re.compile(r"(incbin)"), "mentions `.{0}` (an assembler directive that reads a file)"),
     (re.compile(r"\b_Pragma\s*\("), "uses `_Pragma(` (a pragma built at compile time)"),
-    (re.compile(r"^\s*#\s*pragma\s+(?!unroll\b|once\b|nv_diag_suppress\b|nv_diag_default\b|diag_suppress\b)(\w+)",
-                re.M), "uses `#pragma {0}` (only unroll, once and diagnostic pragmas are allowed)"),
+    (re.compile(r"^[ \t]*#[ \t]*pragma[ \t]+"
+                r"(?!unroll\b|once\b|nv_diag_suppress\b|nv_diag_default\b|diag_suppress\b)(\w+)", re.M),
+     "uses `#pragma {0}` (only unroll, once and diagnostic pragmas are allowed)"),
 ]
-_INCLUDE = re.compile(r"^\s*#\s*include\b\s*(.*)$", re.M)
+_INCLUDE = re.compile(r"^[ \t]*#[ \t]*include\b[ \t]*(.*)$", re.M)
 
 
 class RegionKernelError(FactError):
@@ -99,12 +105,21 @@ def allowed_header(name: str) -> bool:
     return name in _CUDA_HEADERS or name in _STD_HEADERS or name.startswith(_CUDA_PREFIXES)
 
 
+def _as_preprocessed(source: str) -> str:
+    """The text the preprocessor reads: lines spliced at a backslash-newline, comments replaced
+    by a space (so `#/**/include` and `#inc\\<newline>lude` are seen as the includes they are).
+    Newlines inside block comments are kept, so line numbers still match the source."""
+    spliced = re.sub(r"\\\r?\n", "", source)
+    return re.sub(r"/\*.*?\*/|//[^\n]*", lambda m: " " + "\n" * m.group(0).count("\n"), spliced, flags=re.S)
+
+
 def check_source(source: str) -> str:
     """"" when `source` follows the source policy (module docstring), else why it is refused,
     naming the line. Also checks that it defines the entry point."""
+    source = _as_preprocessed(source)
     for m in _INCLUDE.finditer(source):
         line = source.count("\n", 0, m.start()) + 1
-        arg = m.group(1).split("//")[0].strip()
+        arg = m.group(1).strip()
         inc = re.fullmatch(r"<([^<>\s]+)>", arg)
         if inc is None:
             return (f"line {line}: `#include {arg}` is refused: only `#include <header>` of CUDA and C++ standard "

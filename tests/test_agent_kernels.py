@@ -142,7 +142,11 @@ def test_the_prompt_carries_the_abi_and_the_regions_inputs(env):
     ('static int pwn = system("touch /tmp/factdb-kernel-pwned");\n', "calls `system(`"),
     ('void f() { popen("sh", "r"); }\n', "calls `popen(`"),
     ("__attribute__((constructor)) void at_load() {}\n", "would run when the library loads"),
-    ("#include_next <cmath>\n", "uses `#include_next`"),
+    ("#include_next <cmath>\n", "directive `#include_next`"),
+    ("#embed </etc/passwd>\n", "directive `#embed`"),
+    ('#/**/include "/etc/passwd"\n', "only `#include <header>`"),
+    ('#inc\\\nlude "/etc/passwd"\n', "only `#include <header>`"),
+    ('asm(".incbin \\"/etc/passwd\\"");\n', "reads a file"),
     ('_Pragma("GCC poison x")\n', "_Pragma"),
 ])
 def test_sources_outside_the_policy_are_refused_before_compiling(env, bad, words):
