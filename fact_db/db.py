@@ -35,7 +35,8 @@ from . import paths
 from .errors import FactError
 
 SCHEMA_VERSION = 4  # the newest schema this fact-db writes; see MIGRATIONS
-REGISTRY_TABLES = ("factdb_meta", "kernels", "trials", "rules", "examples", "attention_kernels", "norm_kernels")
+REGISTRY_TABLES = ("factdb_meta", "kernels", "trials", "rules", "examples", "attention_kernels", "norm_kernels",
+                   "region_kernels")
 INDEX_PREFIX = "index_"
 DEFAULT_TIMEOUT_S = 30.0
 
