@@ -1,12 +1,22 @@
-"""The agent end to end on a GPU, with no network: a scripted chat-completions server on
-loopback proposes the gemm-bias-relu rule after that rule is removed from a copy of the
-shipped rules; the proposal is validated, its fixture run, matched on
-benchmarks/problems/gemm_bias_relu.py, tuned on the GPU (--max-candidates), verified against
-float64, stored in a fresh registry, and a second run makes no call.
+"""The agent end to end on a GPU, with no network. A scripted chat-completions server on
+loopback answers after the gemm-bias-relu rule is removed from a copy of the shipped rules:
 
-    python benchmarks/agent_demo.py --max-candidates 4
+  rule:   it proposes that rule; the proposal is validated, its fixture run, matched on
+          benchmarks/problems/gemm_bias_relu.py, tuned on the GPU (--max-candidates), verified
+          against float64 and stored in a fresh registry; a second run makes no call.
+  kernel: it proposes a CUDA source for a small Linear -> ReLU region
+          (tests/data/agent/linear_relu_kernel.cu, the region ABI of fact_db/region_kernel.py);
+          the source policy is checked, nvcc builds it in the worker subprocess, the worker
+          verifies it against the region's ATen ops in float64 and times it against eager;
+          a winner is stored (region_kernels, provenance llm, with its source) and a second run
+          makes no call (registry hit).
 
-Writes benchmarks/results/<gpu>-<date>-agent.json (device, date, commit)."""
+    python benchmarks/agent_demo.py --max-candidates 4           # both parts
+    python benchmarks/agent_demo.py --part kernel --m 16 --k 128 --n 64
+
+Without a GPU the rule part is skipped (it tunes on the GPU) and the kernel part compiles where
+nvcc exists and records "needs a GPU". Writes benchmarks/results/<gpu>-<date>-agent.json
+(device, date, commit; without a GPU, into the run's temporary directory)."""
 from __future__ import annotations
 
 import argparse
@@ -25,10 +35,91 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT / "tests"))
 
 
+def rule_part(args, tmp, relu_yaml, relu_fix, reg) -> list:
+    from loopback_llm import Server  # the loopback server the CPU tests use
+    from fact_db.agent import Agent, region_realizer
+    from fact_db.discover import discover_problem
+    from fact_db.llm import LLM, Config
+    from fact_db.rules import load_rules
+
+    reply = json.dumps({"kind": "rule", "rule": relu_yaml, "fixture": relu_fix})
+    problem = str(ROOT / "benchmarks" / "problems" / "gemm_bias_relu.py")
+    runs = []
+    for i in range(2):
+        srv = Server([(200, reply, 0)])
+        t0 = time.perf_counter()
+        try:
+            llm = LLM(Config(srv.url, "scripted"))
+            rs = load_rules()
+            rep = discover_problem(problem, policy=args.policy, rules=rs)
+            before = [r.rule for r in rep.regions]
+            hook = region_realizer(rep, args.policy, registry=reg, max_candidates=args.max_candidates, progress=True)
+            props = Agent(llm, out_dir=tmp / "out", realize=hook, registry=reg).run(rep, rs, problem)
+        finally:
+            srv.close()
+        rz = hook.results[0] if hook.results else None
+        runs.append({"part": "rule", "run": i + 1, "regions_before": before, "requests": len(srv.requests),
+                     **llm.usage.as_dict(), "proposals": [p.as_dict() for p in props],
+                     "realized": None if rz is None else {"how": rz.how, "impl": rz.impl.label, "ms": rz.ms,
+                                                           "eager_ms": rz.eager_ms, "err": rz.err, "notes": rz.notes},
+                     "wall_s": round(time.perf_counter() - t0, 1)})
+        print(json.dumps(runs[-1], indent=1, default=str))
+    return runs
+
+
+def kernel_part(args, reg) -> list:
+    import torch
+    import torch.nn as nn
+
+    from loopback_llm import Server
+    from fact_db.agent import Agent
+    from fact_db.discover import discover
+    from fact_db.llm import LLM, Config
+    from fact_db.rules import load_rules
+
+    class LinearRelu(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(args.k, args.n)
+
+        def forward(self, x):
+            return torch.relu(self.fc(x))
+
+    source = (ROOT / "tests" / "data" / "agent" / "linear_relu_kernel.cu").read_text()
+    reply = json.dumps({"kind": "kernel", "name": "linear_relu", "source": source,
+                        "explanation": "one thread per output, bias and ReLU fused"})
+    runs = []
+    for i in range(2):
+        srv = Server([(200, reply, 0)])
+        t0 = time.perf_counter()
+        try:
+            llm = LLM(Config(srv.url, "scripted"))
+            rs = load_rules()
+            gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "H100"
+            rep = discover(LinearRelu(), (torch.randn(args.m, args.k),), rules=rs, policy="fp32", gpu=gpu)
+            props = Agent(llm, registry=reg, retriever=None, compile_timeout=args.compile_timeout).run(rep, rs)
+        finally:
+            srv.close()
+        rows = reg.region_kernels()
+        runs.append({"part": "kernel", "run": i + 1, "shape": [args.m, args.k, args.n], "requests": len(srv.requests),
+                     **llm.usage.as_dict(), "proposals": [p.as_dict() for p in props],
+                     "registry": [{k: r[k] for k in ("digest", "name", "ops", "provenance", "status", "time_ms",
+                                                      "eager_ms", "rel_err", "eager_rel_err", "device_name")}
+                                  for r in rows],
+                     "wall_s": round(time.perf_counter() - t0, 1)})
+        print(json.dumps(runs[-1], indent=1, default=str))
+    return runs
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--max-candidates", type=int, default=4)
-    ap.add_argument("--policy", default="fp32")
+    ap.add_argument("--part", choices=("rule", "kernel", "both"), default="both")
+    ap.add_argument("--max-candidates", type=int, default=4, help="rule part: candidates the tuner tries")
+    ap.add_argument("--policy", default="fp32", help="rule part's policy (the kernel part is fp32)")
+    ap.add_argument("--m", type=int, default=16, help="kernel part: rows of the Linear's input")
+    ap.add_argument("--k", type=int, default=128, help="kernel part: in_features")
+    ap.add_argument("--n", type=int, default=64, help="kernel part: out_features")
+    ap.add_argument("--compile-timeout", type=float, default=300.0, help="kernel part: nvcc's limit in seconds")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="factdb-agent-demo-"))
     rules = tmp / "rules"
@@ -42,43 +133,27 @@ def main():
     import torch
 
     import _provenance
-    from loopback_llm import Server  # the loopback server the CPU tests use
-    from fact_db.agent import Agent, region_realizer
-    from fact_db.discover import discover_problem
-    from fact_db.llm import LLM, Config
     from fact_db.registry import Registry
-    from fact_db.rules import load_rules
 
-    reply = json.dumps({"kind": "rule", "rule": relu_yaml, "fixture": relu_fix})
-    problem = str(ROOT / "benchmarks" / "problems" / "gemm_bias_relu.py")
     reg = Registry.open(str(tmp / "home" / "fact.duckdb"))
-    runs = []
-    for i in range(2):
-        srv = Server([(200, reply, 0)])
-        t0 = time.perf_counter()
-        try:
-            llm = LLM(Config(srv.url, "scripted"))
-            rs = load_rules()
-            rep = discover_problem(problem, policy=args.policy, rules=rs)
-            before = [r.rule for r in rep.regions]
-            hook = region_realizer(rep, args.policy, registry=reg, max_candidates=args.max_candidates, progress=True)
-            props = Agent(llm, out_dir=tmp / "out", realize=hook).run(rep, rs, problem)
-        finally:
-            srv.close()
-        rz = hook.results[0] if hook.results else None
-        runs.append({"run": i + 1, "regions_before": before, "requests": len(srv.requests), **llm.usage.as_dict(),
-                     "proposals": [p.as_dict() for p in props],
-                     "realized": None if rz is None else {"how": rz.how, "impl": rz.impl.label, "ms": rz.ms,
-                                                           "eager_ms": rz.eager_ms, "err": rz.err, "notes": rz.notes},
-                     "wall_s": round(time.perf_counter() - t0, 1)})
-        print(json.dumps(runs[-1], indent=1, default=str))
+    runs, notes = [], []
+    if args.part in ("rule", "both"):
+        if torch.cuda.is_available():
+            runs += rule_part(args, tmp, relu_yaml, relu_fix, reg)
+        else:
+            notes.append("rule part skipped: it tunes the accepted rule's region on a GPU, and none is visible")
+            print(notes[-1])
+    if args.part in ("kernel", "both"):
+        runs += kernel_part(args, reg)
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     short = gpu.split()[1].lower() if gpu.startswith("NVIDIA") else gpu.lower()
-    out = HERE / "results" / f"{short}-{datetime.date.today()}-agent.json"
+    # a run without a GPU shows the pipeline, not results: its file goes to the temporary directory
+    out = (HERE / "results" if torch.cuda.is_available() else tmp) / f"{short}-{datetime.date.today()}-agent.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps({"device": gpu, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-                               "commit": _provenance.commit(), "policy": args.policy,
-                               "max_candidates": args.max_candidates, "runs": runs}, indent=1, default=str))
+                               "commit": _provenance.commit(), "policy": args.policy, "part": args.part,
+                               "max_candidates": args.max_candidates, "notes": notes, "runs": runs},
+                              indent=1, default=str))
     print(f"wrote {out}")
 
 

@@ -11,8 +11,13 @@ A reply is JSON (REPLY_SCHEMA) holding one proposal:
                  own directory), the rule must pass rules.schema.json and `rules validate`
                  beside the shipped rules, its fixture must pass `rules test`, and it must match
                  the user's region. Then `realize(region)` (injected; default: none) decides.
-  kind "kernel": `source` (C++/CUDA) and `name`. Compiled, verified and timed only through the
-                 injected `kernel_hooks` (the worker subprocess on a GPU machine).
+  kind "kernel": `source` (C++/CUDA exporting the region ABI of fact_db/region_kernel.py) and
+                 `name`. The source policy is checked first (only CUDA/C++ standard, cutlass/ and
+                 cute/ headers; no OS calls); then it is compiled in the worker subprocess under a
+                 time limit, verified against the region's ATen ops in float64, timed against
+                 eager, and stored in the registry (`region_kernels`, provenance `llm`, with its
+                 source). Tests inject `kernel_hooks` or the pipeline's `runner`.
+A region the registry already has an llm kernel for causes no call.
 Every proposal is recorded with its outcome and reason in $FACTDB_HOME/agent/proposals.jsonl.
 """
 from __future__ import annotations
@@ -30,9 +35,10 @@ import yaml
 
 from . import paths
 from .llm import LLM, LLMError
+from .region_kernel import ABI
 
 OUTCOMES = ("accepted", "malformed", "schema-invalid", "refused", "no match", "fixture failed", "compile error",
-            "wrong result", "slower than eager", "timeout", "no reply")
+            "wrong result", "slower than eager", "timeout", "no reply", "needs a GPU", "no toolchain")
 
 REPLY_SCHEMA = {
     "type": "object",
@@ -68,6 +74,7 @@ class Proposal:
     rule_id: str = ""
     files: list = field(default_factory=list)  # where an accepted rule was written
     cached: bool = False
+    registry: str = ""  # an accepted kernel's registry digest (region_kernels), or the row that served the ask
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -88,6 +95,11 @@ Answer with ONE JSON object and nothing else:
 or, only when no template can express the region:
   {"kind": "kernel", "name": "<snake_case>", "source": "<C++/CUDA source>", "explanation": "..."}
 A rule must be realized through an existing template and epilogue (a constant scale is `alpha`).
+A kernel source must export exactly this C ABI (the user message's `kernel_contract` gives the
+region's inputs in order, their shapes, the element type and what the region computes):
+""" + ABI + """
+It may include only CUDA and C++ standard headers and cutlass/..., cute/...; no file, process
+or network calls, no code that runs when the library loads.
 Nothing you write is trusted until it validates, its fixture passes, it matches the region,
 and the kernel compiles, verifies against float64 and beats eager PyTorch."""
 
@@ -202,14 +214,32 @@ def prompt(ask: Ask, report, rules, retriever=retrieve) -> list:
     nearest = [{"rule": rid, "reason": m.reason} for rid, m in sorted(report.misses.items())
                if m is not None and m.node is not None and m.node.name in {o["name"] for o in ask.ops}][:6]
     retrieved, note = retriever(ask, report) if retriever is not None else ([], "retrieval off")
+    spec, why = region_spec(ask, report)
     body = {
         "region": ask.ops, "why_uncovered": ask.why, "arch": report.arch, "gpu": report.gpu,
         "precision_policy": report.policy, "nearest_rules": nearest,
         "retrieved": retrieved, **({"retrieval_note": note} if note else {}),
+        **({"kernel_contract": spec.contract()} if spec is not None else {"kernel_contract_note": why}),
         "templates": _template_catalogue(rules),
         "example_rule": _example_rule(),
     }
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": json.dumps(body, indent=1, default=str)}]
+
+
+def build_arch(arch: str) -> str:
+    """The arch a region kernel is compiled for (discovery says sm90; nvcc needs sm90a's features)."""
+    return "sm90a" if arch in ("sm90", "sm_90", "sm90a") else arch
+
+
+def region_spec(ask: Ask, report):
+    """(RegionSpec of the ask's ops, "") or (None, why a kernel cannot be asked for it)."""
+    from .region_kernel import RegionKernelError, RegionSpec
+    if report.graph is None:
+        return None, "no traced graph"
+    try:
+        return RegionSpec.from_graph(report.graph, [o["name"] for o in ask.ops], report.policy), ""
+    except RegionKernelError as e:
+        return None, f"no kernel can be asked for this region: {e}"
 
 
 def _example_rule() -> str:
@@ -230,20 +260,43 @@ class Agent:
 
     realize(region) -> (outcome, reason): tunes the region a proposed rule matched and says
     whether it won ("accepted") or why not; default: accepted without realization (rules only).
-    kernel_hooks: dict with compile(source, name) -> handle, verify(handle) -> bool,
+    kernel_hooks: dict with compile(source, name) -> handle, verify(handle) -> bool or (bool, why),
     bench(handle) -> (kernel_s, eager_s), store(handle, source) -> None. Each may raise
-    TimeoutError. Without them a kernel proposal is refused.
+    TimeoutError (or region_kernel.NeedsGPU / NoToolchain). Without them, the real pipeline
+    (region_kernel.Pipeline: worker-subprocess compile, float64 verify, bench against eager,
+    `registry` row) runs, its worker jobs through `runner(jobs) -> results` when one is given
+    (as in the tuner's tests). `registry`: where accepted kernels go and where a region's
+    kernel is looked up before any call (default: Registry.open(); False: none).
     """
 
     def __init__(self, llm: LLM, *, out_dir: Path | None = None, realize=None, kernel_hooks: dict | None = None,
-                 log: Path | None = None, retriever=retrieve):
+                 log: Path | None = None, retriever=retrieve, registry=None, runner=None,
+                 compile_timeout: float = 300.0):
         self.llm = llm
         self.retriever = retriever  # (ask, report) -> (documents, note); None: no retrieval
         self.out_dir = Path(out_dir) if out_dir else None
         self.realize = realize
         self.kernel_hooks = kernel_hooks
+        self.runner = runner
+        self.compile_timeout = compile_timeout
+        self._registry = registry
+        self._opened = None
+        self.registry_note = ""
         self.log = Path(log) if log else paths.home() / "agent" / "proposals.jsonl"
         self.proposals: list = []
+
+    def registry(self):
+        if self._registry is False:
+            return None
+        if self._registry is None and self._opened is None:
+            from .registry import Registry, RegistryError
+            try:
+                self._opened = Registry.open()
+            except RegistryError as e:  # the model can still be asked; nothing is looked up or stored
+                self._registry = False
+                self.registry_note = f"registry unavailable: {e}"
+                return None
+        return self._registry or self._opened
 
     def _record(self, p: Proposal) -> Proposal:
         self.proposals.append(p)
@@ -254,11 +307,30 @@ class Agent:
 
     def run(self, report, rules, problem_spec: str | None = None) -> list:
         out = []
-        for ask in asks(report, rules):
-            out.append(self.one(ask, report, rules, problem_spec))
+        try:
+            for ask in asks(report, rules):
+                out.append(self.one(ask, report, rules, problem_spec))
+        finally:
+            if self._opened is not None:
+                self._opened.close()
+                self._opened = None
         return out
 
+    def _stored(self, ask: Ask, report) -> Proposal | None:
+        """An accepted proposal from the registry's llm kernel for this region, if it has one."""
+        spec, _ = region_spec(ask, report)
+        reg = self.registry() if spec is not None else None
+        row = reg.region_get(spec, build_arch(report.arch), report.gpu) if reg is not None else None
+        if row is None:
+            return None
+        return Proposal(ask.node, "kernel", "accepted", f"the registry has llm kernel {row['name']} for this region "
+                        f"({row['ops']}, {row['device_name'] or row['gpu']}: {_us(row['time_ms'])} vs eager "
+                        f"{_us(row['eager_ms'])}): no call", registry=row["digest"])
+
     def one(self, ask: Ask, report, rules, problem_spec) -> Proposal:
+        hit = self._stored(ask, report)
+        if hit is not None:
+            return self._record(hit)
         before = self.llm.usage.cached
         try:
             text = self.llm.chat(prompt(ask, report, rules, self.retriever), region=ask.node)
@@ -278,7 +350,7 @@ class Agent:
         if reply["kind"] == "rule":
             p = self._rule(ask, reply, report, problem_spec)
         else:
-            p = self._kernel(ask, reply)
+            p = self._kernel(ask, reply, report)
         p.cached = cached
         return self._record(p)
 
@@ -340,52 +412,86 @@ class Agent:
                             f"{hit[0].output} ({hit[0].shape})", rid, files)
 
     # -- kernel proposals -------------------------------------------------------------------
-    def _kernel(self, ask, reply) -> Proposal:
-        h = self.kernel_hooks
+    def _kernel(self, ask, reply, report) -> Proposal:
+        from .region_kernel import NeedsGPU, NoToolchain, Pipeline, check_source
         name = reply["name"]
+        why = check_source(reply["source"])
+        if why:
+            return Proposal(ask.node, "kernel", "refused", f"kernel {name} refused before compiling: {why}")
+        pipe = None
+        h = self.kernel_hooks
         if not h:
-            return Proposal(ask.node, "kernel", "refused", f"kernel {name}: no worker to compile it on this machine "
-                            "(kernel proposals run only in the GPU worker subprocess)")
+            spec, why = region_spec(ask, report)
+            if spec is None:
+                return Proposal(ask.node, "kernel", "refused", f"kernel {name}: {why}")
+            pipe = Pipeline(spec, arch=build_arch(report.arch), gpu=report.gpu, registry=self.registry(),
+                            runner=self.runner, compile_timeout=self.compile_timeout, model=self.llm.config.model,
+                            explanation=reply.get("explanation", ""))
+            h = pipe.hooks()
         try:
             try:
                 handle = h["compile"](reply["source"], name)
-            except TimeoutError:
+            except (TimeoutError, NeedsGPU):
                 raise
-            except Exception as e:
-                return Proposal(ask.node, "kernel", "compile error", f"kernel {name} does not compile: {str(e)[:500]}")
-            if not h["verify"](handle):
-                return Proposal(ask.node, "kernel", "wrong result", f"kernel {name} disagrees with the float64 reference")
+            except NoToolchain as e:
+                return Proposal(ask.node, "kernel", "no toolchain", f"kernel {name} was not compiled: {e}")
+            except Exception as e:  # noqa: BLE001  (the compiler's message is the outcome's reason)
+                return Proposal(ask.node, "kernel", "compile error", f"kernel {name} does not compile: {str(e)[:1500]}")
+            v = h["verify"](handle)
+            ok, detail = v if isinstance(v, tuple) else (bool(v), "")
+            if not ok:
+                return Proposal(ask.node, "kernel", "wrong result", f"kernel {name} disagrees with the float64 "
+                                f"reference" + (f": {detail}" if detail else ""))
             ks, es = h["bench"](handle)
             if ks >= es:
                 return Proposal(ask.node, "kernel", "slower than eager", f"kernel {name}: {ks * 1e6:.1f} us, eager {es * 1e6:.1f} us")
             h["store"](handle, reply["source"])
-            return Proposal(ask.node, "kernel", "accepted", f"kernel {name}: {ks * 1e6:.1f} us, eager {es * 1e6:.1f} us; stored with provenance llm")
+            digest = ""
+            if pipe is not None and pipe.registry is not None:
+                digest = pipe.spec.digest(pipe.arch, pipe.result.get("device") or pipe.gpu)
+            where = f"stored in the registry (region_kernels {digest[:12]}) with provenance llm" if digest or \
+                pipe is None else f"not stored ({self.registry_note or 'no registry'})"
+            return Proposal(ask.node, "kernel", "accepted", f"kernel {name}: {ks * 1e6:.1f} us, eager {es * 1e6:.1f} us"
+                            f"{'; ' + detail if detail else ''}; {where}", registry=digest)
         except TimeoutError as e:
             return Proposal(ask.node, "kernel", "timeout", f"kernel {name}: over its time limit ({e})")
+        except NeedsGPU as e:
+            return Proposal(ask.node, "kernel", "needs a GPU", f"kernel {name} compiled; {e}")
+        finally:
+            if pipe is not None:
+                pipe.close()
+
+
+def _us(ms) -> str:
+    return f"{ms * 1e3:.1f} us" if ms is not None else "?"
 
 
 def consult(problem: str, *, policy: str = "fp32", arch: str = "sm90", offline: bool = False,
-            out_dir: Path | None = None, realize=None) -> dict:
+            out_dir: Path | None = None, realize=None, registry=None, runner=None) -> dict:
     """`--llm` on optimize and realize: ask the configured model about what PROBLEM leaves to
     eager, before any tuning. Returns {configured, calls, cached, tokens, served, proposals,
     rule_files}: `rule_files` are the accepted rules' YAML files (written under `out_dir`,
     default $FACTDB_HOME/agent/accepted/), which the caller adds to the rule set it discovers
-    with, so the accepted fusion is realized and composed like a shipped rule's."""
+    with, so the accepted fusion is realized and composed like a shipped rule's. `kernels` are
+    the accepted kernel proposals (stored in `registry`, default Registry.open(), table
+    region_kernels); composition does not use them yet: their regions stay eager."""
     from .discover import discover_problem
     from .rules import load_rules
 
     llm = LLM.open(offline=offline)
     if llm is None:
         return {"configured": False, "calls": 0, "cached": 0, "tokens": 0, "served": [], "proposals": [],
-                "rule_files": [],
+                "rule_files": [], "kernels": [],
                 "note": "offline" if offline else "no language model configured (FACTDB_LLM_BASE_URL/FACTDB_LLM_MODEL or $FACTDB_HOME/llm.yaml)"}
     rs = load_rules()
     report = discover_problem(problem, arch=arch, policy=policy, rules=rs)
     out_dir = Path(out_dir) if out_dir else paths.home() / "agent" / "accepted"
-    props = Agent(llm, out_dir=out_dir, realize=realize).run(report, rs, problem)
+    props = Agent(llm, out_dir=out_dir, realize=realize, registry=registry, runner=runner).run(report, rs, problem)
     files = [f for p in props if p.outcome == "accepted" for f in p.files if f.endswith(".yaml")]
+    kernels = [{"region": p.region, "registry": p.registry, "reason": p.reason} for p in props
+               if p.outcome == "accepted" and p.kind == "kernel"]
     return {"configured": True, **llm.usage.as_dict(), "proposals": [p.as_dict() for p in props],
-            "rule_files": files}
+            "rule_files": files, "kernels": kernels}
 
 
 def summary_line(info: dict) -> str:
@@ -394,7 +500,10 @@ def summary_line(info: dict) -> str:
     acc = [p for p in info["proposals"] if p["outcome"] == "accepted"]
     return (f"llm: {info['calls']} call(s), {info['cached']} from cache, {info['tokens']} tokens; served "
             f"{', '.join(info['served']) or 'no region'}; {len(info['proposals'])} proposal(s), {len(acc)} accepted"
-            + "".join(f"\n  {p['region']}: {p['outcome']}: {p['reason']}" for p in info["proposals"]))
+            + "".join(f"\n  {p['region']}: {p['outcome']}: {p['reason']}" for p in info["proposals"])
+            + "".join(f"\n  {k['region']}: accepted llm kernel {k['registry'][:12]} is in the registry; the "
+                      "region stays eager in the composed module (composition does not use llm kernels yet)"
+                      for k in info.get("kernels", [])))
 
 
 def region_realizer(report, policy: str, *, registry=None, arch: str = "sm90a", gpu: str | None = None,

@@ -4,7 +4,8 @@ Each source is compiled by nvcc with the flags of DESIGN.md (`-DNDEBUG`, the arc
 `-gencode`), into `$FACTDB_HOME/build/<hash>/kernel.so`, where the hash covers the source,
 the flags and the toolchain. A cached library is reused; a failed compile leaves
 `error.txt` (the nvcc command and its first error) beside it and is not retried unless
-`force=True`. Libraries are written under a temporary name and renamed into place, so an
+`force=True`; a compile that ran out of time is not cached (the limit, not the source, may be
+at fault). Libraries are written under a temporary name and renamed into place, so an
 interrupted build never leaves a half-written `.so` in the cache.
 
 >>> [b] = build([Source("gemm_sm90", src, arch="sm90a")])
@@ -166,6 +167,9 @@ def _build_one(source: Source, force: bool, timeout: float) -> Built:
         return Built(source, key, so, command=shown, seconds=seconds, log=log)
     Path(tmp).unlink(missing_ok=True)
     first = first_error(log)
+    if rc == -1:  # a timeout says nothing about the source: not cached, a longer limit may build it
+        (d / "build.log").write_text(log)
+        return Built(source, key, None, error=first, command=shown, seconds=seconds, log=log)
     (d / "build.log").write_text(log)
     tmp_err = d / "error.txt.tmp"
     tmp_err.write_text(f"{shown}\n{first}\n")

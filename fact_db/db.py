@@ -34,8 +34,9 @@ from sqlalchemy.pool import NullPool, StaticPool
 from . import paths
 from .errors import FactError
 
-SCHEMA_VERSION = 3  # the newest schema this fact-db writes; see MIGRATIONS
-REGISTRY_TABLES = ("factdb_meta", "kernels", "trials", "rules", "examples", "attention_kernels", "norm_kernels")
+SCHEMA_VERSION = 4  # the newest schema this fact-db writes; see MIGRATIONS
+REGISTRY_TABLES = ("factdb_meta", "kernels", "trials", "rules", "examples", "attention_kernels", "norm_kernels",
+                   "region_kernels")
 INDEX_PREFIX = "index_"
 DEFAULT_TIMEOUT_S = 30.0
 
@@ -237,10 +238,34 @@ def _m003_norms(conn: sa.Connection) -> None:
     md.create_all(conn, checkfirst=True)
 
 
+def _m004_region_kernels(conn: sa.Connection) -> None:
+    # Kernels the language model wrote for a region no rule covers (fact_db/region_kernel.py),
+    # accepted only after they compiled, verified against float64 and beat eager: one row per
+    # region key (its ops, constants and input shapes, dtype, policy, arch, GPU), with the
+    # source itself (the only copy: no template renders it again) and provenance `llm`.
+    md = sa.MetaData()
+    S, T, D = sa.String, sa.Text, sa.Double
+    sa.Table(
+        "region_kernels", md, sa.Column("digest", S, primary_key=True),
+        sa.Column("arch", S, nullable=False), sa.Column("gpu", S, nullable=False),
+        sa.Column("policy", S, nullable=False), sa.Column("dtype", S, nullable=False),
+        sa.Column("ops", T, nullable=False), sa.Column("region", T, nullable=False),
+        sa.Column("name", S, nullable=False), sa.Column("source", T, nullable=False),
+        sa.Column("source_hash", S, nullable=False), sa.Column("build_key", S, nullable=False),
+        sa.Column("nvcc_version", S, nullable=False), sa.Column("cutlass_version", S, nullable=False),
+        sa.Column("time_ms", D), sa.Column("eager_ms", D), sa.Column("rel_err", D), sa.Column("eager_rel_err", D),
+        sa.Column("device_name", S, nullable=False), sa.Column("provenance", S, nullable=False),
+        sa.Column("status", S, nullable=False), sa.Column("model", S, nullable=False),
+        sa.Column("explanation", T, nullable=False), sa.Column("created_at", S, nullable=False),
+    )
+    md.create_all(conn, checkfirst=True)
+
+
 MIGRATIONS: list[tuple[int, str, object]] = [
     (1, "m001_initial", _m001_initial),
     (2, "m002_attention", _m002_attention),
     (3, "m003_norms", _m003_norms),
+    (4, "m004_region_kernels", _m004_region_kernels),
 ]
 # Versions increase and the last is SCHEMA_VERSION (helper branches number theirs apart, so
 # a gap may exist until they merge: 2 is attention's).

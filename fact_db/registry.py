@@ -1290,6 +1290,54 @@ class Registry:
             conn.execute(sa.text(f"INSERT INTO norm_kernels ({cols}) VALUES ({vals})"), row)
 
 
+    # region kernels (fact_db/region_kernel.py): what the language model wrote for a region no
+    # rule covers, stored only after it compiled, verified and beat eager; provenance `llm`
+    def region_put(self, spec, arch: str, gpu: str, *, name: str, source: str, build_key: str = "",
+                   time_ms: float | None = None, eager_ms: float | None = None, rel_err: float | None = None,
+                   eager_rel_err: float | None = None, device_name: str = "", model: str = "",
+                   explanation: str = "", provenance: str = "llm", toolchain=None) -> str:
+        """Store (replace) the kernel for region `spec` (a RegionSpec); returns the row's digest."""
+        from . import toolchain as tc_mod
+        if provenance not in PROVENANCES:
+            raise RegistryError(f"provenance {provenance!r} is not one of {', '.join(PROVENANCES)}")
+        if len(source) > MAX_TEXT["source"]:
+            raise RegistryError(f"region kernel {name}: source of {len(source)} characters is over "
+                                f"{MAX_TEXT['source']}")
+        tc = toolchain or tc_mod.current()
+        digest = spec.digest(arch, gpu)
+        row = {"digest": digest, "arch": arch, "gpu": canonical_gpu(gpu) if gpu else "", "policy": spec.policy,
+               "dtype": spec.dtype, "ops": spec.summary(), "region": json.dumps(spec.as_dict(), sort_keys=True),
+               "name": name, "source": source, "source_hash": hashlib.sha256(source.encode()).hexdigest(),
+               "build_key": build_key, "nvcc_version": nvcc_now(tc), "cutlass_version": tc.cutlass or "",
+               "time_ms": time_ms, "eager_ms": eager_ms, "rel_err": rel_err, "eager_rel_err": eager_rel_err,
+               "device_name": device_name, "provenance": provenance, "status": "verified", "model": model,
+               "explanation": explanation[:4096], "created_at": utcnow()}
+        cols = ", ".join(row)
+        vals = ", ".join(f":{c}" for c in row)
+        with self.db.begin() as conn:
+            conn.execute(sa.text("DELETE FROM region_kernels WHERE digest = :d"), {"d": digest})
+            conn.execute(sa.text(f"INSERT INTO region_kernels ({cols}) VALUES ({vals})"), row)
+        return digest
+
+    _REGION_COLS = ("digest", "arch", "gpu", "policy", "dtype", "ops", "region", "name", "source", "source_hash",
+                    "build_key", "nvcc_version", "cutlass_version", "time_ms", "eager_ms", "rel_err",
+                    "eager_rel_err", "device_name", "provenance", "status", "model", "explanation", "created_at")
+
+    def region_get(self, spec, arch: str, gpu: str) -> dict | None:
+        """The stored kernel for region `spec` on this arch and GPU (a dict of the row), or None."""
+        with self.db.begin(write=False) as conn:
+            row = conn.execute(sa.text(f"SELECT {', '.join(self._REGION_COLS)} FROM region_kernels WHERE digest = :d"),
+                               {"d": spec.digest(arch, gpu)}).first()
+        return dict(zip(self._REGION_COLS, row)) if row is not None else None
+
+    def region_kernels(self) -> list[dict]:
+        """Every stored region kernel, newest first."""
+        with self.db.begin(write=False) as conn:
+            rows = conn.execute(sa.text(f"SELECT {', '.join(self._REGION_COLS)} FROM region_kernels "
+                                        "ORDER BY created_at DESC")).all()
+        return [dict(zip(self._REGION_COLS, r)) for r in rows]
+
+
 @dataclass
 class MergeResult:
     """What put_kernels did: counts, and each row's outcome in order."""

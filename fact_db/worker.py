@@ -11,6 +11,9 @@ JSON result per line from its stdout (everything else the worker prints goes to 
 
     job    {"id", "kind": "cutlass"|"eager"|"norm", "so", "template", "spec", "options",
             "workload", "trials", "reps"}
+           region kernels (fact_db/region_kernel.py): {"id", "kind": "region_compile", "source",
+           "name", "arch", "timeout"} (nvcc runs here, never in the parent) and
+           {"id", "kind": "region_run", "so", "region", "trials", "reps"}
     result {"id", "status": ok|verify_failed|launch_error|crashed|timeout, "time_ms",
             "p10_ms", "p90_ms", "err", "eager_err", "error", "device"}
 
@@ -31,6 +34,12 @@ _INPUT_SETS = 3
 
 
 def _run_job(job: dict, cache: dict) -> dict:
+    if job["kind"] == "region_compile":  # a proposed kernel source: compiled only in this process
+        from .region_kernel import compile_job
+        return compile_job(job)
+    if job["kind"] == "region_run":  # verify against float64 and time against eager (or "needs_gpu")
+        from .region_kernel import run_job as region_run
+        return region_run(job)
     import torch
     if job["kind"] == "ping":  # start-up only: torch imported, CUDA context made
         torch.cuda.init()
@@ -97,7 +106,8 @@ def main() -> int:
             res = {"id": job.get("id"), "status": "launch_error", "error": f"{type(e).__name__}: {e}"}
         fatal = False
         try:
-            torch.cuda.synchronize()
+            if torch.cuda.is_initialized():  # a job that never touched CUDA (a compile) has nothing to wait for
+                torch.cuda.synchronize()
         except Exception as e:  # noqa: BLE001  (sticky error: the context is gone)
             res = {"id": job.get("id"), "status": "crashed", "error": f"CUDA context lost: {e}"}
             fatal = True

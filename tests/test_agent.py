@@ -152,16 +152,20 @@ def _hooks(calls, *, compile_error=False, wrong=False, slow=False, timeout=False
 def test_kernel_replies(env, kind, outcome):
     calls = []
     hooks = _hooks(calls, **({kind: True} if kind else {}))
-    props, _, _ = _run(env, [(200, _reply(kind="kernel", name="fused_relu", source="__global__ void k(){}"), 0)],
-                       kernel_hooks=hooks)
+    src = 'extern "C" int fact_region_launch(const void* const* i, const int64_t* const* s, const int64_t* const* t, ' \
+          'const int* r, int n, void* o, const int64_t* os, int orank, cudaStream_t st) { return 0; }'
+    props, _, _ = _run(env, [(200, _reply(kind="kernel", name="fused_relu", source=src), 0)], kernel_hooks=hooks,
+                       registry=False)
     assert [p.outcome for p in props] == [outcome], props
     assert ("store" in calls) == (outcome == "accepted")
     _nothing_written(env)
 
 
-def test_kernel_without_worker_is_refused(env):
-    props, _, _ = _run(env, [(200, _reply(kind="kernel", name="k", source="x"), 0)])
-    assert props[0].outcome == "refused" and "worker" in props[0].reason
+def test_kernel_without_the_abi_is_refused(env):
+    """Without hooks the real pipeline runs (tests/test_agent_kernels.py); a source without the
+    region ABI's entry point is refused before anything compiles."""
+    props, _, _ = _run(env, [(200, _reply(kind="kernel", name="k", source="x"), 0)], registry=False)
+    assert props[0].outcome == "refused" and "fact_region_launch" in props[0].reason
 
 
 def test_429_then_success(env):

@@ -1,0 +1,290 @@
+"""Kernel proposals through the real pipeline (fact_db/region_kernel.py), against the loopback
+chat-completions server: the source policy, a compile in the worker subprocess (real nvcc where
+marked), verification and timing (injected through the pipeline's `runner`, as the tuner's
+tests inject the GPU steps, or "needs a GPU" where none is present), and the registry row with
+provenance `llm`. Every rejection is recorded, writes nothing to the registry, and leaves the
+region to eager PyTorch."""
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+
+from fact_db import paths
+from fact_db.agent import Agent, asks, region_spec
+from fact_db.discover import discover
+from fact_db.llm import LLM, Config
+from fact_db.region_kernel import ABI, RegionSpec, check_source
+from fact_db.registry import Registry
+from fact_db.rules import load_rules
+from loopback_llm import Server
+
+SHIPPED = Path(__file__).resolve().parent.parent / "rules"
+KERNEL = (Path(__file__).resolve().parent / "data" / "agent" / "linear_relu_kernel.cu").read_text()
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (the CUDA compiler)")
+
+
+class LinearRelu(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(64, 32)
+
+    def forward(self, x):
+        return torch.relu(self.fc(x))
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    """Shipped rules less gemm-bias-relu (so Linear -> ReLU is asked about), a fresh home and registry."""
+    root = tmp_path / "rules"
+    shutil.copytree(SHIPPED, root, ignore=shutil.ignore_patterns("__pycache__"))
+    (root / "gemm_epilogue" / "gemm-bias-relu.yaml").unlink()
+    (root / "gemm_epilogue" / "gemm-bias-relu.py").unlink()
+    monkeypatch.setenv("FACTDB_RULES", str(root))
+    monkeypatch.setenv("FACTDB_HOME", str(tmp_path / "home"))
+    for k in ("FACTDB_LLM_BASE_URL", "FACTDB_LLM_MODEL", "FACTDB_LLM_API_KEY"):
+        monkeypatch.delenv(k, raising=False)
+    return tmp_path
+
+
+def _reply(source=KERNEL, name="linear_relu"):
+    return json.dumps({"kind": "kernel", "name": name, "source": source, "explanation": "one thread per output"})
+
+
+def _run(env, script, **kw):
+    srv = Server(script)
+    reg = Registry.open(str(env / "reg.duckdb"))
+    try:
+        llm = LLM(Config(srv.url, "scripted", backoff_s=0.01, retries=1))
+        rules = load_rules()
+        rep = discover(LinearRelu(), (torch.randn(8, 64),), rules=rules)
+        props = Agent(llm, retriever=None, registry=reg, **kw).run(rep, rules)
+        return props, llm, srv, reg
+    finally:
+        srv.close()
+
+
+def _recorded(outcome):
+    log = (Path(paths.home()) / "agent" / "proposals.jsonl").read_text().splitlines()
+    assert json.loads(log[-1])["outcome"] == outcome
+
+
+class Runner:
+    """The worker's answers: compile jobs as given (or passed on to `compile`), run jobs as given."""
+
+    def __init__(self, run=None, compile=None):
+        self.jobs, self._run, self._compile = [], run, compile
+
+    def __call__(self, jobs):
+        out = []
+        for j in jobs:
+            self.jobs.append(j)
+            if j["kind"] == "region_compile":
+                out.append(self._compile(j) if callable(self._compile) else
+                           {"id": j["id"], "status": "ok", "so": "/nonexistent/kernel.so", "build_key": "k" * 24,
+                            "command": "nvcc ...", "error": ""})
+            else:
+                out.append({"id": j["id"], "device": "NVIDIA H100 80GB HBM3", **self._run})
+        return out
+
+
+FAST = {"status": "ok", "err": 2e-7, "eager_err": 1.5e-7, "time_ms": 0.004, "eager_ms": 0.009, "error": ""}
+
+
+# ------------------------------------------------------------------------------------------
+# The region as data, and the contract the model sees.
+
+def test_region_spec_reference_and_eager_follow_the_module(env):
+    """The region's ATen ops, evaluated from the spec alone, give the module's own output:
+    in float64 (the reference) and at the policy's dtype (eager)."""
+    rules = load_rules()
+    m = LinearRelu()
+    rep = discover(m, (torch.randn(8, 64),), rules=rules)
+    [ask] = asks(rep, rules)
+    spec, why = region_spec(ask, rep)
+    assert why == "" and spec.summary() == "aten.linear -> aten.relu"
+    assert [x["kind"] for x in spec.inputs] == ["input", "parameter", "parameter"]
+    assert spec.out_shape == [8, 32] and spec.dtype == "float32"
+    spec = RegionSpec.from_dict(json.loads(json.dumps(spec.as_dict())))  # what a worker receives
+    x = torch.randn(8, 64)
+    inputs = dict(zip([i["name"] for i in spec.inputs], [x, m.fc.weight.detach(), m.fc.bias.detach()]))
+    want = m(x).detach()
+    assert torch.equal(spec.eager(inputs), want)
+    ref = spec.reference(inputs)
+    assert ref.dtype == torch.float64 and torch.allclose(ref, want.double(), atol=1e-5)
+    # the key ignores node names and parameters' values, not shapes or the policy
+    assert spec.digest("sm90a", "H100") == spec.digest("sm90a", "NVIDIA H100 80GB HBM3")
+    assert spec.digest("sm90a", "h100") != RegionSpec(**{**spec.as_dict(), "policy": "tf32"}).digest("sm90a", "h100")
+
+
+def test_the_prompt_carries_the_abi_and_the_regions_inputs(env):
+    props, _, srv, _ = _run(env, [(200, _reply(source="int x;"), 0)])
+    system, user = srv.requests[0]["messages"][0]["content"], json.loads(srv.requests[0]["messages"][1]["content"])
+    assert ABI in system
+    c = user["kernel_contract"]
+    assert c["entry"] == "fact_region_launch" and c["element_type"] == "float"
+    assert [i["shape"] for i in c["inputs"]] == [[8, 64], [32, 64], [32]] and c["output"]["shape"] == [8, 32]
+    assert c["computes"][1].startswith("relu = aten.relu.default(self=linear")
+    assert props[0].outcome == "refused" and "does not define" in props[0].reason
+
+
+# ------------------------------------------------------------------------------------------
+# The source policy: refused before anything compiles.
+
+@pytest.mark.parametrize("bad,words", [
+    ('#include "/etc/passwd"\n', "only `#include <header>`"),
+    ("#include </etc/passwd>\n", "outside the allowed headers"),
+    ("#include <../../../../etc/shadow>\n", "outside the allowed headers"),
+    ("#include <sys/socket.h>\n", "outside the allowed headers"),
+    ("#define P </etc/passwd>\n#include P\n", "only `#include <header>`"),
+    ('static int pwn = system("touch /tmp/factdb-kernel-pwned");\n', "calls `system(`"),
+    ('void f() { popen("sh", "r"); }\n', "calls `popen(`"),
+    ("__attribute__((constructor)) void at_load() {}\n", "would run when the library loads"),
+    ("#include_next <cmath>\n", "directive `#include_next`"),
+    ("#embed </etc/passwd>\n", "directive `#embed`"),
+    ('#/**/include "/etc/passwd"\n', "only `#include <header>`"),
+    ('#inc\\\nlude "/etc/passwd"\n', "only `#include <header>`"),
+    ('asm(".incbin \\"/etc/passwd\\"");\n', "reads a file"),
+    ('_Pragma("GCC poison x")\n', "_Pragma"),
+])
+def test_sources_outside_the_policy_are_refused_before_compiling(env, bad, words):
+    runner = Runner(run=FAST)
+    props, llm, _, reg = _run(env, [(200, _reply(source=bad + KERNEL), 0)], runner=runner)
+    assert [p.outcome for p in props] == ["refused"], props
+    assert words in props[0].reason and "before compiling" in props[0].reason
+    assert runner.jobs == []  # nothing compiled, nothing ran
+    assert reg.region_kernels() == []
+    assert not Path("/tmp/factdb-kernel-pwned").exists()
+    _recorded("refused")
+
+
+def test_the_policy_allows_cuda_cpp_and_cutlass_headers():
+    ok = "#include <cuda_bf16.h>\n#include <cute/tensor.hpp>\n#include <cutlass/numeric_types.h>\n#include <cmath>\n" \
+         "#pragma unroll\n" + KERNEL
+    assert check_source(ok) == ""
+    assert "line 2" in check_source("#include <cmath>\n#include <fstream>\n" + KERNEL)
+
+
+# ------------------------------------------------------------------------------------------
+# Verification and timing injected (the worker's answers), compile injected too: CPU CI.
+
+@pytest.mark.parametrize("run,outcome,words", [
+    ({"status": "verify_failed", "err": 0.02, "eager_err": 1e-7,
+      "error": "error 0.02 on randn inputs exceeds the fp32 bound 4e-07 (eager fp32: 1e-07)"}, "wrong result", "exceeds"),
+    ({"status": "launch_error", "error": "launch failed: region kernel refused or failed the launch: status 2"},
+     "wrong result", "status 2"),
+    ({**FAST, "time_ms": 0.012}, "slower than eager", "12.0 us, eager 9.0 us"),
+    ({"status": "timeout", "error": "no result within 120 s (hung or too slow); worker killed"}, "timeout", "hung"),
+    ({"status": "needs_gpu", "error": "needs a GPU: no CUDA device is visible to the worker"}, "needs a GPU",
+     "compiled; needs a GPU"),
+])
+def test_rejected_kernels_leave_the_registry_empty(env, run, outcome, words):
+    runner = Runner(run=run)
+    props, _, _, reg = _run(env, [(200, _reply(), 0)], runner=runner)
+    assert [p.outcome for p in props] == [outcome], props
+    assert words in props[0].reason
+    assert [j["kind"] for j in runner.jobs] == ["region_compile", "region_run"]
+    assert runner.jobs[0]["source"] == KERNEL and runner.jobs[0]["arch"] == "sm90a"
+    assert runner.jobs[1]["region"]["ops"][0]["op"] == "aten.linear"
+    assert reg.region_kernels() == []
+    _recorded(outcome)
+
+
+def test_compile_error_reported_by_the_worker(env):
+    runner = Runner(run=FAST, compile=lambda j: {"id": j["id"], "status": "compile_error", "command": "nvcc -O3 k.cu",
+                                                 "error": "kernel.cu(3): error: expected a \";\""})
+    props, _, _, reg = _run(env, [(200, _reply(), 0)], runner=runner)
+    assert props[0].outcome == "compile error" and 'expected a ";"' in props[0].reason and "$ nvcc" in props[0].reason
+    assert [j["kind"] for j in runner.jobs] == ["region_compile"] and reg.region_kernels() == []
+
+
+def test_accepted_kernel_is_stored_with_its_source_then_served_without_a_call(env):
+    runner = Runner(run=FAST)
+    props, llm, srv, reg = _run(env, [(200, _reply(), 0)], runner=runner)
+    assert [p.outcome for p in props] == ["accepted"], props
+    assert "4.0 us, eager 9.0 us" in props[0].reason and "provenance llm" in props[0].reason
+    [row] = reg.region_kernels()
+    assert row["provenance"] == "llm" and row["status"] == "verified" and row["source"] == KERNEL
+    assert row["name"] == "linear_relu" and row["ops"] == "aten.linear -> aten.relu" and row["gpu"] == "h100"
+    assert row["time_ms"] == 0.004 and row["eager_ms"] == 0.009 and row["rel_err"] == 2e-7
+    assert row["model"] == "scripted" and row["explanation"] == "one thread per output"
+    assert props[0].registry == row["digest"] and llm.usage.calls == 1
+    reg.close()
+    # a second run: the registry answers, the model is not asked (not even its reply cache)
+    runner2 = Runner(run=FAST)
+    props2, llm2, srv2, reg2 = _run(env, [(500, "must not be called", 0)], runner=runner2)
+    assert [p.outcome for p in props2] == ["accepted"] and "no call" in props2[0].reason
+    assert props2[0].registry == row["digest"]
+    assert srv2.requests == [] and llm2.usage.calls == 0 and llm2.usage.cached == 0 and runner2.jobs == []
+
+
+def test_injected_hooks_still_decide(env):
+    """kernel_hooks replace the pipeline (the source policy still applies first)."""
+    calls = []
+    hooks = {"compile": lambda src, name: calls.append("compile") or name, "verify": lambda h: (True, "err 1e-7"),
+             "bench": lambda h: (1e-5, 2e-5), "store": lambda h, src: calls.append("store")}
+    props, _, _, reg = _run(env, [(200, _reply(), 0)], kernel_hooks=hooks)
+    assert props[0].outcome == "accepted" and calls == ["compile", "store"] and reg.region_kernels() == []
+
+
+# ------------------------------------------------------------------------------------------
+# Real nvcc in the real worker subprocess.
+
+@pytest.mark.nvcc
+@needs_nvcc
+def test_cpp_that_does_not_compile_is_a_recorded_compile_error(env):
+    bad = KERNEL.replace("float acc = 0.f;", "float acc = 0.f")
+    props, _, _, reg = _run(env, [(200, _reply(source=bad), 0)], compile_timeout=120)
+    assert [p.outcome for p in props] == ["compile error"], props
+    assert "error" in props[0].reason and "nvcc" in props[0].reason and "kernel.cu" in props[0].reason
+    assert reg.region_kernels() == []
+    _recorded("compile error")
+
+
+@pytest.mark.nvcc
+@needs_nvcc
+def test_compile_timeout_is_recorded_and_not_cached(env):
+    heavy = "#include <cute/tensor.hpp>\n#include <cutlass/gemm/device/gemm_universal_adapter.h>\n" + KERNEL
+    props, _, _, reg = _run(env, [(200, _reply(source=heavy), 0)], compile_timeout=1)
+    assert [p.outcome for p in props] == ["timeout"], props
+    assert "compile over 1 s" in props[0].reason and "nvcc timed out" in props[0].reason
+    assert reg.region_kernels() == []
+    assert not list((Path(paths.home()) / "build").glob("*/error.txt"))  # a longer limit may build it
+    _recorded("timeout")
+
+
+@pytest.mark.nvcc
+@needs_nvcc
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the outcome where no GPU is present")
+def test_without_a_gpu_the_kernel_compiles_in_the_worker_and_waits_for_one(env):
+    props, _, _, reg = _run(env, [(200, _reply(), 0)], compile_timeout=120)
+    assert [p.outcome for p in props] == ["needs a GPU"], props
+    assert "compiled" in props[0].reason and "needs a GPU" in props[0].reason
+    assert list((Path(paths.home()) / "build").glob("*/kernel.so"))  # built by the worker, in the build cache
+    assert reg.region_kernels() == []
+    _recorded("needs a GPU")
+
+
+def test_consult_reports_the_accepted_kernel_and_that_its_region_stays_eager(env, monkeypatch):
+    """`optimize --llm`'s consult: the accepted kernel is listed (with its registry row) and the
+    summary says its region stays eager, since composition does not use llm kernels yet."""
+    from fact_db.agent import consult, summary_line
+    (env / "p.py").write_text("import torch\nimport torch.nn as nn\n\nclass Model(nn.Module):\n"
+                              "    def __init__(self):\n        super().__init__(); self.fc = nn.Linear(64, 32)\n"
+                              "    def forward(self, x):\n        return torch.relu(self.fc(x))\n\n"
+                              "def get_inputs():\n    return [torch.randn(8, 64)]\n\ndef get_init_inputs():\n    return []\n")
+    srv = Server([(200, _reply(), 0)])
+    reg = Registry.open(str(env / "reg.duckdb"))
+    try:
+        monkeypatch.setenv("FACTDB_LLM_BASE_URL", srv.url)
+        monkeypatch.setenv("FACTDB_LLM_MODEL", "scripted")
+        info = consult(str(env / "p.py"), registry=reg, runner=Runner(run=FAST))
+    finally:
+        srv.close()
+    [row] = reg.region_kernels()
+    assert info["calls"] == 1 and info["rule_files"] == []
+    assert info["kernels"] == [{"region": "linear", "registry": row["digest"], "reason": info["proposals"][0]["reason"]}]
+    line = summary_line(info)
+    assert f"accepted llm kernel {row['digest'][:12]} is in the registry" in line and "stays eager" in line
