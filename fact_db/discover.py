@@ -307,7 +307,7 @@ def analyse(graph: Graph, rules: RuleSet, *, arch: str = "sm90", gpu: str | None
     """Match `rules` on a traced graph and build the report."""
     if policy not in roofline.POLICIES:
         raise ValueError(f"unknown precision policy `{policy}`; use one of {', '.join(roofline.POLICIES)}")
-    dev = roofline.DEVICES[(gpu or roofline.DEFAULT_DEVICE.get(arch, "h100")).lower()]
+    dev = roofline.device(gpu, arch)
     t0 = time.perf_counter()
     matches, misses = match_all(rules, graph, arch)
     chosen, beaten = select(matches)

@@ -35,6 +35,17 @@ DEVICES = {
 }
 DEFAULT_DEVICE = {"sm90": "h100", "sm90a": "h100", "sm80": "a100"}
 
+
+def device(gpu: str | None, arch: str = "sm90") -> Device:
+    """The roofline device for a GPU named as the registry keys it (`h200`) or as CUDA reports
+    it (`NVIDIA H200`, `NVIDIA H100 80GB HBM3`); an unknown or missing name takes the arch's
+    default."""
+    name = (gpu or "").lower()
+    for key, dev in DEVICES.items():
+        if key in name.split() or key == name or name.replace("nvidia", "").strip().startswith(key):
+            return dev
+    return DEVICES[DEFAULT_DEVICE.get(arch, "h100")]
+
 POLICIES = ("fp32", "tf32x3", "tf32", "bf16", "fp16")
 
 
