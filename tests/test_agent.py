@@ -1,15 +1,10 @@
 """The agent against a real chat-completions server on loopback (stdlib http.server in a
 thread, streaming off, scripted replies). Every bad reply ends in a recorded rejection, nothing
 is written to the rules or the registry, and the region stays with eager PyTorch."""
-import http.server
 import json
-import shutil
-import threading
-import time
 from pathlib import Path
 
 import pytest
-import torch.nn as nn
 import torch
 
 from fact_db import paths
@@ -17,34 +12,16 @@ from fact_db.agent import Agent, asks
 from fact_db.discover import discover
 from fact_db.llm import LLM, Config, load_config
 from fact_db.rules import load_rules
+from agent_env import SHIPPED, LinearRelu, without_relu_rule
 from loopback_llm import Server
 
-SHIPPED = Path(__file__).resolve().parent.parent / "rules"
 RELU_YAML = (SHIPPED / "gemm_epilogue" / "gemm-bias-relu.yaml").read_text()
 RELU_FIX = (SHIPPED / "gemm_epilogue" / "gemm-bias-relu.py").read_text()
 
 
-class LinearRelu(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Linear(64, 32)
-
-    def forward(self, x):
-        return torch.relu(self.fc(x))
-
-
 @pytest.fixture
 def env(tmp_path, monkeypatch):
-    """Shipped rules less the gemm-bias-relu rule, a fresh home."""
-    root = tmp_path / "rules"
-    shutil.copytree(SHIPPED, root, ignore=shutil.ignore_patterns("__pycache__"))
-    (root / "gemm_epilogue" / "gemm-bias-relu.yaml").unlink()
-    (root / "gemm_epilogue" / "gemm-bias-relu.py").unlink()
-    monkeypatch.setenv("FACTDB_RULES", str(root))
-    monkeypatch.setenv("FACTDB_HOME", str(tmp_path / "home"))
-    for k in ("FACTDB_LLM_BASE_URL", "FACTDB_LLM_MODEL", "FACTDB_LLM_API_KEY"):
-        monkeypatch.delenv(k, raising=False)
-    return tmp_path
+    return without_relu_rule(tmp_path, monkeypatch)
 
 
 def _run(env, script, **kw):

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn as nn
 
 from fact_db import paths
 from fact_db.agent import Agent, asks, region_spec
@@ -19,34 +18,16 @@ from fact_db.llm import LLM, Config
 from fact_db.region_kernel import ABI, RegionSpec, check_source
 from fact_db.registry import Registry
 from fact_db.rules import load_rules
+from agent_env import LinearRelu, without_relu_rule
 from loopback_llm import Server
 
-SHIPPED = Path(__file__).resolve().parent.parent / "rules"
 KERNEL = (Path(__file__).resolve().parent / "data" / "agent" / "linear_relu_kernel.cu").read_text()
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (the CUDA compiler)")
 
 
-class LinearRelu(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Linear(64, 32)
-
-    def forward(self, x):
-        return torch.relu(self.fc(x))
-
-
 @pytest.fixture
 def env(tmp_path, monkeypatch):
-    """Shipped rules less gemm-bias-relu (so Linear -> ReLU is asked about), a fresh home and registry."""
-    root = tmp_path / "rules"
-    shutil.copytree(SHIPPED, root, ignore=shutil.ignore_patterns("__pycache__"))
-    (root / "gemm_epilogue" / "gemm-bias-relu.yaml").unlink()
-    (root / "gemm_epilogue" / "gemm-bias-relu.py").unlink()
-    monkeypatch.setenv("FACTDB_RULES", str(root))
-    monkeypatch.setenv("FACTDB_HOME", str(tmp_path / "home"))
-    for k in ("FACTDB_LLM_BASE_URL", "FACTDB_LLM_MODEL", "FACTDB_LLM_API_KEY"):
-        monkeypatch.delenv(k, raising=False)
-    return tmp_path
+    return without_relu_rule(tmp_path, monkeypatch)
 
 
 def _reply(source=KERNEL, name="linear_relu"):
