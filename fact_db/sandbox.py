@@ -189,6 +189,19 @@ def _relay(readers) -> None:
         click.echo(err, nl=False, err=True)
 
 
+def _die_with_parent() -> None:
+    """Linux: the child is killed when the process that started it dies (a parent killed with
+    SIGKILL cannot stop its child at the time limit; without this a looping problem file ran
+    on for an hour). Elsewhere a no-op."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def run(args: list[str], problem: str, *, max_memory_mb: int, timeout_s: float, stderr: list | None = None) -> int:
     """Run `python -m fact_db.cli ARGS` in a child under the limits, its output passed
     through (or, given a `stderr` list, its stderr appended there and nothing shown);
@@ -198,6 +211,10 @@ def run(args: list[str], problem: str, *, max_memory_mb: int, timeout_s: float, 
 
     def limit():  # in the child, before exec
         os.setsid()
+        _die_with_parent()
+        # a backstop where the parent cannot stop it (killed itself): CPU seconds for every core
+        cpu = int(timeout_s * max(1, os.cpu_count() or 1)) + 10
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))
         cap = max_memory_mb * 1024 * 1024
         _, hard = resource.getrlimit(resource.RLIMIT_DATA)
         if hard != resource.RLIM_INFINITY:

@@ -159,3 +159,47 @@ def test_the_in_process_build_of_the_gpu_path_is_bounded_in_time():
     with pytest.raises(ProblemError, match=r"loop-in-constructor\.py: building it took longer than 1 s"):
         optimize_problem(str(f), realizer=lambda *a, **k: None, build_timeout_s=1)  # a realizer: runs on the CPU
     assert time.monotonic() - t0 < 10
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_the_child_dies_with_a_killed_parent():
+    """A CLI killed with SIGKILL cannot stop its sandboxed child at the time limit; the child
+    (here looping in a problem's constructor) must die with it, not run on."""
+    import signal
+    import subprocess
+    import time
+    f = CORPUS / "problems" / "loop-in-constructor.py"
+    parent = subprocess.Popen([sys.executable, "-c", "import sys; from fact_db.sandbox import run; "
+                               "run(['discover', sys.argv[1], '--no-registry', '--json'], sys.argv[1], "
+                               "max_memory_mb=2048, timeout_s=300)", str(f)])
+
+    def children():
+        out = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == parent.pid and fields[0] != "Z":
+                out.append(int(stat.parent.name))
+        return out
+    try:
+        deadline = time.monotonic() + 30
+        while not children() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        kids = children()
+        assert kids, "the sandboxed child never started"
+    finally:
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+    def running(pid):
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+    deadline = time.monotonic() + 10
+    alive = kids
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.2)
+        alive = [k for k in kids if running(k)]
+    assert not alive, f"child {alive} outlived its killed parent"
