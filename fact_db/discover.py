@@ -383,29 +383,15 @@ def ask_registry(report: Report, registry) -> dict:
     Returns the counts."""
     from collections import Counter
 
-    from .realize import measured_other, plan, workload_of
-    from .workload import GemmWorkload
+    from .realize import plan, registry_answer, workload_of
     arch = "sm90a" if report.arch.startswith("sm90") else report.arch
     gpu = report.gpu.lower()
     counts = Counter()
     with registry.pinned():
         for r, p in zip(report.regions, plan(report, report.policy)):
-            r.registry = "miss"
             w = workload_of(r, p, report.graph, report.policy)[0]
-            if w is not None and not isinstance(w, GemmWorkload):
-                r.registry, ms = measured_other(registry, w, arch, gpu)
-                if ms:
-                    r.measured_s = ms / 1e3
-            elif w is not None:
-                hit = registry.lookup(w.key(arch, gpu))
-                if hit is not None:
-                    if hit.stale:
-                        r.registry = "stale"
-                    elif hit.exact:
-                        r.registry = "hit"
-                        if hit.record.time_ms:
-                            r.measured_s = hit.record.time_ms / 1e3
-                    else:
-                        r.registry = f"near ({hit.distance:.2f})"
+            r.registry, ms = registry_answer(registry, w, arch, gpu)
+            if ms:
+                r.measured_s = ms / 1e3
             counts[r.registry.split(" ")[0]] += 1
     return dict(counts)

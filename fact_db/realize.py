@@ -193,17 +193,6 @@ def norm_workload(region, graph, policy: str):
     return w, ""
 
 
-def _registry_state(registry, key) -> str:
-    if registry is None or key is None:
-        return "miss"
-    hit = registry.lookup(key)
-    if hit is None:
-        return "miss"
-    if hit.stale:
-        return "stale"
-    return "hit" if hit.exact else f"near ({hit.distance:.2f})"
-
-
 def workload_of(region, planned: Planned, graph, policy: str):
     """(workload, note) of a region: the plan's GEMM workload, else its attention or norm
     workload, else None with the reason it has none."""
@@ -216,11 +205,22 @@ def workload_of(region, planned: Planned, graph, policy: str):
     return None, planned.note
 
 
-def measured_other(registry, w, arch: str, gpu: str) -> tuple[str, float | None]:
-    """(state, measured ms) of the registry's answer for an attention or norm workload: hit
-    with the winner's time, stale (a norm kernel whose template changed since it was tuned)
-    or miss. These tables are keyed exactly: there is no nearest shape."""
+def registry_answer(registry, w, arch: str, gpu: str) -> tuple[str, float | None]:
+    """(state, measured ms) of the registry's answer for workload `w`. A GEMM workload: hit
+    (an exact, current row, with its time), near (D) (the nearest compatible shape at distance
+    D), stale (its template or toolchain changed) or miss. An attention or norm workload, keyed
+    exactly: hit with the winner's time, stale (a norm kernel whose template changed since it
+    was tuned) or miss."""
     from .attention import AttentionWorkload
+    if registry is None or w is None:
+        return "miss", None
+    if isinstance(w, GemmWorkload):
+        hit = registry.lookup(w.key(arch, gpu))
+        if hit is None:
+            return "miss", None
+        if hit.stale:
+            return "stale", None
+        return ("hit", hit.record.time_ms or None) if hit.exact else (f"near ({hit.distance:.2f})", None)
     if isinstance(w, NormWorkload):
         from .norm import from_registry
         if registry.norm_get(w, arch, gpu) is None:
@@ -231,7 +231,6 @@ def measured_other(registry, w, arch: str, gpu: str) -> tuple[str, float | None]
         hit = registry.attention_get(w, arch, gpu)
         return ("hit", hit.time_ms) if hit is not None else ("miss", None)
     return "miss", None
-
 
 
 def gemm_impl(result, w: GemmWorkload):
@@ -435,10 +434,8 @@ def realize_regions(report, policy: str, *, registry=None, arch: str = "sm90a", 
         rz = Realized(i, r, w, Impl.eager(), "eager", notes=[note] if note else [])
         if r.composable:
             rz.notes.append(f"not composable: {r.composable}")
-        elif isinstance(rz.workload, GemmWorkload) and registry is not None:
-            rz.registry = _registry_state(registry, rz.workload.key(arch, gpu_name))
-        elif rz.workload is not None and registry is not None:
-            rz.registry = measured_other(registry, rz.workload, arch, gpu_name)[0]
+        else:
+            rz.registry = registry_answer(registry, rz.workload, arch, gpu_name)[0]
         out.append(rz)
     order = sorted(out, key=lambda z: -z.region.estimate.gain_s)
     if not plan_only and runner is None and budget_s is None:

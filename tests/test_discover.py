@@ -227,3 +227,40 @@ def test_discovery_walks_into_autocast_and_grad_mode_wrappers():
     assert [x.rule for x in r.regions] == ["gemm-bias-relu", "gemm-bias-gelu"]
     assert all("." in n for x in r.regions for n in x.nodes)  # ops of the wrappers' bodies, inlined
     assert r.uncovered == []
+
+
+def test_discovery_registry_column_for_gemm_regions_hit_near_and_stale():
+    """ask_registry on GEMM regions: an exact current row is a hit with its measured time, a
+    row of a nearby shape is `near (D)`, a row from another toolchain is stale, the rest miss."""
+    import dataclasses
+
+    from fact_db import toolchain
+    from fact_db.discover import ask_registry, discover_problem
+    from fact_db.realize import plan
+    from fact_db.registry import KernelRecord, Registry
+    rep = discover_problem(str(PROBLEMS / "gemm_bias_relu.py"), arch="sm90", policy="fp32")
+    w = next(p.workload for p in plan(rep, "fp32") if p.workload is not None)
+    arch, gpu = "sm90a", rep.gpu.lower()
+    tc = toolchain.current()
+
+    def rec(key, nvcc=tc.nvcc):
+        return KernelRecord(key=key, template="gemm_sm90", config={"tile_m": 128}, time_ms=0.25, baseline="eager",
+                            baseline_ms=0.5, rel_err=1e-7, baseline_rel_err=1e-7, device_name="test",
+                            cutlass_version=tc.cutlass, nvcc_version=nvcc, factdb_version=tc.factdb,
+                            template_hash=toolchain.template_hash("gemm_sm90"))
+    key = w.key(arch, gpu)
+    answers = {}
+    for row in ("hit", "near", "stale", "miss"):
+        with Registry.open("memory") as reg:
+            if row == "hit":
+                reg.put_kernel(rec(key))
+            elif row == "near":
+                reg.put_kernel(rec(dataclasses.replace(key, m=key.m * 2)))
+            elif row == "stale":
+                reg.put_kernel(rec(key, nvcc="0.0.1"))
+            ask_registry(rep, reg)
+        answers[row] = (rep.regions[0].registry, rep.regions[0].measured_s)
+        rep.regions[0].measured_s = None
+    assert answers["hit"] == ("hit", pytest.approx(0.25e-3))
+    assert answers["near"][0].startswith("near (") and answers["near"][1] is None
+    assert answers["stale"] == ("stale", None) and answers["miss"] == ("miss", None)
