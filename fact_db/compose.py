@@ -211,12 +211,12 @@ def _horizontal_nodes(gm, g, shapes, r, impl, fx, index: int):
     if len(sa) != 2:
         y = g.call_function(aten.view.default, (y, list(sa[:-1]) + [sum(ns)]))
     parts = g.call_function(aten.split_with_sizes.default, (y, ns, -1))
+    # Each slice is strided (rows of the whole result apart); a reader that views it in a way
+    # only a packed tensor allows gets a packed copy. The slices' strides, on meta:
+    metas = torch.empty(list(sa[:-1]) + [sum(ns)], device="meta").split(ns, -1)
     out = {}
-    for i, (mem, shape) in enumerate(zip(members, outs)):
+    for i, (mem, meta) in enumerate(zip(members, metas)):
         part = g.call_function(operator.getitem, (parts, i))
-        # Each slice is strided (rows of the whole result apart); a reader that views it in a
-        # way only a packed tensor allows gets a packed copy.
-        meta = torch.empty(list(sa[:-1]) + [sum(ns)], device="meta").split(ns, -1)[i]
         if any(u.op == "call_function" and u.target is aten.view.default and not _views(meta, u.args[1])
                for u in fx(mem["output"]).users):
             part = g.call_function(aten.clone.default, (part,), {"memory_format": torch.contiguous_format})
