@@ -99,9 +99,9 @@ def optimize(problem, policy, max_candidates, budget, gpus, peers, no_bench, no_
 
     from fact_db.optimize import optimize_problem, plan_problem
     from fact_db.report import markdown, report_dict
-    rules = consult_rules(problem, policy, offline, as_json) if use_llm else None
     reg = _open_registry(db, not no_registry)
     try:
+        rules = consult_rules(problem, policy, offline, as_json, reg) if use_llm else None
         if not torch.cuda.is_available():
             report = plan_problem(problem, policy=policy, registry=reg, rules=rules)
             if as_json:

@@ -191,11 +191,13 @@ def _tune_attention(shape, kv_heads, causal, scale, policy, dtype, arch, max_can
         click.echo(f"  note: {n}")
 
 
-def consult_rules(problem, policy, offline, as_json):
+def consult_rules(problem, policy, offline, as_json, registry=None):
     """`--llm`: ask the agent about PROBLEM (its summary on stderr); the rule set with the rules
-    it accepted joined to the shipped ones, or None where it accepted none."""
+    it accepted joined to the shipped ones, or None where it accepted none. `registry` is the
+    one the command uses (`--db`), where the agent looks kernels up and stores the ones it
+    accepts; None (`--no-registry`): it neither looks up nor stores."""
     from fact_db.agent import consult, summary_line
-    info = consult(problem, policy=policy, offline=offline)
+    info = consult(problem, policy=policy, offline=offline, registry=registry if registry is not None else False)
     click.echo(json.dumps({"llm": info}) if as_json else summary_line(info), err=True)
     if not info.get("rule_files"):
         return None
@@ -224,7 +226,6 @@ def realize(problem, policy, max_candidates, gpus, compile_only, force, no_regis
     """
     from fact_db.realize import realize_problem
 
-    rules = consult_rules(problem, policy, offline, as_json) if use_llm else None
 
     def show(p, r):  # each region as soon as it is done: a model's regions take minutes each
         click.echo(f"== {p.region.rule} {p.region.shape}")
@@ -239,6 +240,7 @@ def realize(problem, policy, max_candidates, gpus, compile_only, force, no_regis
 
     reg = _open_registry(db, not no_registry)
     try:
+        rules = consult_rules(problem, policy, offline, as_json, reg) if use_llm else None
         report, results = realize_problem(problem, policy=policy, registry=reg, max_candidates=max_candidates,
                                           gpus=_gpus(gpus), jobs=jobs, compile_only=compile_only, force=force,
                                           progress=not as_json, on_result=None if as_json else show, rules=rules)

@@ -474,7 +474,8 @@ def consult(problem: str, *, policy: str = "fp32", arch: str = "sm90", offline: 
     default $FACTDB_HOME/agent/accepted/), which the caller adds to the rule set it discovers
     with, so the accepted fusion is realized and composed like a shipped rule's. `kernels` are
     the accepted kernel proposals (stored in `registry`, default Registry.open(), table
-    region_kernels); composition does not use them yet: their regions stay eager."""
+    region_kernels; False: none), which `optimize` composes from the registry
+    (realize.realize_region_kernels) where they beat what the rules realize."""
     from .discover import discover_problem
     from .rules import load_rules
 
@@ -501,9 +502,9 @@ def summary_line(info: dict) -> str:
     return (f"llm: {info['calls']} call(s), {info['cached']} from cache, {info['tokens']} tokens; served "
             f"{', '.join(info['served']) or 'no region'}; {len(info['proposals'])} proposal(s), {len(acc)} accepted"
             + "".join(f"\n  {p['region']}: {p['outcome']}: {p['reason']}" for p in info["proposals"])
-            + "".join(f"\n  {k['region']}: accepted llm kernel {k['registry'][:12]} is in the registry; the "
-                      "region stays eager in the composed module (composition does not use llm kernels yet)"
-                      for k in info.get("kernels", [])))
+            + "".join(f"\n  {k['region']}: accepted llm kernel {k['registry'][:12]} is in the registry; "
+                      "optimize composes it where it beats the rule kernels of its region"
+                      for k in info.get("kernels", []) if k["registry"]))
 
 
 def region_realizer(report, policy: str, *, registry=None, arch: str = "sm90a", gpu: str | None = None,

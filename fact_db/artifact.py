@@ -271,9 +271,31 @@ def _reverify_norm(path: Path, k_impl, impl: dict) -> tuple[bool, str]:
     return res.get("status") == "ok", res.get("error", "")
 
 
+def _region(path: Path, impl: dict):
+    from .compose import Impl
+    from .region_kernel import RegionKernel, RegionSpec
+    k = RegionKernel(path, RegionSpec.from_dict(impl["region"]), build_key=impl["build_key"])
+    return Impl("region", impl.get("label", ""), k.as_op(), _record(impl))
+
+
+def _reverify_region(path: Path, k_impl, impl: dict) -> tuple[bool, str]:
+    """The agent pipeline's check (fact_db/verify.py against the region's float64 reference),
+    in this process."""
+    from .region_kernel import RegionSpec
+    from .verify import verify
+    spec = RegionSpec.from_dict(impl["region"])
+    names = [x["name"] for x in spec.inputs]
+    op = k_impl.op
+
+    def run(inputs, out):
+        out.copy_(op([inputs[n] for n in names]))
+    v = verify(run, spec)
+    return v.ok, v.reason
+
+
 # kind -> (load the library at a path as an Impl, verify that Impl again on this GPU)
 KERNEL_KINDS = {"gemm": (_gemm, _reverify_gemm), "attention": (_attention, _reverify_attention),
-                "norm": (_norm, _reverify_norm)}
+                "norm": (_norm, _reverify_norm), "region": (_region, _reverify_region)}
 
 
 def load(directory, *, loader=None):

@@ -8,8 +8,10 @@ kernel's op, everything else left as it was (DESIGN.md, "Composition contract").
 An `Impl` says how one region runs: `eager` (its nodes stay), `gemm` (a GEMM-family
 kernel's op `(a, b, bias, c, alpha, beta) -> d`, see fact_db/kernel.py), `attention` (an
 op `(q, k, v, scale, causal) -> o` in SDPA's layout: a CUTLASS kernel or an SDPA backend
-forced, see fact_db/attention.py) or `sdpa` (`aten.scaled_dot_product_attention` itself,
-PyTorch choosing the backend). Operands come from discovery (`Region.operands`), never
+forced, see fact_db/attention.py), `sdpa` (`aten.scaled_dot_product_attention` itself,
+PyTorch choosing the backend), `norm` (add_norm's op `(x, r, weight, bias) -> (y, sum)`) or
+`region` (a region kernel the agent proposed and the registry holds: `op([inputs]) -> out`,
+see fact_db/region_kernel.py). Operands come from discovery (`Region.operands`), never
 re-derived here.
 
 `ComposedModule` guards its inputs: a call whose tensor shapes or dtypes differ from the
@@ -40,7 +42,7 @@ class ComposeError(FactError):
 class Impl:
     """How one region runs in the composed module."""
 
-    kind: str                  # eager | gemm | attention | sdpa | norm
+    kind: str                  # eager | gemm | attention | sdpa | norm | region
     label: str = ""            # what runs, for the report
     op: object = None          # the torch op for gemm / attention
     record: dict = field(default_factory=dict)  # what an artifact needs to load it again
@@ -280,7 +282,22 @@ def _norm_nodes(gm, g, shapes, r, impl, fx, index: int):
     return y
 
 
-_BUILDERS = {"gemm": _gemm_nodes, "attention": _attention_nodes, "sdpa": _attention_nodes, "norm": _norm_nodes}
+def _region_nodes(gm, g, shapes, r, impl, fx, index: int):
+    """A region kernel (fact_db/region_kernel.py, the agent's): `impl.op([inputs...]) -> out`,
+    its inputs in the ABI order its RegionSpec records (`impl.record["region"]`)."""
+    spec = impl.record.get("region") or {}
+    names = [x["name"] for x in spec.get("inputs", [])]
+    if not names:
+        raise ComposeError(f"region {r.rule} at `{r.output}`: its kernel records no inputs")
+    for x in spec["inputs"]:
+        if shapes.get(x["name"]) is not None and list(shapes[x["name"]]) != list(x["shape"]):
+            raise ComposeError(f"region {r.rule}: input `{x['name']}` is {list(shapes[x['name']])} here, the "
+                               f"kernel was verified at {x['shape']}")
+    return g.call_function(impl.op, ([fx(n) for n in names],))
+
+
+_BUILDERS = {"gemm": _gemm_nodes, "attention": _attention_nodes, "sdpa": _attention_nodes, "norm": _norm_nodes,
+             "region": _region_nodes}
 
 
 def rewrite(program, regions: list, impls: dict):

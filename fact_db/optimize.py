@@ -267,7 +267,7 @@ def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max
              budget: float | None = None, gpus: list[int] | None = None, out: str | Path | None = None,
              bench: bool = True, peers=PEERS, trials: int = 5, make_inputs=None, name: str | None = None,
              progress: bool = True, force: bool = False, save: bool = True, realizer=None, timer=None,
-             cuda_graph: bool = True, rules=None):
+             cuda_graph: bool = True, rules=None, region_kernels=None):
     """Optimize `module` for `example_inputs` under `policy`; returns the composed module
     (an nn.Module called like `module`) with `.report` (OptimizeReport) and `.artifact`.
 
@@ -279,12 +279,15 @@ def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max
     optimized for (one launch per call; checked bitwise against the graph run op by op on
     its first call, and off with a note if that fails). `rules`: the RuleSet to discover with
     (default: the shipped rules; `--llm` adds the rules the agent accepted).
+    `region_kernels`: the agent's kernels the registry holds for regions no rule covers are
+    composed in (realize.realize_region_kernels, no model call); False leaves them out, a
+    callable `(row, spec) -> (Impl, note)` replaces their loader (tests on the CPU).
     """
     import torch
 
     from .compose import ComposedModule, rewrite, run_at_policy, signature
     from .discover import discover
-    from .realize import realize_regions
+    from .realize import realize_region_kernels, realize_regions
     from .verify import verify_model
     if policy not in POLICIES:
         raise OptimizeError(f"unknown policy '{policy}': use one of {', '.join(POLICIES)}")
@@ -309,9 +312,14 @@ def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max
             realized = realize_regions(disc, policy, registry=registry, gpu=info["gpu"],
                                        max_candidates=max_candidates, gpus=gpus, force=force, progress=progress,
                                        budget_s=budget * 60 if budget is not None else None)
+        added = []
+        if region_kernels is not False:  # the agent's accepted kernels the registry holds; no model call
+            added = realize_region_kernels(disc, realized, registry, gpu=info["gpu"] or "h100", rules=rules,
+                                           loader=region_kernels or None)
         report.regions = realized
     with stage("compose", report, progress):
-        gm, notes = rewrite(disc.graph.program, disc.regions, {z.index: z.impl for z in realized})
+        gm, notes = rewrite(disc.graph.program, disc.regions + [z.region for z in added],
+                            {z.index: z.impl for z in realized})
         report.notes += notes
         fast = ComposedModule(gm, model_p, policy=policy, optimized_for=signature(inputs), name=name,
                               regions=[(z.region.rule, z.impl) for z in realized],

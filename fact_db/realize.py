@@ -522,3 +522,98 @@ def realize_regions(report, policy: str, *, registry=None, arch: str = "sm90a", 
         if on_result is not None:
             on_result(rz)
     return out
+
+
+def realize_region_kernels(report, realized: list, registry, *, gpu: str, arch: str = "sm90a", rules=None,
+                           loader=None) -> list[Realized]:
+    """The agent's kernels that the registry holds for regions of `report` (table
+    region_kernels, provenance llm: each compiled, verified against float64 and faster than
+    eager when it was stored), as Realized entries appended to `realized`, indexed after the
+    rule regions (compose them with `report.regions + [z.region for z in added]`). No model is called: the same questions the agent would ask
+    (agent.asks) are looked up, and nothing else.
+
+    A kernel that covers rule regions (the agent's GEMM + ReLU where a plain GEMM region
+    matched) replaces them only when its measured time beats theirs plus the eager rest of
+    its ops, estimated as its stored eager time less theirs; those regions then stay eager
+    in favour of it, with a note. A kernel that overlaps a region only in part is not used.
+    `loader(row, spec) -> (Impl, note)` loads one (default: compiled in the worker, from the
+    build cache when it is there, and registered as a custom op); returns what was added.
+    """
+    from .agent import asks, build_arch, region_spec
+    from .compose import Impl
+    from .discover import Region
+    from .roofline import Estimate
+    if registry is None or report.graph is None:
+        return []
+    build = build_arch(arch)
+    added: list[Realized] = []
+    taken: set = set()
+    for ask in asks(report, rules):
+        spec, _ = region_spec(ask, report)
+        row = registry.region_get(spec, build, gpu) if spec is not None else None
+        if row is None or taken & set(spec.nodes):
+            continue
+        mine = set(spec.nodes)
+        over = [z for z in realized if mine & set(z.region.nodes)]
+        label = f"llm kernel {row['name']}"
+        if any(not set(z.region.nodes) <= mine for z in over):
+            for z in over:
+                z.notes.append(f"{label} from the registry overlaps this region only in part: not used")
+            continue
+        served = [z for z in over if z.impl.kind != "eager"]
+        if served:
+            known = all(z.eager_ms is not None and z.ms is not None for z in served) and row["eager_ms"] is not None
+            if not known:
+                for z in served:
+                    z.notes.append(f"{label} also covers this region; not used (no timing to compare it with)")
+                continue
+            rest = max(0.0, row["eager_ms"] - sum(z.eager_ms for z in over if z.eager_ms is not None))
+            now = sum(z.ms for z in served) + sum(z.eager_ms or 0.0 for z in over if z.impl.kind == "eager") + rest
+            if row["time_ms"] >= now:
+                for z in served:
+                    z.notes.append(f"{label} covers this region and {len(mine) - len(z.region.nodes)} more op(s) in "
+                                   f"{row['time_ms']:.3f} ms; this region's kernel and the eager rest, about "
+                                   f"{now:.3f} ms, stay")
+                continue
+        try:
+            impl, how = (loader or _load_region_kernel)(row, spec)
+        except Exception as e:  # noqa: BLE001  (a kernel that will not build or load leaves its region eager)
+            for z in over:
+                z.notes.append(f"{label}: not loaded ({e})")
+            continue
+        for z in over:
+            z.impl, z.how = Impl.eager(f"served by {label}"), "eager"
+            z.ms, z.err = None, None
+            z.notes.append(f"served by {label} (region {len(report.regions) + len(added) + 1}), which covers its ops "
+                           f"and {len(mine) - len(z.region.nodes)} more")
+        taken |= mine
+        shape = " x ".join("x".join(str(d) for d in x["shape"]) for x in spec.inputs)
+        region = Region(rule="llm-kernel", title=f"{spec.summary()} ({row['name']})", template="llm_region",
+                        form="llm", nodes=list(spec.nodes), output=spec.output, problem={}, shape=shape,
+                        dtypes=[spec.dtype], layouts={}, estimate=Estimate(0.0, 0.0, 0.0, 0.0, 0.0, "memory"),
+                        share=0.0, registry="hit", source=ask.ops[0].get("source") if ask.ops else None,
+                        operands={x["name"]: x["name"] for x in spec.inputs})
+        z = Realized(len(report.regions) + len(added), region, None, impl, "registry", eager_ms=row["eager_ms"],
+                     ms=row["time_ms"], err=row["rel_err"], eager_err=row["eager_rel_err"], registry="hit",
+                     notes=[f"{label} (provenance {row['provenance']}, model {row['model'] or '?'}) from the "
+                            f"registry: {how}"])
+        added.append(z)
+    realized.extend(added)
+    return added
+
+
+def _load_region_kernel(row: dict, spec):
+    """(Impl, how) for a registry row of region_kernels: its source compiled in the worker
+    (a build-cache hit when it was built here before) and registered as a custom op."""
+    from .compose import Impl
+    from .region_kernel import TEMPLATE, Pipeline, RegionKernel
+    pipe = Pipeline(spec, arch=row["arch"], gpu=row["gpu"])
+    try:
+        handle = pipe.compile(row["source"], row["name"])
+    finally:
+        pipe.close()
+    k = RegionKernel(handle["so"], spec, build_key=handle.get("build_key", ""))
+    record = {"template": TEMPLATE, "so": str(k.path), "build_key": k.build_key, "region": spec.as_dict(),
+              "registry_digest": row["digest"], "name": row["name"], "provenance": row["provenance"]}
+    how = "built from the build cache" if handle.get("cached") else "compiled from its stored source"
+    return Impl("region", f"llm kernel {row['name']}", k.as_op(), record), how

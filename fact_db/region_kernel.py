@@ -310,9 +310,10 @@ def _show_args(o) -> str:
 class RegionKernel:
     """A built region kernel: `k(inputs, out)` launches it on tensors in ABI order."""
 
-    def __init__(self, path: str | Path, spec: RegionSpec):
+    def __init__(self, path: str | Path, spec: RegionSpec, build_key: str = ""):
         from .kernel import KernelError
-        self.path, self.spec = Path(path), spec
+        self.path, self.spec, self.build_key = Path(path), spec, build_key
+        self._op = None
         try:
             self._lib = ctypes.CDLL(str(self.path))
             self._fn = getattr(self._lib, ENTRY)
@@ -343,6 +344,51 @@ class RegionKernel:
             what = f"CUDA error {rc - 1000}" if rc >= 1000 else f"status {rc}"
             raise KernelError(f"region kernel {self.path.parent.name} refused or failed the launch: {what}")
         return out
+
+
+    @property
+    def op_name(self) -> str:
+        """`r_<hash>` of the build key (or the library's bytes) and the region: the same kernel
+        for the same region gets the same name wherever its `.so` lies (build cache, artifact)."""
+        ident = self.build_key or hashlib.sha256(self.path.read_bytes()).hexdigest()
+        region = json.dumps(self.spec.as_dict(), sort_keys=True)
+        return "r_" + hashlib.sha256(f"{ident}|{region}".encode()).hexdigest()[:12]
+
+    def as_op(self):
+        """This kernel as `torch.ops.factdb.<op_name>(Tensor[] inputs) -> Tensor`, inputs in ABI
+        order. Inputs are made contiguous first (the kernel was verified on contiguous tensors;
+        a no-op for the usual ones), and a call with shapes other than the region's is refused:
+        the kernel was verified at those shapes only."""
+        if self._op is not None:
+            return self._op
+        import torch
+
+        from .kernel import KernelError
+        name = self.op_name
+        existing = getattr(torch.ops.factdb, name, None)  # registered by an earlier load of the same kernel
+        if existing is not None:
+            self._op = existing
+            return existing
+        kernel, spec = self, self.spec
+        shapes = [list(x["shape"]) for x in spec.inputs]
+        out_shape, out_dt = list(spec.out_shape), getattr(torch, spec.dtype)
+
+        @torch.library.custom_op(f"factdb::{name}", mutates_args=(), device_types="cuda",
+                                 schema="(Tensor[] inputs) -> Tensor")
+        def _op(inputs):
+            got = [list(t.shape) for t in inputs]
+            if got != shapes:
+                raise KernelError(f"region kernel {kernel.path.parent.name} takes inputs of shapes {shapes}, "
+                                  f"got {got}")
+            xs = [t.contiguous() for t in inputs]
+            return kernel(xs, torch.empty(out_shape, dtype=out_dt, device=xs[0].device))
+
+        @_op.register_fake
+        def _(inputs):
+            return inputs[0].new_empty(out_shape, dtype=out_dt)
+
+        self._op = getattr(torch.ops.factdb, name)
+        return self._op
 
 
 # ------------------------------------------------------------------------------------------

@@ -87,3 +87,26 @@ def norm_op(kind: str = "layernorm", eps: float = 1e-5):
         return torch.empty_like(x), (torch.empty_like(x) if r is not None else x.new_empty(0))
     _OPS[name] = getattr(torch.ops.factdb_test, name)
     return _OPS[name]
+
+
+def region_op(spec):
+    """torch.ops.factdb_test.region_<hash>([inputs]) -> out: a stand-in for an agent's region
+    kernel (fact_db/region_kernel.py), the RegionSpec's own ops at its dtype, counted."""
+    import hashlib
+    import json
+    key = "region_" + hashlib.sha256(json.dumps(spec.as_dict(), sort_keys=True).encode()).hexdigest()[:12]
+    if key in _OPS:
+        return _OPS[key]
+    names = [x["name"] for x in spec.inputs]
+    out_shape, out_dt = list(spec.out_shape), getattr(torch, spec.dtype)
+
+    @torch.library.custom_op(f"factdb_test::{key}", mutates_args=(), schema="(Tensor[] inputs) -> Tensor")
+    def op(inputs):
+        CALLS["region"] += 1
+        return spec.eager(dict(zip(names, inputs))).clone()
+
+    @op.register_fake
+    def _(inputs):
+        return inputs[0].new_empty(out_shape, dtype=out_dt)
+    _OPS[key] = getattr(torch.ops.factdb_test, key)
+    return _OPS[key]

@@ -248,9 +248,9 @@ def test_without_a_gpu_the_kernel_compiles_in_the_worker_and_waits_for_one(env):
     _recorded("needs a GPU")
 
 
-def test_consult_reports_the_accepted_kernel_and_that_its_region_stays_eager(env, monkeypatch):
-    """`optimize --llm`'s consult: the accepted kernel is listed (with its registry row) and the
-    summary says its region stays eager, since composition does not use llm kernels yet."""
+def test_consult_reports_the_accepted_kernel_and_where_it_is_stored(env, monkeypatch):
+    """`optimize --llm`'s consult: the accepted kernel is listed (with its registry row, the
+    registry the command was given) and the summary says optimize composes it."""
     from fact_db.agent import consult, summary_line
     (env / "p.py").write_text("import torch\nimport torch.nn as nn\n\nclass Model(nn.Module):\n"
                               "    def __init__(self):\n        super().__init__(); self.fc = nn.Linear(64, 32)\n"
@@ -268,4 +268,157 @@ def test_consult_reports_the_accepted_kernel_and_that_its_region_stays_eager(env
     assert info["calls"] == 1 and info["rule_files"] == []
     assert info["kernels"] == [{"region": "linear", "registry": row["digest"], "reason": info["proposals"][0]["reason"]}]
     line = summary_line(info)
-    assert f"accepted llm kernel {row['digest'][:12]} is in the registry" in line and "stays eager" in line
+    assert f"accepted llm kernel {row['digest'][:12]} is in the registry" in line and "optimize composes it" in line
+
+
+# ------------------------------------------------------------------------------------------
+# Composition: optimize composes the llm kernels the registry holds (no model call).
+
+def _stored_row(env, reg, time_ms=0.004, eager_ms=0.009):
+    rules = load_rules()
+    rep = discover(LinearRelu(), (torch.randn(8, 64),), rules=rules)
+    [ask] = asks(rep, rules)
+    spec, _ = region_spec(ask, rep)
+    reg.region_put(spec, "sm90a", "h100", name="linear_relu", source=KERNEL, build_key="k" * 24, time_ms=time_ms,
+                   eager_ms=eager_ms, rel_err=2e-7, eager_rel_err=1.5e-7, model="scripted")
+    return spec
+
+
+def _standin_loader(row, spec):
+    import standins
+    from fact_db.compose import Impl
+    return Impl("region", f"llm kernel {row['name']}", standins.region_op(spec),
+                {"region": spec.as_dict(), "standin_region": True}), "stand-in"
+
+
+def _gemm_realizer(ms=None, eager_ms=None):
+    """The GEMM region: eager (ms None) or a stand-in kernel timed at `ms`."""
+    import standins
+    from fact_db.compose import Impl
+    from fact_db.realize import Realized, plan
+
+    def realize(disc, policy):
+        out = []
+        for i, (r, p) in enumerate(zip(disc.regions, plan(disc, policy))):
+            impl = Impl.eager("not realized in this test") if ms is None else Impl(
+                "gemm", "stand-in bias", standins.gemm_op("bias"), {"spec": {"epilogue": "bias"}, "standin": "bias"})
+            out.append(Realized(i, r, p.workload, impl, "eager" if ms is None else "tuned", eager_ms=eager_ms, ms=ms))
+        return out
+    return realize
+
+
+def _optimize_linear_relu(env, reg, **kw):
+    from fact_db.optimize import optimize
+    torch.manual_seed(0)
+    m = LinearRelu().eval()
+    x = torch.randn(8, 64)
+    fast = optimize(m, (x,), registry=reg, rules=load_rules(), timer=lambda fn, xs: 1.0, peers=(), progress=False,
+                    out=env / "art", **kw)
+    return m, x, fast
+
+
+def test_optimize_composes_the_llm_kernel_the_registry_holds(env):
+    import standins
+    from fact_db.artifact import load
+    from fact_db.compose import Impl
+    reg = Registry.open(str(env / "reg.duckdb"))
+    spec = _stored_row(env, reg)
+    m, x, fast = _optimize_linear_relu(env, reg, realizer=_gemm_realizer(), region_kernels=_standin_loader)
+    r = fast.report
+    assert r.verification.ok
+    gemm, llm = r.regions
+    assert gemm.impl.kind == "eager" and any("served by llm kernel linear_relu" in n for n in gemm.notes)
+    assert llm.region.rule == "llm-kernel" and llm.impl.kind == "region" and llm.how == "registry"
+    assert llm.region.nodes == ["linear", "relu"] and llm.ms == 0.004 and llm.eager_ms == 0.009
+    before = standins.CALLS["region"]
+    assert torch.allclose(fast(x), m(x), atol=1e-6)
+    assert standins.CALLS["region"] == before + 1  # the region ran as the kernel op, linear and relu are gone
+    ops = [str(n.target) for n in fast.gm.graph.nodes if n.op == "call_function"]
+    assert not any("linear" in o or "relu" in o for o in ops), ops
+    # the artifact records it and loads it again
+    d = json.loads((Path(fast.artifact) / "manifest.json").read_text())
+    entry = d["regions"][1]
+    assert entry["rule"] == "llm-kernel" and entry["impl"]["kind"] == "region"
+    assert entry["impl"]["region"]["inputs"] == spec.as_dict()["inputs"]
+    back = load(fast.artifact, loader=lambda rec: Impl("region", rec["label"], standins.region_op(spec), rec)
+                if rec.get("standin_region") else None)
+    before = standins.CALLS["region"]
+    assert torch.allclose(back(x), m(x), atol=1e-6) and standins.CALLS["region"] == before + 1
+    reg.close()
+
+
+def test_a_faster_rule_kernel_keeps_its_region_and_region_kernels_false_leaves_them_out(env):
+    import standins
+    reg = Registry.open(str(env / "reg.duckdb"))
+    _stored_row(env, reg, time_ms=0.004, eager_ms=0.009)
+    # GEMM kernel 0.001 ms + the eager ReLU (0.009 - 0.008) = 0.002 ms beats the llm kernel's 0.004
+    _, x, fast = _optimize_linear_relu(env, reg, realizer=_gemm_realizer(ms=0.001, eager_ms=0.008),
+                                       region_kernels=_standin_loader, save=False)
+    [gemm] = fast.report.regions
+    assert gemm.impl.kind == "gemm" and any("llm kernel linear_relu covers this region" in n for n in gemm.notes)
+    # 0.003 + 0.001 = 0.004 ms: a tie keeps the rule's kernel
+    _, _, fast = _optimize_linear_relu(env, reg, realizer=_gemm_realizer(ms=0.003, eager_ms=0.008),
+                                       region_kernels=_standin_loader, save=False)
+    assert [z.impl.kind for z in fast.report.regions] == ["gemm"]
+    # 0.006 + 0.001 ms: the llm kernel wins
+    _, _, fast = _optimize_linear_relu(env, reg, realizer=_gemm_realizer(ms=0.006, eager_ms=0.008),
+                                       region_kernels=_standin_loader, save=False)
+    assert [z.impl.kind for z in fast.report.regions] == ["eager", "region"]
+    before = standins.CALLS["region"]
+    fast(x)
+    assert standins.CALLS["region"] == before + 1
+    _, _, fast = _optimize_linear_relu(env, reg, realizer=_gemm_realizer(), region_kernels=False, save=False)
+    assert [z.impl.kind for z in fast.report.regions] == ["eager"]
+    reg.close()
+
+
+def test_a_region_kernel_for_other_shapes_is_not_used(env):
+    reg = Registry.open(str(env / "reg.duckdb"))
+    rules = load_rules()
+    rep = discover(LinearRelu(), (torch.randn(16, 64),), rules=rules)  # stored for 16 rows, optimized for 8
+    spec, _ = region_spec(asks(rep, rules)[0], rep)
+    reg.region_put(spec, "sm90a", "h100", name="linear_relu", source=KERNEL, time_ms=0.001, eager_ms=0.009)
+    _, _, fast = _optimize_linear_relu(env, reg, realizer=_gemm_realizer(), region_kernels=_standin_loader, save=False)
+    assert [z.impl.kind for z in fast.report.regions] == ["eager"]
+    reg.close()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or shutil.which("nvcc") is None, reason="needs a GPU and nvcc")
+def test_the_region_kernel_op_on_the_gpu_eager_compiled_and_graphed(env):
+    """The real kernel (tests/data/agent/linear_relu_kernel.cu) compiled in the worker, as a
+    custom op: the module's answer, under torch.compile(fullgraph=True), in a CUDA graph."""
+    from fact_db.region_kernel import Pipeline, RegionKernel
+    rules = load_rules()
+    m = LinearRelu().cuda()
+    x = torch.randn(8, 64, device="cuda")
+    rep = discover(m, (x,), rules=rules)
+    spec, _ = region_spec(asks(rep, rules)[0], rep)
+    pipe = Pipeline(spec, compile_timeout=240)
+    try:
+        handle = pipe.compile(KERNEL, "linear_relu")
+    finally:
+        pipe.close()
+    op = RegionKernel(handle["so"], spec, build_key=handle["build_key"]).as_op()
+    assert RegionKernel(handle["so"], spec, build_key=handle["build_key"]).as_op() is op  # one registration
+    w, b = m.fc.weight.detach(), m.fc.bias.detach()
+    want = m(x).detach()
+    assert torch.allclose(op([x, w, b]), want, atol=1e-5, rtol=1e-5)
+    assert torch.allclose(op([x.t().contiguous().t(), w, b]), want, atol=1e-5, rtol=1e-5)  # strided: made contiguous
+    f = torch.compile(lambda a: op([a, w, b]) * 2.0, fullgraph=True)
+    assert torch.allclose(f(x), want * 2.0, atol=1e-5, rtol=1e-5)
+    static = x.clone()
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        op([static, w, b])
+    torch.cuda.current_stream().wait_stream(s)
+    with torch.cuda.graph(g):
+        y = op([static, w, b])
+    x2 = torch.randn(8, 64, device="cuda")
+    static.copy_(x2)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.allclose(y, m(x2).detach(), atol=1e-5, rtol=1e-5)
+    with pytest.raises(Exception, match="takes inputs of shapes"):
+        op([torch.randn(4, 64, device="cuda"), w, b])
