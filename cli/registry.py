@@ -48,18 +48,55 @@ def registry():
     """
 
 
+def _region_rows(reg, arch, gpu, policy, status) -> list[dict]:
+    from fact_db.registry import canonical_gpu
+    g = canonical_gpu(gpu) if gpu else None
+    return [r for r in reg.region_kernels() if (not arch or r["arch"] == arch) and (not g or r["gpu"] == g)
+            and (not policy or r["policy"] == policy) and (not status or r["status"] == status)]
+
+
+def _list_llm(db_url, arch, gpu, policy, status, as_json):
+    cols = ("digest", "name", "ops", "arch", "gpu", "policy", "dtype", "time_ms", "eager_ms", "rel_err",
+            "eager_rel_err", "device_name", "provenance", "status", "model", "build_key", "created_at")
+    with _open(db_url) as reg:
+        rows = _region_rows(reg, arch, gpu, policy, status)
+        where = reg.where
+    if as_json:
+        click.echo(jdump([{k: r[k] for k in cols} for r in rows], indent=2))
+        return
+    if rows:
+        click.echo(f"{'DIGEST':16}  {'NAME':20} {'ARCH':6} {'GPU':6} {'POLICY':6} {'TIME_MS':>9} {'EAGER_MS':>9} "
+                   f"{'SPEEDUP':>7}  {'STATUS':9} OPS")
+        for r in rows:
+            sp = f"{r['eager_ms'] / r['time_ms']:.2f}x" if r["time_ms"] and r["eager_ms"] else "-"
+            click.echo(_safe(f"{r['digest'][:16]:16}  {r['name'][:20]:20} {r['arch']:6} {r['gpu']:6} {r['policy']:6} "
+                             f"{_fmt_ms(r['time_ms']):>9} {_fmt_ms(r['eager_ms']):>9} {sp:>7}  {r['status']:9} "
+                             f"{r['ops']}"))
+    click.echo(f"{len(rows)} region kernels (provenance llm) in {where}", err=True)
+
+
 @registry.command("list")
 @_filters
+@click.option("--llm", "llm", is_flag=True,
+              help="List the agent's region kernels (table region_kernels, provenance llm) instead.")
 @_db_option
 @_json_option
 @handle_errors
-def list_(rule, arch, gpu, policy, status, db_url, as_json):
-    """List kernel rows (newest toolchain status as last revalidated).
+def list_(rule, arch, gpu, policy, status, llm, db_url, as_json):
+    """List kernel rows (newest toolchain status as last revalidated); with --llm, the kernels
+    the language model wrote for regions no rule covers, each verified and faster than eager
+    when stored (`factdb optimize` composes them).
 
     \b
     Example:
       factdb registry list --rule gemm --policy tf32 --json
+      factdb registry list --llm --gpu h100
     """
+    if llm:
+        if rule:
+            raise click.UsageError("--rule does not apply to --llm: region kernels have no rule (use --policy, "
+                                   "--arch, --gpu or --status)")
+        return _list_llm(db_url, arch, gpu, policy, status, as_json)
     with _open(db_url) as reg:
         recs = list(reg.kernels(rule=rule, arch=arch, gpu=gpu, policy=policy, status=status))
         where = reg.where
@@ -105,6 +142,12 @@ def show(digest, db_url, as_json):
         found = reg.find_digest(digest) if len(digest) >= 4 else []
         if digest in found:
             found = [digest]
+        if not found and len(digest) >= 4:  # the agent's region kernels have digests of their own
+            llm = [r for r in reg.region_kernels() if r["digest"].startswith(digest)]
+            if len(llm) == 1:
+                return _show_llm(llm[0], as_json)
+            if llm:
+                found = [r["digest"] for r in llm]
         if len(found) != 1:
             what = "no kernel" if not found else f"{len(found)} kernels ({', '.join(found[:5])})"
             raise RegistryError(f"{what} with a digest starting {digest!r} in {reg.where}; run `factdb registry list` "
@@ -123,6 +166,21 @@ def show(digest, db_url, as_json):
     for t in trials:
         click.echo(_safe(f"  {t.created_at[:19]}  {t.status:13} {_fmt_ms(t.time_ms):>9} ms  {t.config_hash}  "
                          f"{json.dumps(t.config, sort_keys=True)}" + (f"  {t.error.splitlines()[0]}" if t.error else "")))
+
+
+def _show_llm(row: dict, as_json: bool) -> None:
+    if as_json:
+        click.echo(jdump({"region_kernel": row}, indent=2))
+        return
+    for name, value in row.items():
+        if name in ("source", "region"):
+            continue
+        if value not in ("", None):
+            click.echo(f"{name + ':':18} {_safe(value)}")
+    click.echo(f"region:            {_safe(row['region'])}")
+    click.echo("source:")
+    for line in row["source"].splitlines():
+        click.echo("  " + _safe(line))
 
 
 @registry.command()

@@ -120,3 +120,35 @@ def test_foreign_file_is_a_one_line_error(tmp_path):
     r = run("list", "--db", p)
     assert r.exit_code == 1 and r.output.count("\n") == 1
     assert r.output.startswith(f"Error: {p} is not a DuckDB database")
+
+
+def _region_row(path, policy="fp32", gpu="h100"):
+    from fact_db.region_kernel import RegionSpec
+    spec = RegionSpec(inputs=[{"name": "x", "kind": "input", "shape": [8, 64], "dtype": "float32"}],
+                      ops=[{"name": "relu", "op": "aten.relu", "overload": "default", "args": [{"ref": "x"}],
+                            "arg_names": ["self"]}], output="relu", out_shape=[8, 64], policy=policy,
+                      dtype="float32", nodes=["relu"])
+    with Registry.open(str(path)) as reg:
+        return reg.region_put(spec, "sm90a", gpu, name="relu_kernel", source="// the source\nint x;\n",
+                              time_ms=0.002, eager_ms=0.005, rel_err=0.0, model="scripted")
+
+
+def test_list_llm_region_kernels_and_show_one(env):
+    digest = _region_row(env)
+    _region_row(env, policy="tf32", gpu="a100")
+    r = run("list", "--db", env, "--llm")
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.splitlines()
+    assert lines[0].split()[:3] == ["DIGEST", "NAME", "ARCH"] and len(lines) == 3
+    assert any(digest[:16] in line and "2.50x" in line and "aten.relu" in line for line in lines)
+    assert "2 region kernels (provenance llm)" in r.stderr
+    j = json.loads(run("list", "--db", env, "--llm", "--json", "--gpu", "NVIDIA H100 80GB HBM3").stdout)
+    assert [d["digest"] for d in j] == [digest] and j[0]["provenance"] == "llm" and "source" not in j[0]
+    assert json.loads(run("list", "--db", env, "--llm", "--json", "--policy", "bf16").stdout) == []
+    assert len(json.loads(run("list", "--db", env, "--json").stdout)) == 3  # the GEMM rows, unchanged
+    bad = run("list", "--db", env, "--llm", "--rule", "gemm")
+    assert bad.exit_code == 2 and "--rule does not apply to --llm" in bad.output
+    s = run("show", digest[:8], "--db", env)
+    assert s.exit_code == 0, s.output
+    assert f"digest:            {digest}" in s.output and "  // the source" in s.output and "model:" in s.output
+    assert json.loads(run("show", digest, "--db", env, "--json").stdout)["region_kernel"]["name"] == "relu_kernel"
