@@ -4,8 +4,9 @@ loopback answers after the gemm-bias-relu rule is removed from a copy of the shi
   rule:   it proposes that rule; the proposal is validated, its fixture run, matched on
           benchmarks/problems/gemm_bias_relu.py, tuned on the GPU (--max-candidates), verified
           against float64 and stored in a fresh registry; a second run makes no call.
-  kernel: it proposes a CUDA source for a small Linear -> ReLU region
-          (tests/data/agent/linear_relu_kernel.cu, the region ABI of fact_db/region_kernel.py);
+  kernel: it proposes a CUDA source for a Linear -> ReLU region (by default
+          tests/data/agent/linear_relu_tiled.cu at 65536x64 -> 64, a memory-bound GEMM where
+          fusing the ReLU saves a pass over the output; the region ABI of fact_db/region_kernel.py);
           the source policy is checked, nvcc builds it in the worker subprocess, the worker
           verifies it against the region's ATen ops in float64 and times it against eager;
           a winner is stored (region_kernels, provenance llm, with its source) and a second run
@@ -14,7 +15,7 @@ loopback answers after the gemm-bias-relu rule is removed from a copy of the shi
           against eager, saved, and the artifact loaded back.
 
     python benchmarks/agent_demo.py --max-candidates 4           # both parts
-    python benchmarks/agent_demo.py --part kernel --m 16 --k 128 --n 64
+    python benchmarks/agent_demo.py --part kernel --source kernel --m 16 --k 128 --n 64
 
 Without a GPU the rule part is skipped (it tunes on the GPU) and the kernel part compiles where
 nvcc exists and records "needs a GPU". Writes benchmarks/results/<gpu>-<date>-agent.json
@@ -87,7 +88,7 @@ def kernel_part(args, reg, tmp) -> list:
         def forward(self, x):
             return torch.relu(self.fc(x))
 
-    source = (ROOT / "tests" / "data" / "agent" / "linear_relu_kernel.cu").read_text()
+    source = (ROOT / "tests" / "data" / "agent" / f"linear_relu_{args.source}.cu").read_text()
     reply = json.dumps({"kind": "kernel", "name": "linear_relu", "source": source,
                         "explanation": "one thread per output, bias and ReLU fused"})
     runs = []
@@ -103,7 +104,8 @@ def kernel_part(args, reg, tmp) -> list:
         finally:
             srv.close()
         rows = reg.region_kernels()
-        runs.append({"part": "kernel", "run": i + 1, "shape": [args.m, args.k, args.n], "requests": len(srv.requests),
+        runs.append({"part": "kernel", "run": i + 1, "source": args.source, "shape": [args.m, args.k, args.n],
+                     "requests": len(srv.requests),
                      **llm.usage.as_dict(), "proposals": [p.as_dict() for p in props],
                      "registry": [{k: r[k] for k in ("digest", "name", "ops", "provenance", "status", "time_ms",
                                                       "eager_ms", "rel_err", "eager_rel_err", "device_name")}
@@ -148,8 +150,11 @@ def main():
     ap.add_argument("--part", choices=("rule", "kernel", "both"), default="both")
     ap.add_argument("--max-candidates", type=int, default=4, help="rule part: candidates the tuner tries")
     ap.add_argument("--policy", default="fp32", help="rule part's policy (the kernel part is fp32)")
-    ap.add_argument("--m", type=int, default=16, help="kernel part: rows of the Linear's input")
-    ap.add_argument("--k", type=int, default=128, help="kernel part: in_features")
+    ap.add_argument("--source", choices=("tiled", "kernel"), default="tiled",
+                    help="kernel part: the proposal, tests/data/agent/linear_relu_<source>.cu (tiled: 64x64 tiles "
+                         "through shared memory; kernel: one thread per output)")
+    ap.add_argument("--m", type=int, default=65536, help="kernel part: rows of the Linear's input")
+    ap.add_argument("--k", type=int, default=64, help="kernel part: in_features")
     ap.add_argument("--n", type=int, default=64, help="kernel part: out_features")
     ap.add_argument("--compile-timeout", type=float, default=300.0, help="kernel part: nvcc's limit in seconds")
     args = ap.parse_args()

@@ -119,6 +119,11 @@ def verify(run, workload, trials: int = 5, device="cuda") -> Verdict:
 # KernelBench's own correctness check: torch.allclose(out, ref, atol=tol, rtol=tol) with the
 # tolerance of the output dtype (1e-4 for float32, 1e-2 for half precision).
 KERNELBENCH_TOL = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 1e-2}
+# The tf32 policy computes with a 10-bit mantissa, fp16's: its output is float32, but two
+# TF32 computations of one model (cuBLAS's and a kernel's, SDPA and explicit attention) differ
+# at TF32's precision, not fp32's, so KernelBench's check uses the half-precision tolerance.
+# The policy's bound against the float64 model applies as for every policy.
+KERNELBENCH_TOL_POLICY = {"tf32": 1e-2}
 
 
 @dataclass
@@ -229,12 +234,13 @@ def verify_model(composed, eager, reference, draw, policy: str, *, trials: int =
     gives fresh inputs for trial t (`like` the problem's, or zero-mean `randn`). Each trial
     measures both errors against the float64 model, applies the policy's bound (the table in
     this module's docstring; tf32x3 needs `eager_tf32`), runs KernelBench's allclose of the
-    composed output against eager at `out_dtype`'s tolerance, and checks that the composed
+    composed output against eager at `out_dtype`'s tolerance (the tf32 policy's: 1e-2, see
+    KERNELBENCH_TOL_POLICY), and checks that the composed
     model leaves its inputs as eager does. At least 5 trials.
     """
     import torch
     trials = max(trials, 5)
-    tol = KERNELBENCH_TOL.get(out_dtype, 1e-4)
+    tol = KERNELBENCH_TOL_POLICY.get(policy) or KERNELBENCH_TOL.get(out_dtype, 1e-4)
     results, worst, worst_eager = [], 0.0, 0.0
     for t in range(trials):
         inputs, dist = draw(t)

@@ -384,8 +384,9 @@ def test_a_region_kernel_for_other_shapes_is_not_used(env):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or shutil.which("nvcc") is None, reason="needs a GPU and nvcc")
-def test_the_region_kernel_op_on_the_gpu_eager_compiled_and_graphed(env):
-    """The real kernel (tests/data/agent/linear_relu_kernel.cu) compiled in the worker, as a
+@pytest.mark.parametrize("source", ["kernel", "tiled"])
+def test_the_region_kernel_op_on_the_gpu_eager_compiled_and_graphed(env, source):
+    """The real kernels (tests/data/agent/linear_relu_<source>.cu) compiled in the worker, as a
     custom op: the module's answer, under torch.compile(fullgraph=True), in a CUDA graph."""
     from fact_db.region_kernel import Pipeline, RegionKernel
     rules = load_rules()
@@ -395,7 +396,8 @@ def test_the_region_kernel_op_on_the_gpu_eager_compiled_and_graphed(env):
     spec, _ = region_spec(asks(rep, rules)[0], rep)
     pipe = Pipeline(spec, compile_timeout=240)
     try:
-        handle = pipe.compile(KERNEL, "linear_relu")
+        handle = pipe.compile((Path(__file__).resolve().parent / "data" / "agent" / f"linear_relu_{source}.cu")
+                              .read_text(), "linear_relu")
     finally:
         pipe.close()
     op = RegionKernel(handle["so"], spec, build_key=handle["build_key"]).as_op()

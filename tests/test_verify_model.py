@@ -78,3 +78,20 @@ def test_a_float32_model_off_where_eager_is_right_still_fails():
         return y
     v = verify_model(composed, lambda x: x * 1.0, reference, _draw, "fp32", out_dtype="float32")
     assert not v.ok
+
+
+def test_tf32_outputs_that_differ_at_tf32_precision_pass_under_tf32_only():
+    # two TF32 computations of one model: each off by 5e-4 relative (about TF32's epsilon) on a
+    # different set of elements, equally far from float64. At fp32's 1e-4 KernelBench's check
+    # fails and neither is closer everywhere; under the tf32 policy its tolerance is 1e-2.
+    def off(start):
+        def f(x):
+            y = x * 1.0
+            y[start::5] *= 1 + 5e-4
+            return y
+        return f
+    v = verify_model(off(0), off(1), reference, _draw, "tf32", out_dtype="float32")
+    assert v.ok, v.reason
+    assert v.kernelbench_tol == 1e-2 and all(t.allclose for t in v.trials)
+    strict = verify_model(off(0), off(1), reference, _draw, "fp32", out_dtype="float32")
+    assert not strict.ok and "KernelBench's allclose at 0.0001" in strict.reason
