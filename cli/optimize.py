@@ -140,7 +140,7 @@ def bench_row(problem: str, fast, wall_s: float) -> dict:
     comp, mat = v.get("torch.compile"), v.get("torch.compile max-autotune-no-cudagraphs")
     ro, nograph = v.get("torch.compile reduce-overhead"), v.get("fact-db, no CUDA graph")
     ver = r.verification
-    kernels = [z for z in r.regions if z.impl.kind != "eager"]
+    kernels = [z for z in r.regions if z.impl.kernel]
     return clean({
         "problem": problem, "policy": r.policy, "factdb_ms": fdb.ms if fdb else None,
         "baseline": base.name if base else None, "baseline_ms": base.ms if base else None,

@@ -524,8 +524,8 @@ def region_realizer(report, policy: str, *, registry=None, arch: str = "sm90a", 
         hook.results.append(rz)
         if rz.workload is None:
             return "refused", f"no GEMM template realizes it: {'; '.join(rz.notes) or 'not a GEMM-family region'}"
-        if rz.impl.kind == "eager" or rz.ms is None:
-            why = "; ".join(n for n in rz.notes if n) or "no candidate verified and beat eager"
+        if not rz.impl.kernel or rz.ms is None:
+            why = "; ".join(n for n in [rz.impl.note, *rz.notes] if n) or "no candidate verified and beat eager"
             return "slower than eager", f"{rz.region.shape}: eager serves it ({why})"
         return "accepted", (f"{rz.region.shape}: {rz.impl.label} {rz.ms:.3f} ms vs eager "
                             f"{rz.eager_ms:.3f} ms" if rz.eager_ms else f"{rz.impl.label} {rz.ms:.3f} ms")

@@ -336,6 +336,9 @@ def load(directory, *, loader=None):
                 impl, what = Impl.eager(rec.get("note", "")), "eager"
             elif kind == "sdpa":
                 impl = Impl("sdpa", rec.get("label", ""), None, {"library": "sdpa"})
+            elif kind == "gemm" and rec.get("library") == "cublas":
+                from .kernel import library_gemm_op
+                impl = Impl("gemm", rec.get("label", ""), library_gemm_op(rec["spec"]["epilogue"]), rec)
             elif kind == "attention" and str(rec.get("library", "")).startswith("sdpa-"):
                 from .attention import library_op
                 impl = Impl("attention", rec.get("label", ""), library_op(rec["library"].split("-", 1)[1]), rec)

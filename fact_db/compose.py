@@ -52,6 +52,16 @@ class Impl:
     def eager(cls, note: str = "") -> Impl:
         return cls("eager", "eager PyTorch", note=note)
 
+    @property
+    def library(self) -> bool:
+        """The region runs a library path (cuBLAS, an SDPA backend), not a fact-db kernel."""
+        return self.kind == "sdpa" or bool(self.record.get("library"))
+
+    @property
+    def kernel(self) -> bool:
+        """The region runs a kernel fact-db built (CUTLASS, its own, or the agent's)."""
+        return self.kind != "eager" and not self.library
+
 
 def _fx_resolver(gm, program):
     """name -> FX node of `gm`, the unlifted `program`, for the exported program's node names
@@ -457,9 +467,11 @@ class ComposedModule(torch.nn.Module):
 
     def extra_repr(self) -> str:
         replaced = sum(1 for _, impl in self.regions if impl.kind != "eager")
+        kernels = sum(1 for _, impl in self.regions if impl.kernel)
         graph = ", cuda_graph" if self.cuda_graph and not self.graph_note else ""
         eager = ", runs eager (faster)" if self.prefer_eager else ""
-        return f"policy={self.policy}, regions={len(self.regions)}, replaced={replaced}{graph}{eager}"
+        return (f"policy={self.policy}, regions={len(self.regions)}, replaced={replaced}, kernels={kernels}"
+                f"{graph}{eager}")
 
 
 def _can_graph(args, kwargs) -> bool:

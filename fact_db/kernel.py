@@ -212,3 +212,45 @@ class GemmKernel:
 
         self._op = getattr(torch.ops.factdb, name)
         return self._op
+
+
+# ------------------------------------------------------------------------------------------
+# The library path with a kernel op's signature.
+
+_LIBRARY_OPS: dict = {}
+
+
+def library_gemm_op(epilogue: str):
+    """The library path of a GEMM-family region with a kernel op's signature
+    `(a, b, bias, c, alpha, beta) -> epilogue(alpha * a @ b + beta * c + bias)`: cuBLAS through
+    `addmm` (the bias added by cuBLAS, as nn.Linear does) or `matmul`, and the epilogue's
+    activation as one PyTorch op. It is what the tuner times as the `eager` candidate
+    (GemmWorkload.eager), so a region whose fastest verified candidate is the library runs
+    that, rather than the model's own ops: a GELU written out as eight element-wise ops is one
+    `gelu` here. The bias arrives scaled by alpha (compose._gemm_nodes folds it), as for a kernel."""
+    if epilogue in _LIBRARY_OPS:
+        return _LIBRARY_OPS[epilogue]
+    import torch
+    import torch.nn.functional as F
+    act = {"bias_relu": F.relu, "bias_gelu": F.gelu, "bias_gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
+           "bias_silu": F.silu}.get(epilogue)
+    if epilogue not in ("none", "bias", "residual") and act is None:
+        raise KernelError(f"no library path for epilogue {epilogue!r}")
+
+    def op(a, b, bias, c, alpha, beta):
+        if epilogue == "none":
+            bias = None
+        if bias is not None and a.dim() == 2 and b.dim() == 2:
+            y = torch.addmm(bias, a, b, alpha=alpha)
+        else:
+            y = torch.matmul(a, b)
+            if alpha != 1.0:
+                y = y * alpha
+            if bias is not None:
+                y = y + bias
+        if c is not None and beta != 0.0:
+            y = torch.add(y, c, alpha=beta)
+        return act(y) if act is not None else y
+    op.__name__ = op.__qualname__ = f"library_gemm_{epilogue}"
+    _LIBRARY_OPS[epilogue] = op
+    return op

@@ -521,7 +521,8 @@ def _variant_factory(model_p, policy: str, registry, realized, info):
             if p.workload is not None and not p.region.composable:
                 res = from_registry(p.workload, registry, gpu=gpu, cached_only=True)
                 if res is not None and res.winner is not None:
-                    impls[i] = gemm_impl(res, p.workload)
+                    impls[i] = gemm_impl(res, p.workload,
+                                         library=not (p.region.template or "").startswith("dual_gemm"))
                     used += impls[i].kind != "eager"
             elif p.region.rule in attention and not p.region.composable:
                 impls[i] = attention[p.region.rule]

@@ -233,18 +233,27 @@ def registry_answer(registry, w, arch: str, gpu: str) -> tuple[str, float | None
     return "miss", None
 
 
-def gemm_impl(result, w: GemmWorkload):
-    """The compose.Impl of a tuned GEMM region: its winner's kernel op, or eager."""
+def gemm_impl(result, w: GemmWorkload, library: bool = True):
+    """The compose.Impl of a tuned GEMM region: its winner's kernel op; where the library
+    (the tuner's `eager` candidate) won, the library path with a kernel op's signature
+    (kernel.library_gemm_op: cuBLAS and the activation as one op, which is what was timed),
+    or, with `library=False` (the dual GEMM, whose library path is two GEMMs), the model's
+    own ops."""
     from .compose import Impl
-    from .kernel import GemmKernel, GemmSpec
+    from .kernel import GemmKernel, GemmSpec, library_gemm_op
     from .tune import _spec
     win = result.winner if result is not None else None
     if win is None:
         return Impl.eager("no candidate verified")
     c = win.candidate
     if c.template == "eager":
-        return Impl.eager(f"eager is the fastest verified candidate ({win.time_ms:.3f} ms)" if win.time_ms else
-                          "eager is the fastest verified candidate")
+        t = f" ({win.time_ms:.3f} ms)" if win.time_ms else ""
+        if not library:
+            return Impl.eager(f"eager is the fastest verified candidate{t}")
+        act = {"none": "", "bias": "", "residual": " + residual add"}.get(w.epilogue, f" + {w.epilogue[5:]}")
+        return Impl("gemm", f"library: cuBLAS {'addmm' if w.epilogue != 'none' else 'matmul'}{act}",
+                    library_gemm_op(w.epilogue), {"library": "cublas", "spec": {"epilogue": w.epilogue}},
+                    note=f"the library is the fastest verified candidate{t}")
     spec = _spec(w, c)
     k = GemmKernel(win.so, c.template, GemmSpec(**spec), c.options, build_key=win.build_key)
     key = w.key(result.arch, result.gpu)
@@ -474,7 +483,7 @@ def realize_regions(report, policy: str, *, registry=None, arch: str = "sm90a", 
                 rz.how = "registry" if res.from_registry else "tuned"
             if res is not None:
                 rz.tune = res
-                rz.impl = gemm_impl(res, w)
+                rz.impl = gemm_impl(res, w, library=not (rz.region.template or "").startswith("dual_gemm"))
                 rz.notes += res.notes
                 if res.eager:
                     rz.eager_ms, rz.eager_err = res.eager.time_ms, res.eager.err

@@ -605,3 +605,60 @@ def test_a_scale_that_does_not_commute_with_the_activation_stays_eager(form, rul
     assert r.rule == rule and why in r.composable
     [z] = realize_regions(disc, "fp32", plan_only=True, progress=False)
     assert z.how == "eager" and any(why in n for n in z.notes)
+
+
+# ------------------------------------------------------------------------------------------
+# Where the library wins a GEMM region, the library path runs, not the model's own ops.
+
+def _library_realizer():
+    from types import SimpleNamespace
+
+    from fact_db.realize import gemm_impl
+
+    def realize(disc, policy):
+        out = []
+        for i, (r, p) in enumerate(zip(disc.regions, plan(disc, policy))):
+            impl = Impl.eager("not a GEMM region")
+            if p.workload is not None:  # the tuner's `eager` candidate won
+                won = SimpleNamespace(winner=SimpleNamespace(candidate=SimpleNamespace(template="eager"), time_ms=0.5))
+                impl = gemm_impl(won, p.workload)
+            out.append(Realized(i, r, p.workload, impl, "tuned", eager_ms=0.5, ms=0.5))
+        return out
+    return realize
+
+
+@pytest.mark.parametrize("epilogue", ["none", "bias", "bias_relu", "bias_gelu", "bias_gelu_tanh", "bias_silu",
+                                      "residual"])
+def test_the_library_op_computes_what_the_tuner_timed_as_eager(epilogue):
+    from fact_db.kernel import library_gemm_op
+    from fact_db.workload import GemmWorkload
+    w = GemmWorkload(24, 40, 16, policy="fp32", layout_b="col", epilogue=epilogue)
+    inputs = w.make_inputs("randn", device="cpu", generator=torch.Generator().manual_seed(0))
+    op = library_gemm_op(epilogue)
+    got = op(inputs["a"], inputs["b"], inputs.get("bias"), inputs.get("c"), 1.0, 1.0 if "c" in inputs else 0.0)
+    assert torch.allclose(got, w.eager(inputs), atol=1e-6, rtol=1e-6)
+    assert torch.allclose(got.double(), w.reference(inputs), atol=1e-5)
+    assert library_gemm_op(epilogue) is op
+
+
+def test_a_region_the_library_wins_runs_the_library_path_not_the_models_ops(tmp_path):
+    """minGPT's MLP writes GELU out as eight element-wise ops; where cuBLAS wins the GEMM
+    region, the composed module runs addmm and one `gelu` (what the tuner timed), and the
+    artifact loads it without a loader."""
+    from fact_db.artifact import load
+    model, x, fast = _optimize(tmp_path, realizer=_library_realizer())
+    r = fast.report
+    assert r.verification.ok
+    libs = [z for z in r.regions if z.impl.library]
+    assert {z.region.rule for z in libs} >= {"gemm-bias-gelu-tanh", "gemm-residual"}
+    assert all(not z.impl.kernel and "library is the fastest" in z.impl.note for z in libs)
+    gelu = next(z for z in libs if z.region.rule == "gemm-bias-gelu-tanh")
+    assert gelu.impl.label == "library: cuBLAS addmm + gelu_tanh"
+    targets = [getattr(n.target, "__name__", str(n.target)) for n in fast.gm.graph.nodes if n.op == "call_function"]
+    assert "library_gemm_bias_gelu_tanh" in targets
+    assert not any("tanh" in t and "library" not in t for t in targets), targets  # the written-out GELU is gone
+    assert torch.allclose(fast(x), model(x), atol=1e-5)
+    assert "kernels=0" in repr(fast)
+    back = load(fast.artifact)
+    assert torch.allclose(back(x), model(x), atol=1e-5)
+    assert not any(": eager:" in n for n in back.load_notes), back.load_notes
