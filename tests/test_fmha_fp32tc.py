@@ -12,9 +12,21 @@ from fact_db.attention import AttentionWorkload
 MINGPT = AttentionWorkload(128, 8, 8, 512, 512, 96, 96, causal=True)
 
 
-def test_applies_to_fp32_and_tf32x3_on_sm90():
+def test_applies_to_fp32_tf32x3_and_tf32_on_sm90():
     assert fmha_fp32tc.applies(MINGPT, "sm90a") is None
     assert fmha_fp32tc.applies(MINGPT.with_(policy="tf32x3"), "sm90a") is None
+    assert fmha_fp32tc.applies(MINGPT.with_(policy="tf32"), "sm90a") is None
+
+
+def test_tf32_makes_one_tf32_product_and_never_presplits():
+    tf = fmha_fp32tc.configs(MINGPT.with_(policy="tf32"), 99)
+    assert tf and all(c["terms"] == 1 and c["presplit"] == 0 and c["promote_k"] == 0 for c in tf)
+    assert len(tf) == len(fmha_fp32tc.TILES)
+    assert fmha_fp32tc.label(tf[0]) == "fmha_fp32tc q128 k32 hd96 p0 1xTF32"
+    code = fmha_fp32tc.source(MINGPT.with_(policy="tf32"), tf[0]).code
+    assert "kOneTerm = true;" in code
+    assert "kOneTerm = false;" in fmha_fp32tc.source(MINGPT, fmha_fp32tc.configs(MINGPT, 1)[0]).code
+    assert all("terms" not in c for c in fmha_fp32tc.configs(MINGPT, 99)), "3xTF32 configs render as before"
 
 
 @pytest.mark.parametrize("w,arch,why", [
