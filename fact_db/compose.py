@@ -336,11 +336,11 @@ def rewrite(program, regions: list, impls: dict):
             _horizontal_nodes if group else _BUILDERS.get(impl.kind)
         if build is None:
             raise ComposeError(f"unknown implementation kind '{impl.kind}' for region {i + 1} ({r.rule})")
-        out = fx(r.output)
-        if group:  # the one GEMM goes before the first member: every member reads its input
-            mine = set(r.nodes)
-            out = next((n for n in g.nodes if n.name in mine), out)
         try:
+            out = fx(r.output)
+            if group:  # the one GEMM goes before the first member: every member reads its input
+                mine = set(r.nodes)
+                out = next((n for n in g.nodes if n.name in mine), out)
             with g.inserting_before(out):
                 new = build(gm, g, shapes, r, impl, fx, i)
         except ComposeError as e:

@@ -122,7 +122,11 @@ def _attn(qshape, lk, dv) -> tuple:
 
 
 def _name(v):
-    return v.name if hasattr(v, "name") else None
+    """An operand's name in the exported program: a value a higher-order op's body computed is
+    read through the wrapper's output (Node.outer)."""
+    if not hasattr(v, "name"):
+        return None
+    return getattr(v, "outer", None) or v.name
 
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
@@ -320,6 +324,11 @@ def analyse(graph: Graph, rules: RuleSet, *, arch: str = "sm90", gpu: str | None
         lost = sorted({b.rule.id for b in matches if beaten.get(id(b)) is m})
         tmpl = m.rule.realize.get("template", "")
         operands, attrs, why = _operands(m, tmpl)
+        inner = next((n.name for n in m.nodes if "." in n.name), None)  # walked into a higher-order op
+        if inner and not why:
+            why = (f"inside the body of a higher-order op (node `{inner.rsplit('.', 1)[0]}`) that torch.export "
+                   "wrapped around code under autocast or no_grad; composition does not rewrite inside it, so "
+                   "eager runs it")
         epilogue = list(m.rule.realize.get("epilogue") or [])
         if isinstance(m, GroupMatch):  # a bias epilogue only where a member has a bias (zeros for the others)
             epilogue = ["bias"] if any(x["bias"] for x in attrs.get("members", [])) else ["none"]

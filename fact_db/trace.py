@@ -53,6 +53,9 @@ class Node:
     source: str | None = None  # "file.py:12" of the user code that made it
     fqn: str | None = None  # for parameters and buffers: "attn.bias"
     value: torch.Tensor | None = None  # known contents (small buffers), else None
+    # for an op inlined from a higher-order op's body whose value the wrapper returns: the
+    # exported program's node that carries it out (the getitem), which composition can read
+    outer: str | None = None
 
     def arg(self, name: str, default=None):
         return self.args[self.arg_names.index(name)] if name in self.arg_names else default
@@ -485,6 +488,8 @@ def _from_fx(ep, name: str, source: str | None, known: dict) -> Graph:
                 continue
             if n.op == "call_function" and _is_getitem(n.target) and isinstance(made.get(prefix + n.args[0].name), _HopResult):
                 made[key] = made[prefix + n.args[0].name].items[n.args[1]]
+                if not prefix and isinstance(made[key], Node) and made[key].outer is None:
+                    made[key].outer = key
                 continue
             node = one(n, prefix)
             if node is not None:

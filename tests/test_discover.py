@@ -264,3 +264,41 @@ def test_discovery_registry_column_for_gemm_regions_hit_near_and_stale():
     assert answers["hit"] == ("hit", pytest.approx(0.25e-3))
     assert answers["near"][0].startswith("near (") and answers["near"][1] is None
     assert answers["stale"] == ("stale", None) and answers["miss"] == ("miss", None)
+
+
+def test_regions_inside_the_wrappers_are_left_to_eager_by_composition():
+    """Composition cannot rewrite inside a higher-order op's body (HF Llama's rotary matmul
+    under torch 2.11 stopped `factdb bench` with a ComposeError): discovery marks such
+    regions not composable, with the reason, and the rewrite leaves them to eager; a region
+    outside is still replaced and the model's answer kept."""
+    import standins
+    import torch
+
+    from fact_db.compose import Impl, rewrite
+    from fact_db.discover import discover
+    from fact_db.realize import plan
+
+    class Mixed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(64, 64), torch.nn.Linear(64, 64)
+
+        def forward(self, x):
+            with torch.autocast(device_type="cpu", enabled=False):
+                y = torch.relu(self.a(x.float()))
+            return torch.nn.functional.gelu(self.b(y))
+
+    torch.manual_seed(0)
+    model, x = Mixed().eval(), torch.randn(8, 64)
+    r = discover(model, (x,))
+    inner, outer = r.regions
+    assert "." in inner.output and "body of a higher-order op" in inner.composable
+    assert outer.composable == "" and "." not in outer.output
+    impls = {i: Impl("gemm", "stand-in", standins.gemm_op(p.workload.epilogue), {"spec": {"epilogue": p.workload.epilogue}})
+             for i, p in enumerate(plan(r, "fp32"))}
+    gm, notes = rewrite(r.graph.program, r.regions, impls)
+    assert len(notes) == 1 and "higher-order op" in notes[0]
+    before = standins.CALLS.copy()
+    with torch.no_grad():
+        torch.testing.assert_close(gm(x), model(x), rtol=1e-5, atol=1e-5)
+    assert standins.CALLS - before == {"gemm_bias_gelu": 1}

@@ -155,3 +155,4 @@ def test_bert_qkv_with_biases_composed_as_one_gemm_computes_the_layer():
     got, want, calls = _composed_with_stand_ins(Layer().eval(), torch.randn(2, 16, 64))
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     assert calls == {"gemm_bias": 1}
+
