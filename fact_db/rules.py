@@ -267,8 +267,8 @@ SCHEMA_CACHE_MAX = 4096  # digests kept; past it, only those of the last load
 class SchemaCache:
     """Digests of rule and fragment files that passed the schema check, kept in
     `$FACTDB_HOME/cache/rules-schema.json` (never elsewhere), so that loading unchanged rules
-    does not check them again: the check (and importing jsonschema for it) was a third of
-    the rule loading of every `factdb discover`.
+    does not check them again: the check (and importing jsonschema for it) was two thirds
+    of the rule loading of every `factdb discover` (0.08 of 0.12 s, after libyaml).
 
     A digest is the sha256 of the file's bytes, what it was checked as (rule or fragment),
     the schema file's bytes, and the installed PyYAML version and jsonschema package (its

@@ -44,9 +44,10 @@ def trusted_imports():
     """In the child, around importing fact-db's own heavy dependencies (torch, torch._dynamo,
     the registry's SQLAlchemy) and loading the rules: the garbage collector is off for the
     block, and what it built is frozen after it (gc.freeze), so later collections skip it.
-    Those imports create about a million objects and no garbage; the collections they set
-    off took a third of their time. The problem file never runs inside the block (it runs
-    with the collector on, as before). Elsewhere (the parent, tests, the Python API) a no-op."""
+    torch and torch._dynamo alone leave half a million objects tracked by the collector and
+    no garbage; the collections their imports set off took about a quarter of their time.
+    The problem file never runs inside the block (it runs with the collector on, as
+    before). Elsewhere (the parent, tests, the Python API) a no-op."""
     import gc
     if not in_child() or not gc.isenabled():
         yield
@@ -76,7 +77,7 @@ def quick_exit_allowed() -> bool:
 def exit_child(code: int) -> None:
     """End the child with exit code `code` once the command is over, without the interpreter's
     teardown: atexit handlers run and stdout and stderr are flushed, as at a normal exit, but
-    the million objects of torch and torch._dynamo are not freed one by one (0.4-0.6 s on
+    the half million objects of torch and torch._dynamo are not freed one by one (0.4-0.6 s on
     2 cores, after the output was written). Non-daemon threads the problem file started
     are not waited for. Only where allow_quick_exit() was said."""
     import atexit
