@@ -103,17 +103,19 @@ def _ask(report, db, no_registry) -> None:
     $FACTDB_HOME/fact.duckdb where one exists (discovery never creates one)."""
     import os
 
-    from fact_db import db as dbmod
+    from fact_db import paths, sandbox
     report.registry_note = "not asked (--no-registry)"
     if no_registry:
         return
     url = db or os.environ.get("FACTDB_DB")
-    if url is None and not dbmod.default_path().exists():
-        report.registry_note = f"none yet at {dbmod.default_path()} (every region a miss)"
+    if url is None and not paths.registry_file().exists():  # fact_db.db.default_path(), without importing SQLAlchemy
+        report.registry_note = f"none yet at {paths.registry_file()} (every region a miss)"
         return
-    from fact_db.discover import ask_registry
-    from fact_db.registry import Registry
-    reg = Registry.open(url, seed=False)
+    with sandbox.trusted_imports():
+        from fact_db.discover import ask_registry
+        from fact_db.realize import plan  # noqa: F401  (what ask_registry imports)
+        from fact_db.registry import Registry
+        reg = Registry.open(url, seed=False)
     try:
         counts = ask_registry(report, reg)
     finally:
@@ -123,11 +125,16 @@ def _ask(report, db, no_registry) -> None:
 
 
 def _discover(problem, arch, gpu, policy, as_json, explain, db, no_registry):
-    from fact_db.discover import analyse
-    from fact_db.errors import TraceError
-    from fact_db.rules import load_rules
-    from fact_db.trace import load_problem, trace_problem
-    rules = load_rules()
+    from fact_db import sandbox
+    sandbox.allow_quick_exit()  # nothing is left open at the end: the child may skip the interpreter's teardown
+    with sandbox.trusted_imports():
+        from fact_db.discover import analyse
+        from fact_db.errors import TraceError
+        from fact_db.rules import load_rules
+        from fact_db.trace import load_problem, trace_problem
+        if sandbox.in_child():
+            import torch.export._trace  # noqa: F401  (torch._dynamo, which the first export would import)
+        rules = load_rules()
     spec = load_problem(problem)
     t0 = time.perf_counter()
     try:

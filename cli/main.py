@@ -142,6 +142,17 @@ def main():
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
         sys.exit(130)
+    except SystemExit as e:
+        from fact_db import sandbox
+        if not sandbox.quick_exit_allowed():
+            raise
+        # The sandboxed child of `discover` ends without the interpreter's teardown of torch
+        # (sandbox.exit_child): the same exit code, 0.4-0.6 s sooner.
+        code = e.code
+        if code is not None and not isinstance(code, int):
+            click.echo(str(code), err=True)  # what Python itself does with sys.exit("message")
+            code = 1
+        sandbox.exit_child(code or 0)
 
 
 from . import discover as _discover, index as _index, optimize as _optimize, query as _query, registry as _registry, rules as _rules, tune as _tune  # noqa: E402,F401,I001  (registers the commands)

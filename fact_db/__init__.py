@@ -7,22 +7,24 @@
 >>> fast.report.speedup, fast.artifact
 >>> fast = fact_db.load(fast.artifact)               # again, tuning nothing
 """
-from importlib.metadata import PackageNotFoundError, version as _version
-
-try:
-    __version__ = _version("fact-db")
-except PackageNotFoundError:  # running from a source tree that is not installed
-    __version__ = "0.0.0"
-
 __all__ = ["discover", "optimize", "load", "plan", "__version__"]
 
 
 def __getattr__(name):
     """`fact_db.discover(module, example_inputs)`, imported on first use, so that `import fact_db`
     (and commands that need no tracing, such as `factdb query` and `factdb registry`) do not
-    pay for importing torch. The module `fact_db.discover` is itself callable as its
-    `discover()` function, so the name means the same whichever was imported first."""
+    pay for importing torch; `__version__` too, so that they do not pay for importlib.metadata.
+    The module `fact_db.discover` is itself callable as its `discover()` function, so the name
+    means the same whichever was imported first."""
     import importlib
+    if name == "__version__":  # looked up on first use: importlib.metadata costs every command 25 ms
+        from importlib.metadata import PackageNotFoundError, version
+        try:
+            v = version("fact-db")
+        except PackageNotFoundError:  # running from a source tree that is not installed
+            v = "0.0.0"
+        globals()["__version__"] = v
+        return v
     if name == "discover":
         return importlib.import_module(".discover", __name__)
     if name in ("optimize", "plan"):

@@ -65,7 +65,7 @@ class NotARegistry(RegistryError):
 
 
 def default_path() -> Path:
-    return paths.home() / "fact.duckdb"
+    return paths.registry_file()
 
 
 def resolve_url(url: str | None = None) -> str:

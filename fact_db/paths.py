@@ -30,6 +30,12 @@ def home() -> Path:
     return Path(os.environ.get("FACTDB_HOME") or Path.home() / ".local" / "share" / "fact-db")
 
 
+def registry_file() -> Path:
+    """The default registry, `$FACTDB_HOME/fact.duckdb` (fact_db.db.default_path; here so that
+    asking whether it exists imports no database library)."""
+    return home() / "fact.duckdb"
+
+
 def cutlass_examples_dir() -> Path | None:
     """The `examples/` directory of the installed nvidia-cutlass package, or None if absent."""
     spec = importlib.util.find_spec("cutlass_library")

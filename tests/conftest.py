@@ -10,6 +10,32 @@ BAD = Path(__file__).resolve().parent / "bad_problems"
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+_STATE_VARS = ("FACTDB_HOME", "FACTDB_DB", "FACTDB_SEED")
+_collect_state: dict = {}
+
+
+def pytest_configure(config):
+    """Before collection, too, the user's state is out of reach: test modules run code at
+    import (tests/test_fixtures.py loads the rules, which keeps its schema cache in
+    $FACTDB_HOME/cache), before the session fixture below redirects FACTDB_HOME."""
+    import tempfile
+    _collect_state["old"] = {k: os.environ.get(k) for k in _STATE_VARS}
+    _collect_state["home"] = tempfile.mkdtemp(prefix="factdb-collect-home-")
+    os.environ["FACTDB_HOME"] = _collect_state["home"]
+    os.environ["FACTDB_SEED"] = ""
+    os.environ.pop("FACTDB_DB", None)
+
+
+def pytest_unconfigure(config):
+    import shutil
+    for k, v in _collect_state.get("old", {}).items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    if _collect_state.get("home"):
+        shutil.rmtree(_collect_state["home"], ignore_errors=True)
+
 
 @pytest.fixture(autouse=True, scope="session")
 def _private_state(tmp_path_factory):
