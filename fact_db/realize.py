@@ -343,6 +343,8 @@ def tune_attention(w, *, arch: str = "sm90a", gpu: str | None = None, registry=N
                 best_row["so"], best_row["build_key"] = str(b.path), b.key
         if not best_row["so"]:
             best_row = None
+    if best_row is not None:
+        best_row["from_registry"] = "registry hit" in res.notes
     rows += [{"label": n.split(":", 1)[0], "kind": "note", "ok": False, "ms": None, "err": 0.0, "eager_err": None,
               "note": n} for n in res.notes if n != "registry hit"]
     return rows, best_row
@@ -521,7 +523,7 @@ def realize_regions(report, policy: str, *, registry=None, arch: str = "sm90a", 
             rows, best = chooser(w)
             explicit = next((x for x in rows if x["label"] == "explicit"), None)
             rz.impl = _attention_impl(best, w)
-            rz.how = "tuned"
+            rz.how = "registry" if best and best.get("from_registry") else "tuned"
             rz.eager_ms = explicit["ms"] if explicit else None
             rz.eager_err = explicit["err"] if explicit else None
             if best:

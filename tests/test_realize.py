@@ -89,3 +89,17 @@ def test_realize_without_a_gpu_says_so_and_points_at_compile_only():
     res = CliRunner().invoke(cli, ["realize", str(PROBLEMS / "square_gemm_fp32.py"), "--policy", "bf16",
                                    "--no-registry"])
     assert res.exit_code != 0 and "no CUDA GPU is visible" in res.output and "--compile-only" in res.output
+
+
+@pytest.mark.parametrize("hit", [True, False])
+def test_an_attention_region_served_by_the_registry_says_so(hit):
+    """realize_regions reports `how` registry for an attention region whose winner came from
+    the registry (a warm re-run), tuned otherwise (the chooser stands in for the tuner)."""
+    from fact_db.realize import realize_regions
+    rep = discover_problem(str(PROBLEMS / "sdpa_attention.py"), arch="sm90", policy="bf16")
+    best = {"label": "sdpa", "kind": "sdpa", "ok": True, "ms": 0.2, "err": 1e-3, "eager_err": 1e-3, "note": "",
+            "template": "", "config": None, "so": "", "build_key": "", "from_registry": hit}
+    rows = [best, {**best, "label": "explicit", "kind": "eager", "ms": 0.5, "from_registry": False}]
+    [rz] = [z for z in realize_regions(rep, "bf16", attention_chooser=lambda w: (rows, best), progress=False)
+            if z.workload is not None]
+    assert rz.how == ("registry" if hit else "tuned") and rz.ms == 0.2 and rz.eager_ms == 0.5
