@@ -540,8 +540,8 @@ def realize_region_kernels(report, realized: list, registry, *, gpu: str, arch: 
     """The agent's kernels that the registry holds for regions of `report` (table
     region_kernels, provenance llm: each compiled, verified against float64 and faster than
     eager when it was stored), as Realized entries appended to `realized`, indexed after the
-    rule regions (compose them with `report.regions + [z.region for z in added]`). No model is called: the same questions the agent would ask
-    (agent.asks) are looked up, and nothing else.
+    rule regions (compose them with `report.regions + [z.region for z in added]`). No model
+    is called: the questions the agent would ask (agent.asks) are looked up, nothing else.
 
     A kernel that covers rule regions (the agent's GEMM + ReLU where a plain GEMM region
     matched) replaces them only when its measured time beats theirs plus the eager rest of
