@@ -356,10 +356,26 @@ def rewrite(program, regions: list, impls: dict):
         for node in reversed(list(g.nodes)):
             if node.name in mine and not node.users and node.op == "call_function":
                 g.erase_node(node)
+    _drop_input_checks(gm)
     g.eliminate_dead_code()
     g.lint()
     gm.recompile()
     return gm, notes
+
+
+def _drop_input_checks(gm) -> None:
+    """The unlifted program checks every call's inputs against the exported ones (a forward
+    pre-hook matching the pytree structure, and a `_guards_fn` call on the shapes): about half
+    of a small model's host time per call. ComposedModule runs this graph only for the exact
+    signature it guards (shapes, dtypes, devices), so those checks are dropped here."""
+    hooks = gm._forward_pre_hooks
+    for k, hook in list(hooks.items()):
+        if getattr(hook, "__name__", "") == "_check_input_constraints_pre_hook":
+            del hooks[k]
+            gm._forward_pre_hooks_with_kwargs.pop(k, None)
+    for node in list(gm.graph.nodes):
+        if node.op == "call_module" and node.target == "_guards_fn" and not node.users:
+            gm.graph.erase_node(node)
 
 
 # ------------------------------------------------------------------------------------------

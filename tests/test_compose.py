@@ -94,6 +94,26 @@ def test_rewrite_replaces_every_region_and_computes_the_model(block):
     gm.graph.lint()
 
 
+def test_the_composed_graph_drops_the_exported_programs_per_call_input_checks(block):
+    """The unlifted program checks each call's inputs (a pre-hook on the pytree structure and a
+    `_guards_fn` call on shapes), half a small model's host time per call; ComposedModule
+    guards the exact signature itself, so the rewrite drops them, and still computes the model."""
+    model, x, disc = block
+    plain = disc.graph.program.module()
+    hook_names = lambda m: [getattr(h, "__name__", "") for h in m._forward_pre_hooks.values()]  # noqa: E731
+    # what the rewrite starts from (torch 2.13; older versions may lack the `_guards_fn` call)
+    assert "_check_input_constraints_pre_hook" in hook_names(plain)
+    gm, _ = rewrite(disc.graph.program, disc.regions, {})
+    assert "_check_input_constraints_pre_hook" not in hook_names(gm)
+    assert not any(n.op == "call_module" and n.target == "_guards_fn" for n in gm.graph.nodes)
+    assert torch.equal(gm(x), plain(x))
+    fast = ComposedModule(gm, model, policy="fp32", optimized_for=signature((x,)))
+    with warnings.catch_warnings(record=True) as seen:  # another shape: the module's own guard, eager
+        warnings.simplefilter("always")
+        x2 = torch.rand(1, 8, 64)
+        assert torch.allclose(fast(x2), model(x2)) and "optimized for inputs" in str(seen[0].message)
+
+
 def test_rewrite_keeps_a_region_eager_when_its_op_cannot_take_it(block):
     model, x, disc = block
     impls = standin_impls(disc)
