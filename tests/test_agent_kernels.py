@@ -330,6 +330,8 @@ def test_optimize_composes_the_llm_kernel_the_registry_holds(env):
     assert gemm.impl.kind == "eager" and any("served by llm kernel linear_relu" in n for n in gemm.notes)
     assert llm.region.rule == "llm-kernel" and llm.impl.kind == "region" and llm.how == "registry"
     assert llm.region.nodes == ["linear", "relu"] and llm.ms == 0.004 and llm.eager_ms == 0.009
+    from fact_db.report import skipped
+    assert skipped(r) == []  # the GEMM region is served by the llm kernel, not left to eager
     before = standins.CALLS["region"]
     assert torch.allclose(fast(x), m(x), atol=1e-6)
     assert standins.CALLS["region"] == before + 1  # the region ran as the kernel op, linear and relu are gone
