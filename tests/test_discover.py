@@ -204,24 +204,28 @@ def test_real_allocation_during_construction_is_bounded():
     assert inputs[0].device.type == "meta"
 
 
+class Wrapped(nn.Module):
+    """A GEMM + ReLU under torch.autocast(enabled=False), then a GEMM + GELU under
+    torch.no_grad() (or, with no_grad=False, outside any wrapper)."""
+
+    def __init__(self, no_grad: bool = True):
+        super().__init__()
+        self.a, self.b, self.no_grad = nn.Linear(64, 64), nn.Linear(64, 64), no_grad
+
+    def forward(self, x):
+        with torch.autocast(device_type="cpu", enabled=False):
+            y = torch.relu(self.a(x.float()))
+        if not self.no_grad:
+            return nn.functional.gelu(self.b(y))
+        with torch.no_grad():
+            return nn.functional.gelu(self.b(y))
+
+
 def test_discovery_walks_into_autocast_and_grad_mode_wrappers():
     """torch.export wraps code under torch.autocast(enabled=False) or torch.no_grad() (older
     HF rotary embeddings) in higher-order ops whose bodies are submodules; discovery inlines
     them, naming their ops under the wrapper, and matches rules inside."""
-    import torch
-
     from fact_db.discover import discover
-
-    class Wrapped(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.a, self.b = torch.nn.Linear(64, 64), torch.nn.Linear(64, 64)
-
-        def forward(self, x):
-            with torch.autocast(device_type="cpu", enabled=False):
-                y = torch.relu(self.a(x.float()))
-            with torch.no_grad():
-                return torch.nn.functional.gelu(self.b(y))
 
     r = discover(Wrapped(), (torch.randn(8, 64),))
     assert [x.rule for x in r.regions] == ["gemm-bias-relu", "gemm-bias-gelu"]
@@ -272,24 +276,13 @@ def test_regions_inside_the_wrappers_are_left_to_eager_by_composition():
     regions not composable, with the reason, and the rewrite leaves them to eager; a region
     outside is still replaced and the model's answer kept."""
     import standins
-    import torch
 
     from fact_db.compose import Impl, rewrite
     from fact_db.discover import discover
     from fact_db.realize import plan
 
-    class Mixed(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.a, self.b = torch.nn.Linear(64, 64), torch.nn.Linear(64, 64)
-
-        def forward(self, x):
-            with torch.autocast(device_type="cpu", enabled=False):
-                y = torch.relu(self.a(x.float()))
-            return torch.nn.functional.gelu(self.b(y))
-
     torch.manual_seed(0)
-    model, x = Mixed().eval(), torch.randn(8, 64)
+    model, x = Wrapped(no_grad=False).eval(), torch.randn(8, 64)  # the second GEMM outside any wrapper
     r = discover(model, (x,))
     inner, outer = r.regions
     assert "." in inner.output and "body of a higher-order op" in inner.composable
