@@ -5,7 +5,7 @@ loopback answers after the gemm-bias-relu rule is removed from a copy of the shi
           benchmarks/problems/gemm_bias_relu.py, tuned on the GPU (--max-candidates), verified
           against float64 and stored in a fresh registry; a second run makes no call.
   kernel: it proposes a CUDA source for a Linear -> ReLU region (by default
-          tests/data/agent/linear_relu_tiled.cu at 65536x64 -> 64, a memory-bound GEMM where
+          tests/data/agent/linear_relu_tiled.cu at 262144x16 -> 64, a memory-bound GEMM where
           fusing the ReLU saves a pass over the output; the region ABI of fact_db/region_kernel.py);
           the source policy is checked, nvcc builds it in the worker subprocess, the worker
           verifies it against the region's ATen ops in float64 and times it against eager;
@@ -153,8 +153,8 @@ def main():
     ap.add_argument("--source", choices=("tiled", "kernel"), default="tiled",
                     help="kernel part: the proposal, tests/data/agent/linear_relu_<source>.cu (tiled: 64x64 tiles "
                          "through shared memory; kernel: one thread per output)")
-    ap.add_argument("--m", type=int, default=65536, help="kernel part: rows of the Linear's input")
-    ap.add_argument("--k", type=int, default=64, help="kernel part: in_features")
+    ap.add_argument("--m", type=int, default=262144, help="kernel part: rows of the Linear's input")
+    ap.add_argument("--k", type=int, default=16, help="kernel part: in_features")
     ap.add_argument("--n", type=int, default=64, help="kernel part: out_features")
     ap.add_argument("--compile-timeout", type=float, default=300.0, help="kernel part: nvcc's limit in seconds")
     args = ap.parse_args()
