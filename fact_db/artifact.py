@@ -279,18 +279,11 @@ def _region(path: Path, impl: dict):
 
 
 def _reverify_region(path: Path, k_impl, impl: dict) -> tuple[bool, str]:
-    """The agent pipeline's check (fact_db/verify.py against the region's float64 reference),
+    """The agent pipeline's own check (region_kernel.run_job: the region's float64 reference),
     in this process."""
-    from .region_kernel import RegionSpec
-    from .verify import verify
-    spec = RegionSpec.from_dict(impl["region"])
-    names = [x["name"] for x in spec.inputs]
-    op = k_impl.op
-
-    def run(inputs, out):
-        out.copy_(op([inputs[n] for n in names]))
-    v = verify(run, spec)
-    return v.ok, v.reason
+    from .region_kernel import run_job
+    res = run_job({"id": 0, "so": str(path), "region": impl["region"], "trials": 5, "reps": 1})
+    return res.get("status") == "ok", res.get("error", "")
 
 
 # kind -> (load the library at a path as an Impl, verify that Impl again on this GPU)

@@ -231,10 +231,10 @@ def library_gemm_op(epilogue: str):
     if epilogue in _LIBRARY_OPS:
         return _LIBRARY_OPS[epilogue]
     import torch
-    import torch.nn.functional as F
-    act = {"bias_relu": F.relu, "bias_gelu": F.gelu, "bias_gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
-           "bias_silu": F.silu}.get(epilogue)
-    if epilogue not in ("none", "bias", "residual") and act is None:
+
+    from .workload import activation
+    act = activation(epilogue)
+    if epilogue not in ("none", "residual") and act is None:
         raise KernelError(f"no library path for epilogue {epilogue!r}")
 
     def op(a, b, bias, c, alpha, beta):

@@ -149,9 +149,7 @@ class GemmWorkload:
 
     def _activation(self):
         """The epilogue's activation (identity for `bias`); None for `none` and `residual`."""
-        import torch.nn.functional as F
-        return {"bias": lambda t: t, "bias_relu": F.relu, "bias_gelu": F.gelu,
-                "bias_gelu_tanh": lambda t: F.gelu(t, approximate="tanh"), "bias_silu": F.silu}.get(self.epilogue)
+        return activation(self.epilogue)
 
     def _apply(self, y, inputs):
         if self.epilogue == "none":
@@ -177,6 +175,15 @@ class GemmWorkload:
             if act is not None and self.bias_axis == "col" and a.dim() == 2:
                 return act(torch.addmm(inputs["bias"], a, b))  # nn.Linear's path: cuBLAS adds the bias
             return self._apply(torch.matmul(a, b), inputs)
+
+
+def activation(epilogue: str):
+    """A GEMM epilogue's activation as one PyTorch op (identity for `bias`); None for `none`
+    and `residual`. What the tuner's eager candidate applies, and the library path too
+    (kernel.library_gemm_op)."""
+    import torch.nn.functional as F
+    return {"bias": lambda t: t, "bias_relu": F.relu, "bias_gelu": F.gelu,
+            "bias_gelu_tanh": lambda t: F.gelu(t, approximate="tanh"), "bias_silu": F.silu}.get(epilogue)
 
 
 @contextlib.contextmanager
