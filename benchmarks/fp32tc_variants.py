@@ -6,6 +6,7 @@ the same build/verify/time path as `factdb tune` (worker processes, fresh inputs
 
     python benchmarks/fp32tc_variants.py                     # the default grid
     python benchmarks/fp32tc_variants.py --only square       # one problem
+    python benchmarks/fp32tc_variants.py --only square_bcol,mingpt_qkv,mingpt_fc2 --policy fp32
 """
 from __future__ import annotations
 
@@ -27,6 +28,9 @@ PROBLEMS = {  # the GEMM benchmark problems' workloads, as discovery plans them 
     "square_bcol": dict(m=4096, n=4096, k=4096, layout_b="col"),  # both operands K-major: no transposition
     "batched": dict(m=512, n=2048, k=1024, batch=128),
     "large_k": dict(m=256, n=256, k=524288),
+    # minGPT's Linear layers at batch 128 x 512 tokens, 768 wide (A row-major, the weight N x K)
+    "mingpt_qkv": dict(m=65536, n=2304, k=768, layout_b="col"),
+    "mingpt_fc2": dict(m=65536, n=768, k=3072, layout_b="col"),
 }
 
 
@@ -52,6 +56,11 @@ GRID = {
                            + [variant("split3", 2, scheduler="stream_k", options=(0, 1, 1, 3))],
     ("large_k", "tf32"): [variant("round", 0, tile=t, scheduler="stream_k", options=(0, 1, 32, 2))
                           for t in ((128, 128, 16), DEEP)],
+    # presplit (lo parts from a pass before the kernel) against split3 (lo made in shared memory)
+    ("square_bcol", "fp32"): [variant("split3", 2), variant("presplit", 2), variant("presplit", 1)],
+    ("mingpt_qkv", "fp32"): [variant("split3", 2), variant("presplit", 2), variant("presplit", 1)],
+    ("mingpt_fc2", "fp32"): [variant("split3", 2), variant("presplit", 2), variant("presplit", 1)],
+    ("mingpt_qkv", "tf32x3"): [variant("split3", 4), variant("presplit", 4), variant("presplit", 0)],
 }
 
 
@@ -75,6 +84,7 @@ def candidate(w, v: dict):
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", default="", help="comma-separated problems (square, batched, large_k)")
+    ap.add_argument("--policy", default="", help="comma-separated policies (fp32, tf32x3, tf32); all if empty")
     ap.add_argument("--out", default=None)
     ap.add_argument("--reps", type=int, default=20)
     args = ap.parse_args()
@@ -87,7 +97,8 @@ def main() -> int:
 
     gpu, device_name = current_gpu()
     only = set(filter(None, args.only.split(",")))
-    grid = {k: v for k, v in GRID.items() if not only or k[0] in only}
+    policies = set(filter(None, args.policy.split(",")))
+    grid = {k: v for k, v in GRID.items() if (not only or k[0] in only) and (not policies or k[1] in policies)}
     # Build everything first, in one parallel batch; evaluate() then finds it in the cache.
     plan = []
     for (prob, policy), variants in grid.items():

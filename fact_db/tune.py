@@ -134,24 +134,29 @@ class TuneResult:
 # candidate budget). promote_depth is the K depth the tensor cores sum before an FADD
 # promotion. fp32tc `split3` is offered under `fp32` too, promoted every 32 of K:
 # verification keeps it only where its error stays within 4x of eager fp32's (on an H100 it
-# measured below cuBLAS SGEMM's own: 4.0e-7 against 1.15e-6 at 4096^3).
+# measured below cuBLAS SGEMM's own: 4.0e-7 against 1.15e-6 at 4096^3). `presplit` makes
+# split3's products with the lo parts written by a pass before the kernel: it serves K-major
+# operands only, and where it yields no candidate the next family takes its share.
 FAMILIES = {
     "bf16": [("gemm_sm90", {}, 1.0)],
     "fp16": [("gemm_sm90", {}, 1.0)],
     # promoted too: unpromoted, the tensor cores' truncating sums drift on all-positive inputs
     # (5.5e-5 at K = 8192 against eager tf32's 4.1e-6, measured on an H100)
     "tf32": [("gemm_fp32tc_sm90", {"transform": "round", "promote_depth": 256}, 1.0)],
-    "tf32x3": [("gemm_fp32tc_sm90", {"transform": "split3", "promote_depth": 64}, 0.6),
-               ("gemm_tf32x3_sm90", {}, 0.4)],
-    "fp32": [("gemm_fp32tc_sm90", {"transform": "split3", "promote_depth": 32}, 1.0)],
+    "tf32x3": [("gemm_fp32tc_sm90", {"transform": "presplit", "promote_depth": 64}, 0.35),
+               ("gemm_tf32x3_sm90", {}, 0.3),
+               ("gemm_fp32tc_sm90", {"transform": "split3", "promote_depth": 64}, 0.35)],
+    "fp32": [("gemm_fp32tc_sm90", {"transform": "presplit", "promote_depth": 32}, 0.6),
+             ("gemm_fp32tc_sm90", {"transform": "split3", "promote_depth": 32}, 0.4)],
 }
 FP32TC_TILE_K = (16, 32)
 
 
 def predict_ms(w: GemmWorkload, tm: int, tn: int, schedule: str, scheduler: str, splits: int, gpu: str,
-               tmpl: str = "gemm_sm90") -> float:
+               tmpl: str = "gemm_sm90", transform: str = "") -> float:
     """A rough time for ranking: the policy's math peak, scaled by wave quantization, padding
-    waste and the tile's arithmetic intensity, or the memory floor if that is larger."""
+    waste and the tile's arithmetic intensity, or the memory floor if that is larger, plus
+    any pass before the kernel (fp32tc `presplit`'s)."""
     peaks = PEAK_TFLOPS.get(gpu, PEAK_TFLOPS["h100"])
     peak = peaks["bf16"] if w.dtype != "float32" else peaks["tf32"]
     split3 = w.policy in ("tf32x3", "fp32")
@@ -167,7 +172,7 @@ def predict_ms(w: GemmWorkload, tm: int, tn: int, schedule: str, scheduler: str,
         util = units / (math.ceil(units / sms) * sms)
     ai = tm * tn / (tm + tn)
     tile_eff = min(1.0, 0.55 + ai / 190) * (1.0 if schedule == "cooperative" else 0.97)
-    if tmpl == "gemm_fp32tc_sm90":
+    if tmpl == "gemm_fp32tc_sm90" and transform != "presplit":
         tile_eff *= 0.85  # the in-mainloop transform shares shared memory's bandwidth with the wgmma
     t_math = flops * waste / (peak * 1e12 * util * tile_eff)
     bw = BANDWIDTH.get(gpu, 3.0e12)
@@ -176,7 +181,12 @@ def predict_ms(w: GemmWorkload, tm: int, tn: int, schedule: str, scheduler: str,
         nbytes += 3 * 4 * (w.m * w.k + w.k * w.n) * w.batch
     if splits > 1:
         nbytes += 2 * 4 * w.m * w.n * w.batch * splits
-    return max(t_math, nbytes / bw) * 1e3 + 0.004
+    pre = 0.0
+    if transform == "presplit":  # the lo pass reads A and B and writes their lo parts; the kernel reads those too
+        operands = 4 * (w.m * w.k + w.k * w.n) * w.batch
+        pre = 2 * operands / bw
+        nbytes += operands
+    return (max(t_math, nbytes / bw) + pre) * 1e3 + 0.004
 
 
 def kernel_layouts(w: GemmWorkload, tmpl: str) -> tuple[str, str]:
@@ -194,7 +204,7 @@ def _stage_bytes(w: GemmWorkload, tmpl: str, fixed: dict, tm: int, tn: int, tk: 
     eb = ELEMENT_BYTES[w.dtype]
     if tmpl != "gemm_fp32tc_sm90":
         return (tm + tn) * tk * eb
-    split = fixed.get("transform") == "split3"
+    split = fixed.get("transform") in ("split3", "presplit")
     return 4 * tk * (tm * (1 + (la == "col") + split) + tn * (1 + (lb == "row") + split))
 
 
@@ -210,6 +220,9 @@ def _sm90_configs(w: GemmWorkload, space: dict, gpu: str, tmpl: str,
     else:
         tks = sorted({int(t) for t in space.get("tile_k", [32, 64]) + [128 // eb] if int(t) * eb in (128, 256)})
     depth = int(fixed.get("promote_depth", 0))
+    transform = fixed.get("transform", "")
+    if transform == "presplit" and (la, lb) != ("row", "col"):
+        return []  # the lo pass writes K-major parts and the raw operand serves as hi: K-major only
     out = []
     for tm, tn, tk, cm, cn, ks, ts in itertools.product(
             space.get("tile_m", [128]), space.get("tile_n", [128]), tks, space.get("cluster_m", [1]),
@@ -245,7 +258,7 @@ def _sm90_configs(w: GemmWorkload, space: dict, gpu: str, tmpl: str,
             tile_m=tm, tile_n=tn, tile_k=tk, cluster_m=cm, cluster_n=cn,
             kernel_schedule=kernel_schedule, epilogue_schedule=epilogue_schedule, stages="auto",
             tile_scheduler=ts, epilogue=w.epilogue, bias_axis=w.bias_axis, **extra))
-        pred = predict_ms(w, tm, tn, ks, ts, 1, gpu, tmpl)
+        pred = predict_ms(w, tm, tn, ks, ts, 1, gpu, tmpl, transform)
         out.append((params, pred, ks, ts))
     return out
 
@@ -317,10 +330,12 @@ def _family(w: GemmWorkload, space: dict, arch: str, gpu: str, tmpl: str, fixed:
         tm, tn = params["tile_m"], params["tile_n"]
         tiles = math.ceil(w.m / tm) * math.ceil(w.n / tn) * w.batch
         if ts == "stream_k":
-            variants.append((predict_ms(w, tm, tn, ks, ts, 1, gpu, tmpl), params, (0, 1, 1, 3)))
+            variants.append((predict_ms(w, tm, tn, ks, ts, 1, gpu, tmpl, fixed.get("transform", "")), params,
+                             (0, 1, 1, 3)))
             for s in splits_space:
                 if s > 1 and tiles * s <= 2 * SM90["sms"]:
-                    variants.append((predict_ms(w, tm, tn, ks, ts, s, gpu, tmpl), params, (0, 1, s, 2)))
+                    variants.append((predict_ms(w, tm, tn, ks, ts, s, gpu, tmpl, fixed.get("transform", "")),
+                                     params, (0, 1, s, 2)))
         elif n_persistent < 2:
             n_persistent += 1
             for opts in ((2, 1, 1, 0), (0, 2, 1, 0), (1, 4, 1, 0)):

@@ -234,6 +234,29 @@ def test_fp32tc_stream_k_and_split_k_verify():
         assert v.ok, (opts, v.reason)
 
 
+PRESPLIT_CASES = [  # K-major operands only; batch, ragged tiles, epilogues, a row bias, promotion at K = 4096
+    GemmWorkload(1000, 520, 264, batch=3, policy="fp32", layout_b="col", epilogue="residual"),
+    GemmWorkload(256, 768, 512, policy="tf32x3", layout_b="col", epilogue="bias_silu", bias_axis="row"),
+    GemmWorkload(1024, 1024, 4096, policy="fp32", layout_b="col", epilogue="bias_gelu_tanh"),
+]
+
+
+@pytest.mark.parametrize("w", PRESPLIT_CASES, ids=lambda w: f"{w.policy}-{w.shape}-{w.epilogue}")
+def test_fp32tc_presplit_verifies_and_matches_split3_bit_for_bit(w):
+    """presplit makes split3's products from the same parts (hi the raw operand, lo written by
+    the pass before the kernel instead of in shared memory), in the same order: same bits."""
+    pre, split3 = _fp32tc(w, "presplit", 2), _fp32tc(w, "split3", 2)
+    v = verify(_run(pre), w, trials=5)
+    assert v.ok, v.reason
+    inputs = w.make_inputs("rand", generator=torch.Generator("cuda").manual_seed(0))
+    outs = []
+    for k in (pre, split3):
+        out = torch.full((w.batch, w.m, w.n) if w.batch > 1 else (w.m, w.n), float("nan"), device="cuda")
+        _run(k)(inputs, out)
+        outs.append(out)
+    assert torch.equal(outs[0], outs[1])
+
+
 def _all_sources() -> list[build.Source]:
     """The kernels the tests above load. Built together first, one nvcc per core: one at a
     time they took more than 10 minutes on a 16-core H100 host. A kernel missing here is
@@ -247,6 +270,7 @@ def _all_sources() -> list[build.Source]:
         srcs.append(_source(w, "gemm_tf32x3_sm90"))
     srcs.append(_source(w.with_(policy="tf32")))
     srcs += [_fp32tc_source(w, "split3", 2) for w in FP32TC_CASES]
+    srcs += [_fp32tc_source(w, t, 2) for w in PRESPLIT_CASES for t in ("presplit", "split3")]
     srcs += [_fp32tc_source(tf32_k8k.with_(layout_a=la, layout_b=la), "round", 16) for la in ("row", "col")]
     square = GemmWorkload(1024, 1024, 4096, policy="fp32")
     srcs += [_fp32tc_source(square, "split3", 2), _fp32tc_source(square, "split3", 0)]

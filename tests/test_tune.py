@@ -79,6 +79,34 @@ def test_fp32_policy_offers_promoted_3xtf32_kernels_that_verification_must_keep(
     assert "within 4x of eager fp32" in notes[0]
 
 
+def test_presplit_is_offered_for_k_major_operands_only_and_shares_the_budget():
+    """A Linear (A row-major, the weight N x K) gets both 3xTF32 families; any MN-major operand
+    gets split3 alone, with presplit's share of the budget."""
+    for policy, depth in (("fp32", 32), ("tf32x3", 64)):
+        kmajor, _ = candidates(GemmWorkload(4096, 3072, 768, policy=policy, layout_b="col"), SPACE, max_candidates=9)
+        by = {}
+        for c in kmajor[1:]:
+            if c.template == "gemm_fp32tc_sm90":
+                by.setdefault(c.params["transform"], []).append(c)
+                assert c.params["promote_every"] * c.params["tile_k"] == depth, c.label
+        assert set(by) == {"presplit", "split3"}, policy
+        assert all(c.label.startswith("presplit") for c in by["presplit"])
+        assert len(kmajor) == 9
+        mn, _ = candidates(GemmWorkload(4096, 3072, 768, policy=policy), SPACE, max_candidates=9)  # B row-major
+        assert {c.params.get("transform") for c in mn[1:] if c.template == "gemm_fp32tc_sm90"} == {"split3"}
+        assert len(mn) == 9, "split3 takes the share presplit cannot use"
+
+
+def test_presplit_predicts_its_lo_pass():
+    """The pass before the kernel reads A and B and writes their lo parts: for a deep, narrow
+    problem that traffic, not the math, decides the prediction."""
+    w = GemmWorkload(256, 256, 524288, policy="fp32", layout_b="col")
+    pre = tune_mod.predict_ms(w, 128, 128, "cooperative", "stream_k", 1, "h100", "gemm_fp32tc_sm90", "presplit")
+    in_smem = tune_mod.predict_ms(w, 128, 128, "cooperative", "stream_k", 1, "h100", "gemm_fp32tc_sm90", "split3")
+    operands = 4 * 2 * 256 * 524288
+    assert pre - in_smem > 2 * operands / tune_mod.BANDWIDTH["h100"] * 1e3 * 0.9
+
+
 def test_each_policy_gets_its_kernel_families():
     fams = {pol: {c.template for c in candidates(GemmWorkload(4096, 4096, 4096, policy=pol), SPACE)[0][1:]}
             for pol in ("bf16", "tf32", "tf32x3")}
