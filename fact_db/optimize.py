@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import os
+import statistics
 import sys
 import time
 from contextlib import contextmanager
@@ -49,6 +50,7 @@ class Variant:
     err: float | None = None          # against the float64 model, on the first input set
     peak_mib: float | None = None     # beyond what was allocated before the call
     compile_s: float | None = None    # first call (torch.compile's compile time)
+    round_ms: list = field(default_factory=list)  # the median of each interleaved round (uncompiled variants)
     note: str = ""
 
     def as_dict(self) -> dict:
@@ -134,6 +136,7 @@ def _on_gpu(inputs) -> bool:
 
 
 GRAPH_MARGIN = 0.97  # a graph is kept only where it times at least 3% faster than op by op
+BENCH_ROUNDS = 3     # interleaved timing rounds of the variants that compile nothing (see measure)
 
 
 def choose_graph(fast, policy: str, draw, timer=None) -> str:
@@ -411,7 +414,12 @@ def measure(module, model_p, fast, policy: str, draw, ref_model, *, peers=PEERS,
     """Time every variant end to end in this process: eager fp32, eager at the policy,
     torch.compile (default, and max-autotune-no-cudagraphs), fact-db; each on the same three
     input sets (cast to the policy's dtype beforehand for every variant at the policy, so
-    no variant pays the cast), with its error against the float64 model and its peak memory."""
+    no variant pays the cast), with its error against the float64 model and its peak memory.
+
+    The variants that compile nothing (eager, fact-db) are timed in BENCH_ROUNDS interleaved
+    rounds, so a GPU whose clocks drift under sustained load drifts for all of them alike; each
+    one's time is the median of its rounds' medians, and `round_ms` keeps those for the spread.
+    A compiled peer is timed right after its compile (the next compile resets dynamo's caches)."""
     import torch
 
     from .bench import peak_mib, time_cuda
@@ -451,15 +459,30 @@ def measure(module, model_p, fast, policy: str, draw, ref_model, *, peers=PEERS,
         # The composed module under torch.compile(fullgraph=True): Inductor fuses what the
         # regions left to PyTorch (norms, views, casts) around the kernels' ops.
         runs.append(("fact-db + torch.compile", ("compile-composed", None), sets_p))
-    out = []
+    out, later = [], []  # later: (variant, fn, inputs) timed in the interleaved rounds
     bar = None
     if progress:
         from tqdm import tqdm
-        bar = tqdm(total=len(runs), desc="benchmark", unit="variant", leave=False)
+        n_later = sum(1 for _, fn, _ in runs if not isinstance(fn, tuple))
+        bar = tqdm(total=len(runs) - n_later + n_later * BENCH_ROUNDS, desc="benchmark", unit="timing", leave=False)
+
+    def finish(v, fn, xs, timings):
+        medians = [getattr(t, "median_ms", t) for t in timings]
+        v.ms = statistics.median(medians)
+        p10 = [getattr(t, "p10_ms", None) for t in timings]
+        p90 = [getattr(t, "p90_ms", None) for t in timings]
+        v.p10_ms = min(p10) if None not in p10 else None
+        v.p90_ms = max(p90) if None not in p90 else None
+        if len(timings) > 1:
+            v.round_ms = medians
+        if torch.cuda.is_available() and xs[0] and any(isinstance(x, torch.Tensor) and x.is_cuda for x in xs[0]):
+            v.peak_mib = peak_mib(lambda: fn(*xs[0]))
+
     for label, fn, xs in runs:
         v = Variant(label)
         try:
-            if isinstance(fn, tuple):
+            compiled_peer = isinstance(fn, tuple)
+            if compiled_peer:
                 import torch._dynamo
                 torch._dynamo.reset()
                 if fn[0] == "compile-composed":
@@ -476,20 +499,40 @@ def measure(module, model_p, fast, policy: str, draw, ref_model, *, peers=PEERS,
             out_t = fn(*xs[0])
             back = _flat(cast_floats(out_t, torch.float64) if dt else out_t)
             v.err = rel_err(back, ref) if back.shape == ref.shape else None
-            timing = timer(fn, xs)
-            v.ms = getattr(timing, "median_ms", timing)
-            v.p10_ms, v.p90_ms = getattr(timing, "p10_ms", None), getattr(timing, "p90_ms", None)
-            if torch.cuda.is_available() and xs[0] and any(isinstance(x, torch.Tensor) and x.is_cuda for x in xs[0]):
-                v.peak_mib = peak_mib(lambda: fn(*xs[0]))
+            if compiled_peer:
+                finish(v, fn, xs, [timer(fn, xs)])
+                if bar is not None:
+                    bar.update(1)
+            else:
+                later.append((v, fn, xs))
         except Exception as e:  # noqa: BLE001  (a peer that fails, e.g. a compile error, is reported, not fatal)
             v.note = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+            if bar is not None:
+                bar.update(1 if compiled_peer else BENCH_ROUNDS)
         if label == "fact-db" and not composed_ok:
             v.note = (v.note + "; " if v.note else "") + "verification failed: this is eager PyTorch"
         elif label == "fact-db" and getattr(fast, "prefer_eager", False):
             v.note = (v.note + "; " if v.note else "") + "eager timed faster than the composed graph: this is eager"
         out.append(v)
-        if bar is not None:
-            bar.update(1)
+    timings: dict = {id(v): [] for v, _, _ in later}
+    failed: set = set()
+    for _ in range(BENCH_ROUNDS):
+        for v, fn, xs in later:
+            if id(v) not in failed:
+                try:
+                    timings[id(v)].append(timer(fn, xs))
+                except Exception as e:  # noqa: BLE001
+                    failed.add(id(v))
+                    v.note = (v.note + "; " if v.note else "") + \
+                        f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+            if bar is not None:
+                bar.update(1)
+    for v, fn, xs in later:
+        if timings[id(v)] and id(v) not in failed:
+            try:
+                finish(v, fn, xs, timings[id(v)])
+            except Exception as e:  # noqa: BLE001
+                v.note = (v.note + "; " if v.note else "") + f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
     if bar is not None:
         bar.close()
     return out

@@ -102,11 +102,13 @@ def markdown(report) -> str:
         lines += ["", f"**fact-db: {over}, {_x(sp['vs_compile'])} over torch.compile, "
                       f"{_x(sp['vs_max_autotune'])} over max-autotune-no-cudagraphs** (same process)."
                   + (f" Under torch.compile the composed module takes {_ms(fc['ms'])} ms." if fc else ""), "",
-                  "| variant | ms (median) | p10-p90 | error vs float64 | peak MiB | compile s | note |",
-                  "| --- | --- | --- | --- | --- | --- | --- |"]
+                  "| variant | ms (median) | p10-p90 | rounds (interleaved) | error vs float64 | peak MiB | compile s "
+                  "| note |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]
         for v in d["variants"]:
             spread = f"{_ms(v['p10_ms'])}-{_ms(v['p90_ms'])}" if v.get("p10_ms") else "-"
-            lines.append(f"| {v['name']} | {_ms(v['ms'])} | {spread} | {_e(v['err'])} | "
+            rounds = " / ".join(_ms(r) for r in v.get("round_ms") or []) or "-"
+            lines.append(f"| {v['name']} | {_ms(v['ms'])} | {spread} | {rounds} | {_e(v['err'])} | "
                          f"{_ms(v['peak_mib']).rstrip('0').rstrip('.') if v['peak_mib'] else '-'} | "
                          f"{_ms(v['compile_s']) if v['compile_s'] else '-'} | {v['note']} |")
     lines += ["", "## Regions", "",

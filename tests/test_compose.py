@@ -531,6 +531,38 @@ def test_measure_times_every_peer_and_the_composed_module_compiled(tmp_path):
     assert variants[1].compile_s > 0 and variants[3].compile_s > 0
 
 
+def test_measure_interleaves_the_uncompiled_variants_and_keeps_each_rounds_median(tmp_path):
+    """Eager and fact-db are timed round-robin, BENCH_ROUNDS times each, so a drift of the
+    GPU's clocks hits both; a compiled peer is timed once, right after its compile. A
+    variant's time is the median of its rounds, and the rounds are kept."""
+    from fact_db import optimize as opt
+    model, x, fast = _optimize(tmp_path, bench=False)
+    ref = _mingpt().double()
+    ref.load_state_dict(model.state_dict())
+    calls = []
+    named = {}
+
+    def timer(fn, xs):
+        calls.append(fn)
+        return 1.0 + len(calls)  # every timing later than the one before: a drifting clock
+
+    variants = opt.measure(model, model, fast, "fp32", opt.like_drawer((x,)), ref, peers=("compile",),
+                           timer=timer, progress=False)
+    by = {v.name: v for v in variants}
+    assert len(calls) == 2 + 2 * opt.BENCH_ROUNDS  # two compiled variants once, eager and fact-db per round
+    # the compiled ones come first (timed at their compile), then eager, fact-db, eager, fact-db, ...
+    assert by["torch.compile"].ms == 2.0 and by["fact-db + torch.compile"].ms == 3.0
+    assert not by["torch.compile"].round_ms
+    rounds = opt.BENCH_ROUNDS
+    assert by["eager fp32"].round_ms == [4.0 + 2 * r for r in range(rounds)]
+    assert by["fact-db"].round_ms == [5.0 + 2 * r for r in range(rounds)]
+    assert by["eager fp32"].ms == sorted(by["eager fp32"].round_ms)[rounds // 2]
+    for fn in calls[2:]:
+        named.setdefault(fn, 0)
+        named[fn] += 1
+    assert sorted(named.values()) == [rounds, rounds]
+
+
 def test_the_cuda_graph_is_kept_only_where_it_is_faster(block):
     """choose_graph keeps the graph on a launch-bound model and turns it off where copying
     inputs in and outputs out costs more than the launches it saves, or where the two are
