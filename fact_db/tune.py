@@ -295,6 +295,7 @@ def _family(w: GemmWorkload, space: dict, arch: str, gpu: str, tmpl: str, fixed:
     la, lb = kernel_layouts(w, tmpl)
     copies = [name for name, have, want in (("A", w.layout_a, la), ("B", w.layout_b, lb)) if have != want]
     splits_space = [int(s) for s in space.get("splits", [2, 4, 8, 16])]
+    transform = fixed.get("transform", "")
     # Distinct tile shapes (tile, schedule, scheduler), best predicted first, taken round-robin
     # over the (schedule, scheduler) groups so every pairing the rule allows is tried.
     by_shape: dict[tuple, list] = {}
@@ -330,12 +331,10 @@ def _family(w: GemmWorkload, space: dict, arch: str, gpu: str, tmpl: str, fixed:
         tm, tn = params["tile_m"], params["tile_n"]
         tiles = math.ceil(w.m / tm) * math.ceil(w.n / tn) * w.batch
         if ts == "stream_k":
-            variants.append((predict_ms(w, tm, tn, ks, ts, 1, gpu, tmpl, fixed.get("transform", "")), params,
-                             (0, 1, 1, 3)))
+            variants.append((predict_ms(w, tm, tn, ks, ts, 1, gpu, tmpl, transform), params, (0, 1, 1, 3)))
             for s in splits_space:
                 if s > 1 and tiles * s <= 2 * SM90["sms"]:
-                    variants.append((predict_ms(w, tm, tn, ks, ts, s, gpu, tmpl, fixed.get("transform", "")),
-                                     params, (0, 1, s, 2)))
+                    variants.append((predict_ms(w, tm, tn, ks, ts, s, gpu, tmpl, transform), params, (0, 1, s, 2)))
         elif n_persistent < 2:
             n_persistent += 1
             for opts in ((2, 1, 1, 0), (0, 2, 1, 0), (1, 4, 1, 0)):
