@@ -60,6 +60,9 @@ def _common(fn):
         click.option("--no-bench", is_flag=True, help="Verify but do not time the variants end to end."),
         click.option("--no-cuda-graph", is_flag=True,
                      help="Run the composed graph op by op instead of replaying it as a CUDA graph."),
+        click.option("--no-split-weights", is_flag=True,
+                     help="Split weights into their TF32 parts per call instead of holding the parts "
+                          "(fp32/tf32x3 presplit kernels): less memory held, slower calls."),
         click.option("--force", is_flag=True, help="Tune again even where the registry has a kernel."),
         click.option("--db", default=None, help="Registry URL (default: $FACTDB_DB, else $FACTDB_HOME/fact.duckdb)."),
         click.option("--no-registry", is_flag=True, help="Neither read nor write the registry."),
@@ -78,8 +81,8 @@ def _common(fn):
 @click.option("--offline", is_flag=True, help="Never open a socket for the language model.")
 @handle_errors
 @problem_sandbox(when=no_gpu)  # the plan builds the model here; with a GPU it is built on it, in this process
-def optimize(problem, policy, max_candidates, budget, gpus, peers, no_bench, no_cuda_graph, force, db, no_registry,
-             out, as_json, use_llm, offline):
+def optimize(problem, policy, max_candidates, budget, gpus, peers, no_bench, no_cuda_graph, no_split_weights, force,
+             db, no_registry, out, as_json, use_llm, offline):
     """Discover, realize and compose PROBLEM into a faster model; verify it end to end,
     time it against eager PyTorch and torch.compile, save it as an artifact and report.
 
@@ -115,7 +118,8 @@ def optimize(problem, policy, max_candidates, budget, gpus, peers, no_bench, no_
             return
         fast = optimize_problem(problem, policy=policy, registry=reg, max_candidates=max_candidates, budget=budget,
                                 gpus=_gpus(gpus), out=out, bench=not no_bench, peers=_peers(peers), force=force,
-                                progress=not as_json, cuda_graph=not no_cuda_graph, rules=rules)
+                                progress=not as_json, cuda_graph=not no_cuda_graph, rules=rules,
+                                split_weights=not no_split_weights)
     finally:
         if reg is not None:
             reg.close()
@@ -132,7 +136,8 @@ def optimize(problem, policy, max_candidates, budget, gpus, peers, no_bench, no_
 
 def bench_row(problem: str, fast, wall_s: float) -> dict:
     """One row of the e2e results: the GEMM results' fields plus compile_ms, max_autotune_ms,
-    peak_mib and eager_peak_mib."""
+    peak_mib and eager_peak_mib (fact-db's peak_mib counts held_mib in: the memory its module
+    keeps between calls, its buffers and CUDA graph pool)."""
     from fact_db.report import clean, speedups
     r = fast.report
     v = {x.name: x for x in r.variants}
@@ -154,6 +159,7 @@ def bench_row(problem: str, fast, wall_s: float) -> dict:
         "reduce_overhead_ms": ro.ms if ro else None, "no_cuda_graph_ms": nograph.ms if nograph else None,
         "cuda_graph": bool(nograph) and not getattr(fast, "graph_note", ""),
         "peak_mib": fdb.peak_mib if fdb else None, "eager_peak_mib": base.peak_mib if base else None,
+        "held_mib": fdb.held_mib if fdb else None, "split_weights": bool(getattr(fast, "split_weights", True)),
         "regions": len(r.regions), "kernels": len(kernels),
         "from_registry": sum(1 for z in r.regions if z.how == "registry"),
         "region_rows": [{"rule": z.region.rule, "shape": z.region.shape, "runs": z.impl.label, "how": z.how,
@@ -172,12 +178,14 @@ def bench_row(problem: str, fast, wall_s: float) -> dict:
 @click.option("--gpus", default=None, help="GPUs for verification and timing: all, or 0,1.")
 @click.option("--peers", default="compile,max-autotune", show_default=True, help="torch.compile variants to time.")
 @click.option("--no-cuda-graph", is_flag=True, help="Run composed graphs op by op, not as CUDA graphs.")
+@click.option("--no-split-weights", is_flag=True, help="Split weights into their TF32 parts per call, not once.")
 @click.option("--db", default=None, help="Registry URL.")
 @click.option("--results", type=click.Path(dir_okay=False), default=None,
               help="Results file (default: benchmarks/results/<gpu>-<date>-e2e.json in the source tree).")
 @click.option("--json", "as_json", is_flag=True, help="Print the results JSON too.")
 @handle_errors
-def bench(problems, policies, max_candidates, budget, gpus, peers, no_cuda_graph, db, results, as_json):
+def bench(problems, policies, max_candidates, budget, gpus, peers, no_cuda_graph, no_split_weights, db, results,
+          as_json):
     """Run `optimize` over benchmark problems (default: every file in benchmarks/problems/)
     under each policy, and write one results JSON: a row per problem and policy with
     fact-db, eager, torch.compile and max-autotune times, errors and peak memory, plus the
@@ -222,7 +230,7 @@ def bench(problems, policies, max_candidates, budget, gpus, peers, no_cuda_graph
                 try:
                     fast = optimize_problem(prob, policy=pol, registry=reg, max_candidates=max_candidates,
                                             budget=budget, gpus=_gpus(gpus), peers=_peers(peers),
-                                            cuda_graph=not no_cuda_graph)
+                                            cuda_graph=not no_cuda_graph, split_weights=not no_split_weights)
                     rows.append(bench_row(Path(prob).stem, fast, time.perf_counter() - t0))
                     r = rows[-1]
                     click.echo(f"   fact-db {_f(r['factdb_ms'])} ms, {_f(r['speedup'], '{:.2f}')}x over "

@@ -117,6 +117,7 @@ def save(directory: Path, fast, discovery, report, *, module=None, example_input
                 timezone.utc).isoformat(timespec="seconds"), "problem": report.problem, "policy": report.policy,
             "device": report.device, "toolchain": report.toolchain, "signature": fast.optimized_for,
             "also_for": list(fast.also_for), "cuda_graph": bool(getattr(fast, "cuda_graph", False)),
+            "split_weights": bool(getattr(fast, "split_weights", True)),
             "prefer_eager": bool(getattr(fast, "prefer_eager", False)),
             "files": files, "regions": regions,
             "verification": report.verification.as_dict() if report.verification is not None else None,
@@ -223,7 +224,7 @@ def _gemm(path: Path, impl: dict):
     from .kernel import GemmKernel, GemmSpec
     k = GemmKernel(path, impl["template"], GemmSpec(**impl["spec"]), tuple(impl.get("options") or ()) or None,
                    build_key=impl["build_key"])
-    return Impl("gemm", impl.get("label", ""), k.as_op(), _record(impl))
+    return Impl.gemm_kernel(k, impl.get("label", ""), _record(impl))
 
 
 def _reverify_gemm(path: Path, k_impl, impl: dict) -> tuple[bool, str]:
@@ -342,7 +343,8 @@ def load(directory, *, loader=None):
                 impl, what = Impl.eager(f"unknown implementation kind {kind!r}"), f"eager: unknown kind {kind!r}"
         impls[i] = impl
         notes.append(f"region {entry['index']} {entry['rule']}: {what}")
-    gm, rnotes = rewrite(program, regions, impls)
+    split = bool(manifest.get("split_weights", True))
+    gm, rnotes = rewrite(program, regions, impls, split_weights=split)
     notes += rnotes
     fallback = fallback_ep.module() if fallback_ep is not None else program.module()
     if fallback_ep is None:
@@ -351,7 +353,7 @@ def load(directory, *, loader=None):
                           optimized_for=signature_from_json(manifest["signature"]),
                           also_for=[signature_from_json(s) for s in manifest.get("also_for", [])],
                           regions=[(r.rule, impls[i]) for i, r in enumerate(regions)],
-                          cuda_graph=bool(manifest.get("cuda_graph", False)))
+                          cuda_graph=bool(manifest.get("cuda_graph", False)), split_weights=split)
     fast.prefer_eager = bool(manifest.get("prefer_eager", False))
     fast.load_notes = notes
     fast.manifest = manifest

@@ -23,7 +23,9 @@ output cast back), `tf32` turns TF32 on for what stays in PyTorch.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
+import gc
 import warnings
 from dataclasses import dataclass, field
 
@@ -47,10 +49,22 @@ class Impl:
     op: object = None          # the torch op for gemm / attention
     record: dict = field(default_factory=dict)  # what an artifact needs to load it again
     note: str = ""
+    # A GEMM kernel that can take B's lo parts made once (kernel.GemmKernel.takes_b_lo): the op
+    # `(a, b, b_lo, bias, c, alpha, beta) -> d` and `split_lo(b) -> b_lo`. Where B is a weight,
+    # the rewrite splits it once into a buffer, and no call splits it again.
+    op_lo: object = None
+    split_lo: object = None
 
     @classmethod
     def eager(cls, note: str = "") -> Impl:
         return cls("eager", "eager PyTorch", note=note)
+
+    @classmethod
+    def gemm_kernel(cls, kernel, label: str, record: dict) -> Impl:
+        """The Impl of a loaded kernel.GemmKernel (as tuned, or as an artifact loads it)."""
+        lo = kernel.takes_b_lo
+        return cls("gemm", label, kernel.as_op(), record, op_lo=kernel.as_op(b_lo=True) if lo else None,
+                   split_lo=kernel.split_lo if lo else None)
 
     @property
     def library(self) -> bool:
@@ -104,6 +118,19 @@ def _attr_tensor(gm, target: str):
     return functools.reduce(getattr, target.split("."), gm)
 
 
+def _gemm_call(gm, g, impl, a, b, weight, bias, c, alpha: float, beta: float, index: int):
+    """The node of `impl.op(a, b, bias, c, alpha, beta)`; where B is a weight (`weight`: B as
+    the op takes it, K x N) and the kernel takes B's lo parts, split once into a buffer here
+    and passed to `impl.op_lo`, so no call splits the weight again."""
+    if impl.op_lo is None or weight is None:
+        return g.call_function(impl.op, (a, b, bias, c, alpha, beta))
+    name = f"_factdb_b_lo_{index}"
+    with torch.no_grad():
+        gm.register_buffer(name, impl.split_lo(weight.detach()).t())  # packed N x K, as t(W)
+    lo = g.call_function(torch.ops.aten.t.default, (g.get_attr(name),))
+    return g.call_function(impl.op_lo, (a, b, lo, bias, c, alpha, beta))
+
+
 def _gemm_nodes(gm, g, shapes, r, impl, fx, index: int):
     """FX nodes computing region `r` with a GEMM kernel op; returns the node of its result."""
     aten = torch.ops.aten
@@ -148,7 +175,10 @@ def _gemm_nodes(gm, g, shapes, r, impl, fx, index: int):
     c = fx(ops.get("c"))
     if c is not None and flatten:
         c = g.call_function(aten.reshape.default, (c, [-1, n]))
-    y = g.call_function(impl.op, (a, b, bias, c, alpha, beta if c is not None else 0.0))
+    if weight is not None and len(sb) != 2:
+        weight = None  # a batched constant B: split per call
+    y = _gemm_call(gm, g, impl, a, b, (weight.t() if nk else weight) if weight is not None else None, bias, c,
+                   alpha, beta if c is not None else 0.0, index)
     if flatten:
         y = g.call_function(aten.view.default, (y, list(sout)))
     return y
@@ -172,7 +202,9 @@ def _dual_gemm_nodes(gm, g, shapes, r, impl, fx, index: int):
     a = fx(ops["a"])
     if len(sa) != 2:
         a = g.call_function(aten.reshape.default, (a, [-1, sa[-1]]))
-    y = g.call_function(impl.op, (a, g.call_function(aten.t.default, (w,)) if nk else w, None, None, 1.0, 0.0))
+    wt = getattr(gm, name)
+    y = _gemm_call(gm, g, impl, a, g.call_function(aten.t.default, (w,)) if nk else w, wt.t() if nk else wt,
+                   None, None, 1.0, 0.0, index)
     parts = g.call_function(aten.split.Tensor, (y, n, -1))
     import operator
     gate = g.call_function(operator.getitem, (parts, 0))
@@ -219,7 +251,8 @@ def _horizontal_nodes(gm, g, shapes, r, impl, fx, index: int):
     a = fx(ops["a"])
     if len(sa) != 2:
         a = g.call_function(aten.reshape.default, (a, [-1, sa[-1]]))
-    y = g.call_function(impl.op, (a, g.call_function(aten.t.default, (g.get_attr(wname),)), bias, None, 1.0, 0.0))
+    y = _gemm_call(gm, g, impl, a, g.call_function(aten.t.default, (g.get_attr(wname),)), getattr(gm, wname).t(),
+                   bias, None, 1.0, 0.0, index)
     if len(sa) != 2:
         y = g.call_function(aten.view.default, (y, list(sa[:-1]) + [sum(ns)]))
     parts = g.call_function(aten.split_with_sizes.default, (y, ns, -1))
@@ -310,14 +343,19 @@ _BUILDERS = {"gemm": _gemm_nodes, "attention": _attention_nodes, "sdpa": _attent
              "region": _region_nodes}
 
 
-def rewrite(program, regions: list, impls: dict):
+def rewrite(program, regions: list, impls: dict, split_weights: bool = True):
     """The unlifted GraphModule of ExportedProgram `program` with every region whose Impl is
     not eager replaced by its op. Regions need `rule`, `nodes`, `output`, `operands`,
     `attrs` and `composable` (discover.Region has them; an artifact stores them). Returns
     (GraphModule, notes); a region that cannot be replaced stays eager, with a note.
+    `split_weights`: a kernel that takes B's lo parts (Impl.op_lo) gets its weight's split
+    once into a buffer, held beside the weight (faster calls, one more copy of the weight);
+    False splits them per call.
     """
     if program is None:
         raise ComposeError("no exported program to compose (the graph was traced without one)")
+    if not split_weights:
+        impls = {i: dataclasses.replace(m, op_lo=None, split_lo=None) for i, m in impls.items()}
     gm = program.module()
     fx = _fx_resolver(gm, program)
     shapes = _shapes(program)
@@ -425,9 +463,10 @@ class ComposedModule(torch.nn.Module):
     the eager fallback, with a one-time warning."""
 
     def __init__(self, gm, fallback, *, policy: str, optimized_for: tuple, variants=None, regions=None,
-                 name: str = "model", also_for=(), cuda_graph: bool = False):
+                 name: str = "model", also_for=(), cuda_graph: bool = False, split_weights: bool = True):
         super().__init__()
         self.gm = gm
+        self.split_weights = split_weights  # as rewrite() made gm: the artifact records it
         # Replay the composed graph as one CUDA graph per guarded signature (see _Graphed).
         self.cuda_graph = cuda_graph
         self._graphs: dict = {}
@@ -481,6 +520,15 @@ class ComposedModule(torch.nn.Module):
         with torch.no_grad():
             return run_at_policy(self._target(args, kwargs), self.policy, args, kwargs)
 
+    def held_mib(self, graphs: bool = True) -> float:
+        """Memory this module keeps between calls beyond the model's own parameters, in MiB:
+        the buffers composition made (concatenated weights, zero biases) and each CUDA graph's
+        input copies and private pool, which holds all of the graph's intermediates. A call's
+        own peak (bench.peak_mib) does not see it: it was allocated before the call."""
+        made = sum(b.numel() * b.element_size() for name, b in self.gm.named_buffers()
+                   if name.rsplit(".", 1)[-1].startswith("_factdb_"))
+        return (made + (sum(g.held_bytes for g in self._graphs.values()) if graphs else 0)) / 2**20
+
     def extra_repr(self) -> str:
         replaced = sum(1 for _, impl in self.regions if impl.kind != "eager")
         kernels = sum(1 for _, impl in self.regions if impl.kernel)
@@ -488,6 +536,11 @@ class ComposedModule(torch.nn.Module):
         eager = ", runs eager (faster)" if self.prefer_eager else ""
         return (f"policy={self.policy}, regions={len(self.regions)}, replaced={replaced}, kernels={kernels}"
                 f"{graph}{eager}")
+
+
+def _nbytes(tree) -> int:
+    from torch.utils._pytree import tree_flatten
+    return sum(t.numel() * t.element_size() for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor))
 
 
 def _can_graph(args, kwargs) -> bool:
@@ -509,6 +562,7 @@ class _Graphed:
 
     def __init__(self, gm, owner):
         self.gm, self.owner, self.graph = gm, owner, None
+        self.held_bytes = 0  # what the graph keeps between calls: its input copies and its memory pool
 
     def _capture(self, args, kwargs):
         from torch.utils._pytree import tree_map
@@ -521,8 +575,18 @@ class _Graphed:
                 self.gm(*self.static_in[0], **self.static_in[1])
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
+        # The capture allocates from a private pool that stays reserved for the graph's
+        # replays: every intermediate of the graph, held between calls. (torch.cuda.graph
+        # empties the allocator's cache before capturing; emptied here first, the difference
+        # in reserved memory is the pool.)
+        torch.cuda.synchronize()
+        gc.collect()
+        torch.cuda.empty_cache()
+        reserved = torch.cuda.memory_reserved()
         with torch.cuda.graph(self.graph):
             self.static_out = self.gm(*self.static_in[0], **self.static_in[1])
+        torch.cuda.synchronize()
+        self.held_bytes = (torch.cuda.memory_reserved() - reserved) + _nbytes(self.static_in)
 
     def __call__(self, *args, **kwargs):
         from torch.utils._pytree import tree_flatten, tree_map

@@ -95,7 +95,19 @@ class GemmKernel:
         self._ws.argtypes = [i64] * 4 + ([ctypes.POINTER(i64)] if self._has_ex else [])
         self._ws.restype = ctypes.c_size_t
         self._opts = (i64 * 4)(*self.options) if self.options and self._has_ex else None
-        self._op = None
+        # Templates that split B before the kernel (fp32tc presplit) also take B's lo parts
+        # made once: for a B that is a weight, composition splits it when it builds the graph.
+        self._launch_blo = getattr(self._lib, f"fact_{template}_launch_blo_ex", None) if self._has_ex else None
+        if self._launch_blo is not None:
+            self._launch_blo.argtypes = [vp] * 6 + [i64] * 13 + [f32, f32, vp, vp, ctypes.POINTER(i64)]
+            self._launch_blo.restype = ctypes.c_int
+            self._ws_blo = getattr(self._lib, f"fact_{template}_workspace_size_blo_ex")
+            self._ws_blo.argtypes = [i64] * 4 + [ctypes.POINTER(i64)]
+            self._ws_blo.restype = ctypes.c_size_t
+            self._split = getattr(self._lib, f"fact_{template}_split_lo")
+            self._split.argtypes = [vp, vp] + [i64] * 5 + [vp]
+            self._split.restype = ctypes.c_int
+        self._op = self._op_blo = None
 
     # ----------------------------------------------------------------------------------
     def _prepare(self, x, want: str):
@@ -106,13 +118,53 @@ class GemmKernel:
         x = x.contiguous() if want == "row" else x.transpose(-1, -2).contiguous().transpose(-1, -2)
         return x, operand_layout(x)[1]
 
-    def workspace_size(self, m: int, n: int, k: int, batch: int) -> int:
+    def workspace_size(self, m: int, n: int, k: int, batch: int, b_lo: bool = False) -> int:
+        if b_lo:
+            return int(self._ws_blo(m, n, k, batch, self._opts))
         extra = (self._opts,) if self._has_ex else ()
         return int(self._ws(m, n, k, batch, *extra))
 
-    def __call__(self, a, b, bias=None, c=None, alpha: float = 1.0, beta: float = 0.0, out=None):
+    @property
+    def takes_b_lo(self) -> bool:
+        """Whether a call can take B's lo parts made once (`split_lo`) instead of splitting B."""
+        return self._launch_blo is not None
+
+    def _check_b(self, b):
+        import torch
+        if not self.takes_b_lo:
+            raise KernelError(f"{self.template} kernel {self.path.parent.name} does not take B's lo parts")
+        if b.dim() != 2 or b.dtype != torch.float32:
+            raise KernelError(f"B's lo parts are made for a 2-D float32 B (a weight), got {tuple(b.shape)} {b.dtype}")
+
+    def split_lo(self, b):
+        """B's lo parts, tf32_rna(x - tf32_trunc(x)), for a B (K x N, as a call takes it) that
+        stays the same across calls: `self(a, b, b_lo=self.split_lo(b))` computes what
+        `self(a, b)` does without splitting B again. A K x N tensor laid out K-major, so
+        `b_lo.t()` is packed; it must be made again whenever B changes."""
+        import torch
+        self._check_b(b)
+        b, ldb = self._prepare(b, self.spec.layout_b)
+        k, n = b.shape
+        lo = torch.empty((n, k), dtype=torch.float32, device=b.device)
+        stream = torch.cuda.current_stream(b.device).cuda_stream
+        rc = self._split(ctypes.c_void_p(b.data_ptr()), ctypes.c_void_p(lo.data_ptr()), n, k, ldb, 0, 1,
+                         ctypes.c_void_p(stream))
+        if rc != 0:
+            raise KernelError(f"{self.template} kernel {self.path.parent.name}: splitting B failed: "
+                              f"{CUTLASS_STATUS.get(rc, f'CUDA error {rc - 1000}' if rc >= 1000 else f'status {rc}')}")
+        return lo.t()
+
+    def __call__(self, a, b, bias=None, c=None, alpha: float = 1.0, beta: float = 0.0, out=None, b_lo=None):
         import torch
         spec = self.spec
+        if b_lo is not None:
+            self._check_b(b)
+            k_, n_ = b.shape
+            if (tuple(b_lo.shape) != (k_, n_) or b_lo.dtype != torch.float32 or b_lo.stride() != (1, k_)
+                    or b_lo.device != b.device):
+                raise KernelError(f"b_lo must be B's lo parts from split_lo: a float32 {k_} x {n_} tensor laid "
+                                  f"out K-major on {b.device}, got {tuple(b_lo.shape)} {b_lo.dtype} strides "
+                                  f"{tuple(b_lo.stride())} on {b_lo.device}")
         dt = _torch_dtype(spec.dtype)
         if a.dtype != dt or b.dtype != dt:
             raise KernelError(f"kernel takes {spec.dtype} operands, got {a.dtype} and {b.dtype}")
@@ -123,8 +175,10 @@ class GemmKernel:
             lead = a.shape[0]
             d = self(a.reshape(-1, a.shape[-1]) if a.is_contiguous() else a.contiguous().reshape(-1, a.shape[-1]),
                      b, bias, None if c is None else c.reshape(-1, c.shape[-1]), alpha, beta,
-                     None if out is None else out.view(-1, out.shape[-1]))
+                     None if out is None else out.view(-1, out.shape[-1]), b_lo=b_lo)
             return d.view(lead, -1, d.shape[-1]) if out is None else out
+        if batched and b_lo is not None:
+            raise KernelError("B's lo parts are for a 2-D B shared by every row of A, not a batched B")
         if batched:
             if a.dim() == 2:
                 a = a.unsqueeze(0).expand(b.shape[0], *a.shape)
@@ -159,16 +213,17 @@ class GemmKernel:
         bs_b = b.stride(0) if batched else 0
         bs_c = (c.stride(0) if c is not None and c.dim() == 3 else 0)
         bs_d = m * n if batched else 0
-        ws_size = self.workspace_size(m, n, k, batch)
+        ws_size = self.workspace_size(m, n, k, batch, b_lo=b_lo is not None)
         ws = torch.empty(max(ws_size, 1), dtype=torch.uint8, device=a.device) if ws_size else None
         stream = torch.cuda.current_stream(a.device).cuda_stream
         ptr = lambda t: ctypes.c_void_p(t.data_ptr()) if t is not None else None  # noqa: E731
         extra = (self._opts,) if self._has_ex else ()
-        rc = self._launch(ptr(a), ptr(b), ptr(c) if spec.reads_c or c is not None else None,
-                          ptr(bias) if spec.needs_bias else None, ptr(out),
-                          m, n, k, batch, lda, ldb, ldc, n, bs_a, bs_b, bs_c, bs_d, 0,
-                          ctypes.c_float(alpha), ctypes.c_float(beta),
-                          ptr(ws), ctypes.c_void_p(stream), *extra)
+        launch, lo = (self._launch, ()) if b_lo is None else (self._launch_blo, (ptr(b_lo),))
+        rc = launch(ptr(a), ptr(b), *lo, ptr(c) if spec.reads_c or c is not None else None,
+                    ptr(bias) if spec.needs_bias else None, ptr(out),
+                    m, n, k, batch, lda, ldb, ldc, n, bs_a, bs_b, bs_c, bs_d, 0,
+                    ctypes.c_float(alpha), ctypes.c_float(beta),
+                    ptr(ws), ctypes.c_void_p(stream), *extra)
         if rc != 0:
             what = CUTLASS_STATUS.get(rc, f"CUDA error {rc - 1000}" if rc >= 1000 else f"status {rc}")
             raise KernelError(f"{self.template} kernel {self.path.parent.name} refused or failed the launch: {what} "
@@ -184,34 +239,45 @@ class GemmKernel:
         h = hashlib.sha256(f"{ident}|{self.template}|{self.options}|{self.spec}".encode()).hexdigest()[:12]
         return f"k_{h}"
 
-    def as_op(self):
-        """This kernel as `torch.ops.factdb.<op_name>(a, b, bias, c, alpha, beta) -> Tensor`."""
-        if self._op is not None:
-            return self._op
+    def as_op(self, b_lo: bool = False):
+        """This kernel as `torch.ops.factdb.<op_name>(a, b, bias, c, alpha, beta) -> Tensor`; with
+        `b_lo`, as `torch.ops.factdb.<op_name>_blo(a, b, b_lo, bias, c, alpha, beta)`, which takes
+        B's lo parts from `split_lo` (kernels that `takes_b_lo` only)."""
+        if (self._op_blo if b_lo else self._op) is not None:
+            return self._op_blo if b_lo else self._op
         import torch
-        name = self.op_name
-        qual = f"factdb::{name}"
+        if b_lo and not self.takes_b_lo:
+            raise KernelError(f"{self.template} kernel {self.path.parent.name} does not take B's lo parts")
+        name = self.op_name + ("_blo" if b_lo else "")
         existing = getattr(torch.ops.factdb, name, None)  # registered by an earlier load of the same kernel
-        if existing is not None:
+        if existing is None:
+            kernel = self
+            out_dt = _torch_dtype(self.spec.out_dtype or self.spec.dtype)
+
+            def fake(a, b):
+                if a.dim() == 3 or b.dim() == 3:
+                    lead = a.shape[:-2] if a.dim() == 3 else b.shape[:-2]
+                    return a.new_empty((*lead, a.shape[-2], b.shape[-1]), dtype=out_dt)
+                return a.new_empty((a.shape[-2], b.shape[-1]), dtype=out_dt)
+
+            if b_lo:
+                @torch.library.custom_op(f"factdb::{name}", mutates_args=(), device_types="cuda", schema=(
+                    "(Tensor a, Tensor b, Tensor b_lo, Tensor? bias, Tensor? c, float alpha, float beta) -> Tensor"))
+                def _op(a, b, b_lo, bias, c, alpha, beta):
+                    return kernel(a, b, bias=bias, c=c, alpha=alpha, beta=beta, b_lo=b_lo)
+                _op.register_fake(lambda a, b, b_lo, bias, c, alpha, beta: fake(a, b))
+            else:
+                @torch.library.custom_op(f"factdb::{name}", mutates_args=(), device_types="cuda", schema=(
+                    "(Tensor a, Tensor b, Tensor? bias, Tensor? c, float alpha, float beta) -> Tensor"))
+                def _op(a, b, bias, c, alpha, beta):
+                    return kernel(a, b, bias=bias, c=c, alpha=alpha, beta=beta)
+                _op.register_fake(lambda a, b, bias, c, alpha, beta: fake(a, b))
+            existing = getattr(torch.ops.factdb, name)
+        if b_lo:
+            self._op_blo = existing
+        else:
             self._op = existing
-            return existing
-        kernel = self
-        out_dt = _torch_dtype(self.spec.out_dtype or self.spec.dtype)
-
-        @torch.library.custom_op(qual, mutates_args=(), device_types="cuda",
-                                 schema="(Tensor a, Tensor b, Tensor? bias, Tensor? c, float alpha, float beta) -> Tensor")
-        def _op(a, b, bias, c, alpha, beta):
-            return kernel(a, b, bias=bias, c=c, alpha=alpha, beta=beta)
-
-        @_op.register_fake
-        def _(a, b, bias, c, alpha, beta):
-            if a.dim() == 3 or b.dim() == 3:
-                lead = a.shape[:-2] if a.dim() == 3 else b.shape[:-2]
-                return a.new_empty((*lead, a.shape[-2], b.shape[-1]), dtype=out_dt)
-            return a.new_empty((a.shape[-2], b.shape[-1]), dtype=out_dt)
-
-        self._op = getattr(torch.ops.factdb, name)
-        return self._op
+        return existing
 
 
 # ------------------------------------------------------------------------------------------

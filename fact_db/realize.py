@@ -257,7 +257,7 @@ def gemm_impl(result, w: GemmWorkload, library: bool = True):
     spec = _spec(w, c)
     k = GemmKernel(win.so, c.template, GemmSpec(**spec), c.options, build_key=win.build_key)
     key = w.key(result.arch, result.gpu)
-    return Impl("gemm", c.label, k.as_op(), {
+    return Impl.gemm_kernel(k, c.label, {
         "template": c.template, "spec": spec, "options": list(c.options or ()), "build_key": win.build_key,
         "so": str(win.so), "config": c.config, "registry_key": key.as_dict(), "registry_digest": key.digest(),
         "op": f"factdb::{k.op_name}"})

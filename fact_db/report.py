@@ -85,6 +85,15 @@ def _e(x) -> str:
     return f"{x:.2g}" if isinstance(x, (int, float)) and math.isfinite(x) else "-"
 
 
+def _mib(v: dict) -> str:
+    """A variant's peak memory; for fact-db's, with what its module holds between calls (the
+    buffers composition made, CUDA graph pools), which the peak counts in."""
+    if not v.get("peak_mib"):
+        return "-"
+    peak = f"{v['peak_mib']:.1f}".rstrip("0").rstrip(".")
+    return peak + (f" ({v['held_mib']:.1f})" if v.get("held_mib") else "")
+
+
 def markdown(report) -> str:
     d = report_dict(report)
     dev = d["device"] or {}
@@ -102,14 +111,14 @@ def markdown(report) -> str:
         lines += ["", f"**fact-db: {over}, {_x(sp['vs_compile'])} over torch.compile, "
                       f"{_x(sp['vs_max_autotune'])} over max-autotune-no-cudagraphs** (same process)."
                   + (f" Under torch.compile the composed module takes {_ms(fc['ms'])} ms." if fc else ""), "",
-                  "| variant | ms (median) | p10-p90 | rounds (interleaved) | error vs float64 | peak MiB | compile s "
+                  "| variant | ms (median) | p10-p90 | rounds (interleaved) | error vs float64 | peak MiB (held) | compile s "
                   "| note |",
                   "| --- | --- | --- | --- | --- | --- | --- | --- |"]
         for v in d["variants"]:
             spread = f"{_ms(v['p10_ms'])}-{_ms(v['p90_ms'])}" if v.get("p10_ms") else "-"
             rounds = " / ".join(_ms(r) for r in v.get("round_ms") or []) or "-"
             lines.append(f"| {v['name']} | {_ms(v['ms'])} | {spread} | {rounds} | {_e(v['err'])} | "
-                         f"{_ms(v['peak_mib']).rstrip('0').rstrip('.') if v['peak_mib'] else '-'} | "
+                         f"{_mib(v)} | "
                          f"{_ms(v['compile_s']) if v['compile_s'] else '-'} | {v['note']} |")
     lines += ["", "## Regions", "",
               "| # | rule | problem | runs | how | eager ms | fact-db ms | speedup | share | registry |",

@@ -46,6 +46,40 @@ def gemm_op(epilogue: str):
     return _OPS[epilogue]
 
 
+def split_lo(b):
+    """A stand-in for GemmKernel.split_lo: tf32_rna(x - tf32_trunc(x)) in integer arithmetic on
+    the float32 bits, returned K x N laid out K-major as the kernel's is."""
+    bits = b.contiguous().view(torch.int32)
+    r = b.contiguous() - (bits & ~0x1FFF).view(torch.float32)
+    lo = ((r.view(torch.int32) + 0x1000) & ~0x1FFF).view(torch.float32)
+    return lo.t().contiguous().t()
+
+
+def gemm_lo_op(epilogue: str):
+    """torch.ops.factdb_test.gemm_lo_<epilogue>(a, b, b_lo, bias, c, alpha, beta): a stand-in for
+    a kernel op that takes B's lo parts (GemmKernel.as_op(b_lo=True)). It refuses a b_lo that
+    is not split_lo(b), then computes what gemm_op(epilogue) does, counted."""
+    name = f"gemm_lo_{epilogue}"
+    if name in _OPS:
+        return _OPS[name]
+    plain = gemm_op(epilogue)
+
+    @torch.library.custom_op(f"factdb_test::{name}", mutates_args=(), schema=(
+        "(Tensor a, Tensor b, Tensor b_lo, Tensor? bias, Tensor? c, float alpha, float beta) -> Tensor"))
+    def op(a, b, b_lo, bias, c, alpha, beta):
+        if b_lo.shape != b.shape or b_lo.stride(-2) != 1 or not torch.equal(b_lo, split_lo(b)):
+            raise RuntimeError("b_lo is not B's lo parts")
+        CALLS[name] += 1
+        return plain(a, b, bias, c, alpha, beta)
+
+    @op.register_fake
+    def _(a, b, b_lo, bias, c, alpha, beta):
+        lead = a.shape[:-2] if a.dim() == 3 else (b.shape[:-2] if b.dim() == 3 else ())
+        return a.new_empty((*lead, a.shape[-2], b.shape[-1]))
+    _OPS[name] = getattr(torch.ops.factdb_test, name)
+    return _OPS[name]
+
+
 def attention_op():
     """torch.ops.factdb_test.attention(q, k, v, scale, causal): the explicit math, counted."""
     if "attention" in _OPS:

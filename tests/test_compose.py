@@ -41,23 +41,26 @@ def block():
     return model, x, fact_db.discover(model, (x,))
 
 
-def standin_impls(disc, policy="fp32", broken: str | None = None) -> dict:
-    """A stand-in Impl for every GEMM and attention region (`broken`: an epilogue whose op ignores its bias)."""
+def standin_impls(disc, policy="fp32", broken: str | None = None, lo: bool = False) -> dict:
+    """A stand-in Impl for every GEMM and attention region (`broken`: an epilogue whose op
+    ignores its bias; `lo`: GEMM ops that take B's lo parts, as presplit kernels do)."""
     impls = {}
     for i, (r, p) in enumerate(zip(disc.regions, plan(disc, policy))):
         if p.workload is not None:
             e = p.workload.epilogue
             op = standins.gemm_op("none" if e == broken else e)
             impls[i] = Impl("gemm", f"stand-in {e}", op, {"spec": {"epilogue": e, "dtype": p.workload.dtype},
-                                                          "standin": "none" if e == broken else e})
+                                                          "standin": "none" if e == broken else e, "lo": lo})
+            if lo:
+                impls[i].op_lo, impls[i].split_lo = standins.gemm_lo_op(impls[i].record["standin"]), standins.split_lo
         elif r.template.startswith("fmha"):
             impls[i] = Impl("attention", "stand-in attention", standins.attention_op(), {"standin": "attention"})
     return impls
 
 
-def standin_realizer(broken=None):
+def standin_realizer(broken=None, lo=False):
     def realize(disc, policy):
-        impls = standin_impls(disc, policy, broken)
+        impls = standin_impls(disc, policy, broken, lo)
         return [Realized(i, r, p.workload, impls.get(i, Impl.eager("not realized in this test")),
                          "tuned" if i in impls else "eager", eager_ms=1.0 if i in impls else None,
                          ms=0.5 if i in impls else None)
@@ -69,6 +72,9 @@ def standin_loader(rec):
     if "standin" not in rec:
         return None
     op = standins.attention_op() if rec["standin"] == "attention" else standins.gemm_op(rec["standin"])
+    if rec.get("lo"):
+        return Impl(rec["kind"], rec.get("label", ""), op, rec, op_lo=standins.gemm_lo_op(rec["standin"]),
+                    split_lo=standins.split_lo)
     return Impl(rec["kind"], rec.get("label", ""), op, rec)
 
 
@@ -92,6 +98,38 @@ def test_rewrite_replaces_every_region_and_computes_the_model(block):
     assert torch.allclose(y, model(x), atol=1e-5, rtol=1e-5)
     assert sum((standins.CALLS - before).values()) == 5
     gm.graph.lint()
+
+
+def test_a_kernel_that_takes_b_lo_parts_gets_a_weights_split_once_and_an_activations_not():
+    """B a weight: split into a buffer by the rewrite, the op_lo called; B an activation (x @ y):
+    the plain op, which splits it per call."""
+    class TwoInputs(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(32, 48)
+
+        def forward(self, x, y):
+            return self.proj(x) @ y
+
+    torch.manual_seed(0)
+    model, xs = TwoInputs().eval(), (torch.randn(8, 32), torch.randn(48, 16))
+    disc = __import__("fact_db").discover(model, xs)
+    impls = {}
+    for i, p in enumerate(plan(disc, "fp32")):
+        e = p.workload.epilogue
+        impls[i] = Impl("gemm", "stand-in", standins.gemm_op(e), {"spec": {"epilogue": e}},
+                        op_lo=standins.gemm_lo_op(e), split_lo=standins.split_lo)
+    assert len(impls) == 2
+    gm, notes = rewrite(disc.graph.program, disc.regions, impls)
+    assert notes == []
+    before = standins.CALLS.copy()
+    torch.testing.assert_close(gm(*xs), model(*xs), rtol=1e-5, atol=1e-5)
+    calls = standins.CALLS - before
+    assert sum(v for k, v in calls.items() if k.startswith("gemm_lo_")) == 1
+    [(name, lo)] = [(n, b) for n, b in gm.named_buffers() if n.startswith("_factdb_b_lo_")]
+    assert lo.shape == model.proj.weight.shape and torch.equal(lo, standins.split_lo(model.proj.weight.t()).t())
+    fast = ComposedModule(gm, model, policy="fp32", optimized_for=signature(xs))
+    assert fast.held_mib() == pytest.approx(48 * 32 * 4 / 2**20)  # the lo parts: held, counted
 
 
 def test_the_composed_graph_drops_the_exported_programs_per_call_input_checks(block):
@@ -272,6 +310,22 @@ def test_optimize_end_to_end_with_stand_ins(tmp_path):
     assert {s["rule"] for s in d["skipped"]} == {"layernorm"}
     md = (art / "report.md").read_text()
     assert "| fact-db |" in md and "Left to eager PyTorch" in md
+
+
+@pytest.mark.parametrize("split", [True, False])
+def test_weights_split_once_or_per_call_as_asked_and_as_the_artifact_records(tmp_path, split):
+    from fact_db.artifact import load
+    model, x, fast = _optimize(tmp_path, realizer=standin_realizer(lo=True), split_weights=split)
+    assert fast.report.verification.ok
+    def los(m):
+        return [b for n, b in m.gm.named_buffers() if n.startswith("_factdb_b_lo_")]
+    assert len(los(fast)) == (4 if split else 0) and fast.held_mib() == sum(b.numel() * 4 for b in los(fast)) / 2**20
+    assert json.loads((Path(fast.artifact) / "manifest.json").read_text())["split_weights"] is split
+    again = load(fast.artifact, loader=standin_loader)
+    assert len(los(again)) == len(los(fast))
+    before = standins.CALLS.copy()
+    assert torch.allclose(again(x), model(x), atol=1e-5)
+    assert sum(v for k, v in (standins.CALLS - before).items() if k.startswith("gemm_lo_")) == (4 if split else 0)
 
 
 def test_optimize_returns_eager_when_verification_fails(tmp_path):

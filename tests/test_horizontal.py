@@ -175,18 +175,47 @@ def test_a_projection_whose_epilogue_fuses_leaves_the_group():
     assert [r.rule for r in rep.regions] == ["gemm-bias-scale", "gemm-bias"]
 
 
+class Mlp(nn.Module):
+    """Llama's SwiGLU MLP."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate, self.up, self.down = nn.Linear(32, 64, bias=False), nn.Linear(32, 64, bias=False), \
+            nn.Linear(64, 32, bias=False)
+
+    def forward(self, x):
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
 def test_gate_and_up_stay_dual_gemm_swiglu():
-    class Mlp(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.gate, self.up, self.down = nn.Linear(32, 64, bias=False), nn.Linear(32, 64, bias=False), \
-                nn.Linear(64, 32, bias=False)
-
-        def forward(self, x):
-            return self.down(F.silu(self.gate(x)) * self.up(x))
-
     rep = fact_db.discover(Mlp(), (torch.randn(8, 32),))
     assert [r.rule for r in rep.regions] == ["dual-gemm-swiglu", "gemm"]
+
+
+@pytest.mark.parametrize("make, xs", [(Qkv, (torch.randn(2, 8, 64),)), (Mlp, (torch.randn(8, 32),))])
+def test_weights_are_split_once_for_kernels_that_take_their_lo_parts(make, xs):
+    """A kernel that takes B's lo parts (fp32tc presplit) gets them from a buffer the rewrite
+    split once, for the concatenated Q/K/V and gate/up weights and a plain Linear's alike."""
+    torch.manual_seed(0)
+    model = make().eval()
+    rep = fact_db.discover(model, xs)
+    impls = {}
+    for i, (r, p) in enumerate(zip(rep.regions, plan(rep, "fp32"))):
+        if p.workload is not None:
+            e = "none" if r.rule == "dual-gemm-swiglu" else p.workload.epilogue
+            impls[i] = Impl("gemm", f"stand-in {e}", standins.gemm_op(e), {"spec": {"epilogue": e}},
+                            op_lo=standins.gemm_lo_op(e), split_lo=standins.split_lo)
+    gm, notes = rewrite(rep.graph.program, rep.regions, impls)
+    assert notes == []
+    before = standins.CALLS.copy()
+    with torch.no_grad():
+        torch.testing.assert_close(gm(*xs), model(*xs), rtol=1e-5, atol=1e-5)
+    calls = standins.CALLS - before
+    assert sum(v for k, v in calls.items() if k.startswith("gemm_lo_")) == len(impls) == 2  # the stand-in refuses a wrong b_lo
+    los = {n: b for n, b in gm.named_buffers() if n.startswith("_factdb_b_lo_")}
+    fused = next(b for n, b in gm.named_buffers() if n.startswith(("_factdb_hcat_weight_", "_factdb_gate_up_")))
+    assert len(los) == 2 and any(b.shape == fused.shape for b in los.values())  # N x K, as the weight
+    assert all(b.is_contiguous() for b in los.values())
 
 
 # ------------------------------------------------------------------------------------------
@@ -213,6 +242,24 @@ def test_one_gemm_serves_every_projection(make, xs):
     # The flattened projection needs a packed copy of its slice; the others read theirs in place.
     assert sum(t.startswith("aten.clone") for t in targets) == (1 if make is Mixed else 0)
     gm.graph.lint()
+
+
+def test_the_composed_module_counts_the_weights_it_concatenated_as_held_memory():
+    from fact_db.compose import ComposedModule, signature
+    from fact_db.report import _mib
+    model = Mixed().eval()
+    xs = (torch.randn(8, 32),)
+    rep = fact_db.discover(model, xs)
+    gm, _ = rewrite(rep.graph.program, rep.regions, _impls(rep))
+    fast = ComposedModule(gm, model, policy="fp32", optimized_for=signature(xs))
+    # [a.weight; b.weight; w^T] is 48 x 32 floats, the bias 16 + 8 (zeros) + 24 (zeros)
+    want = (48 * 32 + 48) * 4 / 2**20
+    assert fast.held_mib() == pytest.approx(want)
+    assert fast.held_mib(graphs=False) == pytest.approx(want)  # no CUDA graph on the CPU
+    # An eager composition made no buffers.
+    gm0, _ = rewrite(rep.graph.program, rep.regions, {})
+    assert ComposedModule(gm0, model, policy="fp32", optimized_for=signature(xs)).held_mib() == 0
+    assert _mib({"peak_mib": 12.5, "held_mib": 4.25}) == "12.5 (4.2)" and _mib({"peak_mib": 12.0}) == "12"
 
 
 def test_the_library_path_leaves_the_projections_as_they_were():

@@ -21,7 +21,7 @@ pytestmark = [
 ]
 
 from fact_db import build, template  # noqa: E402
-from fact_db.kernel import GemmKernel, GemmSpec  # noqa: E402
+from fact_db.kernel import GemmKernel, GemmSpec, KernelError  # noqa: E402
 from fact_db.tune import kernel_layouts  # noqa: E402
 from fact_db.verify import verify  # noqa: E402
 from fact_db.workload import GemmWorkload  # noqa: E402
@@ -255,6 +255,28 @@ def test_fp32tc_presplit_verifies_and_matches_split3_bit_for_bit(w):
         _run(k)(inputs, out)
         outs.append(out)
     assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("w", PRESPLIT_CASES[1:], ids=lambda w: f"{w.policy}-{w.shape}-{w.epilogue}")
+def test_fp32tc_presplit_with_b_split_once_gives_the_same_bits(w):
+    """B split once (split_lo, what composition does for a weight) and passed as b_lo: the same
+    bits as the kernel splitting B itself, with B's part of the workspace gone; the op with
+    b_lo too; and a b_lo of another layout is refused."""
+    pre = _fp32tc(w, "presplit", 2)
+    assert pre.takes_b_lo and not _fp32tc(w, "split3", 2).takes_b_lo
+    assert pre.workspace_size(w.m, w.n, w.k, 1) - pre.workspace_size(w.m, w.n, w.k, 1, b_lo=True) >= 4 * w.n * w.k
+    inputs = w.make_inputs("rand", generator=torch.Generator("cuda").manual_seed(1))
+    a, b, bias, c = inputs["a"], inputs["b"], inputs.get("bias"), inputs.get("c")
+    beta = 1.0 if c is not None else 0.0
+    want = pre(a, b, bias=bias, c=c, beta=beta)
+    lo = pre.split_lo(b)
+    assert lo.shape == b.shape and lo.stride() == (1, w.k)
+    torch.testing.assert_close(lo, b - b.view(torch.int32).bitwise_and(~0x1FFF).view(torch.float32),
+                               rtol=0, atol=2.0 ** -20 * b.abs().max().item())
+    assert torch.equal(pre(a, b, bias=bias, c=c, beta=beta, b_lo=lo), want)
+    assert torch.equal(pre.as_op(b_lo=True)(a, b, lo, bias, c, 1.0, beta), want)
+    with pytest.raises(KernelError, match="b_lo must be"):
+        pre(a, b, bias=bias, c=c, beta=beta, b_lo=lo.contiguous())
 
 
 def _all_sources() -> list[build.Source]:
