@@ -350,7 +350,8 @@ def rewrite(program, regions: list, impls: dict, split_weights: bool = True):
     (GraphModule, notes); a region that cannot be replaced stays eager, with a note.
     `split_weights`: a kernel that takes B's lo parts (Impl.op_lo) gets its weight's split
     once into a buffer, held beside the weight (faster calls, one more copy of the weight);
-    False splits them per call.
+    False splits them per call. Buffers made here (concatenated weights, lo parts) are copies:
+    the module serves the weights it was composed with.
     """
     if program is None:
         raise ComposeError("no exported program to compose (the graph was traced without one)")
