@@ -367,7 +367,8 @@ def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max
                 report.notes.append(
                     f"fact-db's module holds {held.held_mib:.1f} MiB between calls beyond the model's parameters "
                     "(weights it concatenated" + (" or split into TF32 parts" if split_weights else "") +
-                    (", its CUDA graph's pool" if fast._graphs else "") + "), counted in its peak memory")
+                    (", its CUDA graph's pool" if held.held_mib > fast.held_mib(graphs=False) else "") +
+                    "), counted in its peak memory")
     del ref_model
     fast.report = report
     fast.artifact = None
@@ -417,6 +418,15 @@ def plan_problem(spec: str, **kw):
 def _compiled(module, mode: str | None):
     import torch
     return torch.compile(module, mode=mode) if mode else torch.compile(module)
+
+
+def _failure(e: Exception) -> str:
+    """An exception as a variant's note: its type and the first line of its message."""
+    return f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+
+
+def _add_note(v: Variant, text: str) -> None:
+    v.note = f"{v.note}; {text}" if v.note else text
 
 
 def measure(module, model_p, fast, policy: str, draw, ref_model, *, peers=PEERS, timer=None, progress=True,
@@ -521,13 +531,13 @@ def measure(module, model_p, fast, policy: str, draw, ref_model, *, peers=PEERS,
             else:
                 later.append((v, fn, xs))
         except Exception as e:  # noqa: BLE001  (a peer that fails, e.g. a compile error, is reported, not fatal)
-            v.note = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+            _add_note(v, _failure(e))
             if bar is not None:
                 bar.update(1 if compiled_peer else BENCH_ROUNDS)
         if label == "fact-db" and not composed_ok:
-            v.note = (v.note + "; " if v.note else "") + "verification failed: this is eager PyTorch"
+            _add_note(v, "verification failed: this is eager PyTorch")
         elif label == "fact-db" and getattr(fast, "prefer_eager", False):
-            v.note = (v.note + "; " if v.note else "") + "eager timed faster than the composed graph: this is eager"
+            _add_note(v, "eager timed faster than the composed graph: this is eager")
         out.append(v)
     timings: dict = {id(v): [] for v, _, _ in later}
     failed: set = set()
@@ -538,8 +548,7 @@ def measure(module, model_p, fast, policy: str, draw, ref_model, *, peers=PEERS,
                     timings[id(v)].append(timer(fn, xs))
                 except Exception as e:  # noqa: BLE001
                     failed.add(id(v))
-                    v.note = (v.note + "; " if v.note else "") + \
-                        f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+                    _add_note(v, _failure(e))
             if bar is not None:
                 bar.update(1)
     for v, fn, xs in later:
@@ -547,7 +556,7 @@ def measure(module, model_p, fast, policy: str, draw, ref_model, *, peers=PEERS,
             try:
                 finish(v, fn, xs, timings[id(v)])
             except Exception as e:  # noqa: BLE001
-                v.note = (v.note + "; " if v.note else "") + f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+                _add_note(v, _failure(e))
     if bar is not None:
         bar.close()
     return out
