@@ -232,10 +232,12 @@ def realize(problem, policy, max_candidates, gpus, compile_only, force, no_regis
         if r is None:
             click.echo(f"  skipped: {p.note}")
             return
-        if p.note:  # a repeat of an earlier region's workload: its table is above
+        if p.same_as is not None:  # a repeat of an earlier region's workload: its table is above
             win = r.winner
             click.echo(f"  {p.note}" + (f"; winner {win.candidate.label} {_ms(win.time_ms)} ms" if win else ""))
             return
+        if p.note:
+            click.echo(f"  {p.note}")
         _print_result(r, out=lambda s: click.echo("  " + s))
 
     reg = _open_registry(db, not no_registry)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import gc
+import math
 import warnings
 from dataclasses import dataclass, field
 
@@ -131,6 +132,13 @@ def _gemm_call(gm, g, impl, a, b, weight, bias, c, alpha: float, beta: float, in
     return g.call_function(impl.op_lo, (a, b, lo, bias, c, alpha, beta))
 
 
+def _held_weight(gm, g, name: str, w_nk):
+    """Register `w_nk` (N x K, packed) as buffer `name`; returns (the node of B as the GEMM op
+    takes it, K x N: t(buffer), and that tensor)."""
+    gm.register_buffer(name, w_nk)
+    return g.call_function(torch.ops.aten.t.default, (g.get_attr(name),)), w_nk.t()
+
+
 def _gemm_nodes(gm, g, shapes, r, impl, fx, index: int):
     """FX nodes computing region `r` with a GEMM kernel op; returns the node of its result."""
     aten = torch.ops.aten
@@ -141,11 +149,16 @@ def _gemm_nodes(gm, g, shapes, r, impl, fx, index: int):
     if sa is None or sb is None or sout is None:
         raise ComposeError(f"region {r.rule} at `{r.output}`: operand shapes unknown")
     nk = attrs.get("b_layout") == "nk"
+    spec = impl.record.get("spec", {})
     if nk:
         b = g.call_function(aten.t.default, (b,))
         n = sb[0]
     else:
         n = sb[-1]
+        if weight is not None and len(sb) == 2 and spec.get("layout_b") == "col":
+            # A K x N weight for a kernel that reads B K-major: transposed once into a buffer
+            # (N x K), not copied by every call (realize.plan keys such regions K-major).
+            b, weight = _held_weight(gm, g, f"_factdb_wt_{index}", weight.detach().t().contiguous())
     k = sa[-1]
     flatten = len(sb) == 2 and len(sa) != 2  # (..., K) @ (K, N): one 2-D GEMM over the leading dims
     if len(sa) > 3 or (len(sb) == 3 and len(sa) not in (2, 3)):
@@ -153,7 +166,6 @@ def _gemm_nodes(gm, g, shapes, r, impl, fx, index: int):
     if flatten:
         a = g.call_function(aten.reshape.default, (a, [-1, k]))
     bias = fx(ops.get("bias"))
-    spec = impl.record.get("spec", {})
     epi = spec.get("epilogue", "none")
     if bias is None and (epi.startswith("bias") or epi == "residual"):
         # The kernel adds a bias (a residual region without one, as in Llama): zeros cost a row read.
@@ -172,45 +184,56 @@ def _gemm_nodes(gm, g, shapes, r, impl, fx, index: int):
             bias = g.get_attr(name)
         else:
             bias = g.call_function(aten.mul.Tensor, (bias, alpha))
+    # One 2-D GEMM whose region output has more dims: A flattened here, or already 2-D in the
+    # model (GPT-2's Conv1D: addmm over x.view(-1, K), the residual added after the view back).
+    two_d = flatten or (len(sa) == 2 and len(sb) == 2 and len(sout) != 2)
     c = fx(ops.get("c"))
-    if c is not None and flatten:
+    if c is not None and two_d:
         c = g.call_function(aten.reshape.default, (c, [-1, n]))
     if weight is not None and len(sb) != 2:
         weight = None  # a batched constant B: split per call
     y = _gemm_call(gm, g, impl, a, b, (weight.t() if nk else weight) if weight is not None else None, bias, c,
                    alpha, beta if c is not None else 0.0, index)
-    if flatten:
+    if two_d:
         y = g.call_function(aten.view.default, (y, list(sout)))
     return y
 
 
 def _dual_gemm_nodes(gm, g, shapes, r, impl, fx, index: int):
-    """silu(x Wg) * (x Wu) as one GEMM over [Wg; Wu] (a buffer made here), split, SiLU, product."""
+    """silu(x Wg) * (x Wu) as one GEMM over [Wg; Wu] (a buffer made here), then SiLU and the
+    product in place in the gate half of its output: the call holds one M x 2N tensor, not
+    also a SiLU output and a product. The result is that strided half (rows 2N apart)."""
     aten = torch.ops.aten
     ops, nk = r.operands, r.attrs.get("b_layout") == "nk"
     wg, wu = fx(ops["w_gate"]), fx(ops["w_up"])
     if wg.op != "get_attr" or wu.op != "get_attr":
         raise ComposeError(f"region {r.rule} at `{r.output}`: gate and up weights are not parameters")
-    tg, tu = _attr_tensor(gm, wg.target), _attr_tensor(gm, wu.target)
-    name = f"_factdb_gate_up_{index}"
-    gm.register_buffer(name, torch.cat([tg, tu], dim=0 if nk else 1).detach())
-    w = g.get_attr(name)
+    tg, tu = _attr_tensor(gm, wg.target).detach(), _attr_tensor(gm, wu.target).detach()
     n = tg.shape[0] if nk else tg.shape[1]
     sa, sout = shapes.get(ops["a"]), shapes.get(r.output)
     if sa is None or sout is None:
         raise ComposeError(f"region {r.rule} at `{r.output}`: operand shapes unknown")
+    name = f"_factdb_gate_up_{index}"
+    if nk or impl.record.get("spec", {}).get("layout_b") == "col":  # held N x K (K-major B)
+        b, wt = _held_weight(gm, g, name, torch.cat([tg, tu] if nk else [tg.t(), tu.t()], dim=0).contiguous())
+    else:
+        gm.register_buffer(name, torch.cat([tg, tu], dim=1))
+        b, wt = g.get_attr(name), getattr(gm, name)
     a = fx(ops["a"])
     if len(sa) != 2:
         a = g.call_function(aten.reshape.default, (a, [-1, sa[-1]]))
-    wt = getattr(gm, name)
-    y = _gemm_call(gm, g, impl, a, g.call_function(aten.t.default, (w,)) if nk else w, wt.t() if nk else wt,
-                   None, None, 1.0, 0.0, index)
-    parts = g.call_function(aten.split.Tensor, (y, n, -1))
-    import operator
-    gate = g.call_function(operator.getitem, (parts, 0))
-    up = g.call_function(operator.getitem, (parts, 1))
-    out = g.call_function(aten.mul.Tensor, (g.call_function(aten.silu.default, (gate,)), up))
-    return g.call_function(aten.view.default, (out, list(sout))) if len(sa) != 2 else out
+    y = _gemm_call(gm, g, impl, a, b, wt, None, None, 1.0, 0.0, index)
+    # Two slices, not split(): autograd refuses in-place writes to a view of a multi-view op.
+    gate = g.call_function(aten.slice.Tensor, (y, -1, 0, n))
+    up = g.call_function(aten.slice.Tensor, (y, -1, n, 2 * n))
+    out = g.call_function(aten.mul_.Tensor, (g.call_function(aten.silu_.default, (gate,)), up))
+    out = g.call_function(aten.view.default, (out, list(sout))) if len(sa) != 2 else out
+    # A reader that views the result in a way only a packed tensor allows gets a packed copy.
+    meta = torch.empty([math.prod(sout[:-1]), 2 * n], device="meta")[:, :n].view(list(sout))
+    if any(u.op == "call_function" and u.target is aten.view.default and not _views(meta, u.args[1])
+           for u in fx(r.output).users):
+        out = g.call_function(aten.clone.default, (out,), {"memory_format": torch.contiguous_format})
+    return out
 
 
 def _horizontal_nodes(gm, g, shapes, r, impl, fx, index: int):

@@ -44,7 +44,7 @@ class Region:
     # What realization and composition need, so neither re-derives it: the rule's epilogue,
     # each operand's role -> graph node name (GEMM: a, b, bias, c; attention: q, k or kt, v;
     # norms: x, weight, bias), and scalar attributes (b_layout "nk" for a Linear weight,
-    # attention scale and causal, norm eps). `composable` is "" or why composition must
+    # b_weight where a GEMM's B is a 2-D parameter, attention scale and causal, norm eps). `composable` is "" or why composition must
     # leave the region to eager PyTorch.
     epilogue: list = field(default_factory=list)
     operands: dict = field(default_factory=dict)
@@ -212,6 +212,8 @@ def _operands(m, template: str) -> tuple[dict, dict, str]:
         a, b = g.args[ia], g.args[ib]
         ops = {"a": _name(a), "b": _name(b)}
         attrs = {"b_layout": "nk" if g.op == "aten.linear" else "kn"}
+        if getattr(b, "op", None) in ("parameter", "constant") and len(b.shape or ()) == 2:
+            attrs["b_weight"] = True  # B is the same on every call: composition may hold it in another layout
         why = ""
         if not (hasattr(a, "shape") and hasattr(b, "shape")) or a.shape is None or b.shape is None:
             return ops, attrs, "an operand has no known shape"

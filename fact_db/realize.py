@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .norm import NormWorkload
-from .workload import GemmWorkload
+from .workload import POLICY_DTYPE, GemmWorkload
 
 GEMM_TEMPLATES = {"gemm_sm90"}
 EPILOGUE_OF = {("none",): "none", ("bias",): "bias", ("bias", "relu"): "bias_relu", ("bias", "gelu"): "bias_gelu",
@@ -26,6 +26,7 @@ class Planned:
     region: object            # discover.Region
     workload: GemmWorkload | None
     note: str = ""
+    same_as: int | None = None  # the index of an earlier region with the same workload (tuned once)
 
 
 def plan(report, policy: str) -> list[Planned]:
@@ -38,9 +39,9 @@ def plan(report, policy: str) -> list[Planned]:
             # On Hopper: one GEMM over the concatenated gate and up weights (x read once, one
             # launch); SiLU and the product stay in PyTorch.
             p = r.problem
+            kmajor = r.attrs.get("b_layout") == "nk" or POLICY_DTYPE[policy] == "float32"
             w = GemmWorkload(p["M"], 2 * p["N"], p["K"], 1, policy=policy, layout_a="row",
-                             layout_b="col" if r.attrs.get("b_layout") == "nk" else "row", epilogue="none",
-                             rule="gemm")
+                             layout_b="col" if kmajor else "row", epilogue="none", rule="gemm")
             out.append(Planned(r, w, "one GEMM over the concatenated gate and up weights; SiLU and the product "
                                      "stay in PyTorch"))
             continue
@@ -58,13 +59,18 @@ def plan(report, policy: str) -> list[Planned]:
         # weights: keyed as that GEMM (the rule its epilogue implies), so the registry's rows
         # for the shape serve it and what is tuned for it serves them.
         rule = "gemm" if r.attrs.get("members") else r.rule
+        note = ""
+        if lb == "row" and r.attrs.get("b_weight") and POLICY_DTYPE[policy] == "float32" and p.get("batch", 1) == 1:
+            # A K x N weight (GPT-2's Conv1D, `x @ W`): the float32 kernels read B K-major (TF32
+            # MMAs, the lo parts made once), so composition holds the weight transposed once.
+            lb, note = "col", "the K x N weight is held transposed (N x K) once, for the K-major kernels"
         try:
             w = GemmWorkload(p["M"], p["N"], p["K"], p.get("batch", 1), policy=policy, layout_a=la, layout_b=lb,
                              epilogue=epi, rule=rule)
         except Exception as e:  # noqa: BLE001  (a workload the templates cannot express: say why)
             out.append(Planned(r, None, str(e)))
             continue
-        out.append(Planned(r, w))
+        out.append(Planned(r, w, note))
     return out
 
 
@@ -86,7 +92,8 @@ def realize_problem(problem: str, *, policy: str = "tf32", arch: str = "sm90a", 
         if p.workload is not None:
             if p.workload in done:
                 j, r = done[p.workload]
-                p.note = f"same workload as region {j + 1}: tuned once"
+                p.same_as = j
+                p.note = "; ".join(x for x in (p.note, f"same workload as region {j + 1}: tuned once") if x)
             else:
                 r = tune(p.workload, arch=arch, registry=registry, **tune_kw)
                 done[p.workload] = (i, r)

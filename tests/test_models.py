@@ -42,6 +42,10 @@ def test_gpt2_block_conv1d_projections():
     assert _rules(r) == ["layernorm", "gemm-bias", "sdpa-attention", "gemm-residual", "layernorm",
                          "gemm-bias-gelu-tanh", "gemm-residual"]
     assert r.regions[1].shape == "2048x2304x768"  # c_attn: q, k and v in one Conv1D
+    # Conv1D holds its weight K x N; the float32 kernels read it K-major, held transposed once
+    from fact_db.realize import plan
+    gemms = [p.workload for p in plan(r, "fp32") if p.workload is not None and p.region.rule.startswith("gemm")]
+    assert len(gemms) == 4 and {w.layout_b for w in gemms} == {"col"}
 
 
 def test_bert_layer():
