@@ -34,6 +34,7 @@ import jsonschema
 import yaml
 
 from . import paths
+from .errors import FactError, first_line
 from .llm import LLM, LLMError
 from .region_kernel import ABI
 
@@ -197,7 +198,6 @@ def retrieve(ask: Ask, report, n_rules: int = 3, n_examples: int = 2) -> tuple[l
     answers, offline, filtered by the report's arch), each with an excerpt; and a note when
     the index could not answer (the prompt goes out without them then)."""
     from . import index
-    from .errors import FactError
     text = f"fused epilogue: {ask.why}; " + ", ".join(f"{o['op']} {o.get('dtype') or ''}".strip() for o in ask.ops)
     out = []
     try:
@@ -206,7 +206,7 @@ def retrieve(ask: Ask, report, n_rules: int = 3, n_examples: int = 2) -> tuple[l
                 out.append({"kind": h.kind, "id": h.id, "title": h.title, "path": h.meta.get("path", ""),
                             "ranked": h.why, "excerpt": _excerpt(h)})
     except (FactError, OSError) as e:
-        return out, f"retrieval unavailable: {str(e).splitlines()[0][:200] if str(e) else type(e).__name__}"
+        return out, f"retrieval unavailable: {first_line(e)}"
     return out, ""
 
 
@@ -363,7 +363,7 @@ class Agent:
         try:
             data = yaml.safe_load(reply["rule"])
         except yaml.YAMLError as e:
-            return Proposal(ask.node, "rule", "refused", f"rule YAML refused (only plain YAML, no tags): {str(e).splitlines()[0]}")
+            return Proposal(ask.node, "rule", "refused", f"rule YAML refused (only plain YAML, no tags): {first_line(e, None)}")
         if not isinstance(data, dict):
             return Proposal(ask.node, "rule", "schema-invalid", "rule YAML is not a mapping")
         rid = data.get("id")

@@ -32,7 +32,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from . import paths
-from .errors import FactError
+from .errors import FactError, first_line
 from .report import clean, write_all
 
 FORMAT = 1
@@ -95,7 +95,7 @@ def save(directory: Path, fast, discovery, report, *, module=None, example_input
                 files["fallback"] = {"file": "fallback.pt2", "sha256": _sha(tmp / "fallback.pt2")}
             except Exception as e:  # noqa: BLE001  (the artifact still works for the shapes it was optimized for)
                 notes.append(f"no eager fallback for other input shapes: exporting with dynamic shapes failed "
-                             f"({type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''})")
+                             f"({first_line(e, 160, typed=True)})")
         regions = []
         for z in report.regions:
             entry = _region_entry(z)

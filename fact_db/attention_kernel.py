@@ -14,6 +14,7 @@ import hashlib
 from pathlib import Path
 
 from .kernel import CUTLASS_STATUS, KernelError
+from .ops import factdb_op
 
 # The output dtype of each family, when it is not q's (fmha_fp32tc writes float32 for fp32 q).
 OUT_DTYPE: dict[str, str] = {}
@@ -104,23 +105,13 @@ class AttentionKernel:
         if self._op is not None:
             return self._op
         import torch
-        name = self.op_name
-        existing = getattr(torch.ops.factdb, name, None) if hasattr(torch.ops, "factdb") else None
-        if existing is not None:
-            self._op = existing
-            return existing
         kernel = self
         out_name = OUT_DTYPE.get(self.template)
 
-        @torch.library.custom_op(f"factdb::{name}", mutates_args=(), device_types="cuda",
-                                 schema="(Tensor q, Tensor k, Tensor v, float scale, bool causal) -> Tensor")
-        def _op(q, k, v, scale, causal):
-            return kernel(q, k, v, scale=scale, causal=causal)
-
-        @_op.register_fake
-        def _(q, k, v, scale, causal):
+        def fake(q, k, v, scale, causal):
             dt = getattr(torch, out_name) if out_name else q.dtype
             return q.new_empty((*q.shape[:-1], v.shape[-1]), dtype=dt)
 
-        self._op = getattr(torch.ops.factdb, name)
+        self._op = factdb_op(self.op_name, "(Tensor q, Tensor k, Tensor v, float scale, bool causal) -> Tensor",
+                             lambda q, k, v, scale, causal: kernel(q, k, v, scale=scale, causal=causal), fake)
         return self._op

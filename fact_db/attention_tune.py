@@ -17,7 +17,7 @@ import os
 from dataclasses import asdict, dataclass, field
 
 from .attention import AttentionWorkload, backends_for
-from .errors import FactError
+from .errors import FactError, first_line
 
 FAMILIES = ("fact_db.fmha_sm90", "fact_db.fmha_fp32tc")
 _INPUT_SETS = 3
@@ -163,7 +163,7 @@ def run_job(job: dict, cache: dict) -> dict:
                 return {**res, "status": "verify_failed", "err": e, "eager_err": e_eager,
                         "error": f"trial {t} ({dist}): error {e:.3g} > bound {bound:.3g}"}
     except (RuntimeError, FactError) as e:  # a backend or kernel (KernelError) that refuses the problem
-        msg = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
+        msg = first_line(e, 300)
         if "CUDA error" in msg or "illegal" in msg.lower():
             raise
         return {**res, "status": "launch_error", "error": msg}

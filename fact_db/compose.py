@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .errors import FactError
+from .errors import FactError, first_line
 
 HALF_POLICIES = {"bf16": "bfloat16", "fp16": "float16"}
 
@@ -631,7 +631,7 @@ class _Graphed:
                     raise RuntimeError("a replay differs from the graph run op by op")
             return out
         except Exception as e:  # noqa: BLE001  (graphs are an optimization: any fault falls back to the graph as is)
-            self.owner.graph_note = f"CUDA graph off: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            self.owner.graph_note = f"CUDA graph off: {first_line(e, None, typed=True)}"
             self.owner._graphs.clear()
             self.graph = None
             warnings.warn(f"fact-db: {self.owner.name}: {self.owner.graph_note}", stacklevel=3)

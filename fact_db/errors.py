@@ -12,6 +12,17 @@ class FactError(Exception):
     """Base class: a user-facing error with a one-sentence message."""
 
 
+def first_line(e: BaseException, limit: int | None = 200, typed: bool = False) -> str:
+    """An exception in one line, for a note or a message: the first line of its text, cut at
+    `limit` characters (None: not cut), or its type's name where the text is empty; with
+    `typed`, always led by the type's name (`KeyError: 'x'`)."""
+    lines = str(e).strip().splitlines()
+    text = lines[0][:limit] if lines else ""
+    if typed:
+        return f"{type(e).__name__}: {text}" if text else type(e).__name__
+    return text or type(e).__name__
+
+
 class ExprError(FactError):
     """An expression in a rule (a `where` constraint) does not parse or uses a forbidden construct."""
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import FactError
+from .ops import factdb_op
 
 CUTLASS_STATUS = {
     0: "success", 1: "misaligned operand", 2: "invalid data type", 3: "invalid layout",
@@ -245,34 +246,29 @@ class GemmKernel:
         B's lo parts from `split_lo` (kernels that `takes_b_lo` only)."""
         if (self._op_blo if b_lo else self._op) is not None:
             return self._op_blo if b_lo else self._op
-        import torch
         if b_lo and not self.takes_b_lo:
             raise KernelError(f"{self.template} kernel {self.path.parent.name} does not take B's lo parts")
-        name = self.op_name + ("_blo" if b_lo else "")
-        existing = getattr(torch.ops.factdb, name, None)  # registered by an earlier load of the same kernel
-        if existing is None:
-            kernel = self
-            out_dt = _torch_dtype(self.spec.out_dtype or self.spec.dtype)
+        kernel = self
+        out_dt = _torch_dtype(self.spec.out_dtype or self.spec.dtype)
 
-            def fake(a, b):
-                if a.dim() == 3 or b.dim() == 3:
-                    lead = a.shape[:-2] if a.dim() == 3 else b.shape[:-2]
-                    return a.new_empty((*lead, a.shape[-2], b.shape[-1]), dtype=out_dt)
-                return a.new_empty((a.shape[-2], b.shape[-1]), dtype=out_dt)
+        def fake(a, b):
+            if a.dim() == 3 or b.dim() == 3:
+                lead = a.shape[:-2] if a.dim() == 3 else b.shape[:-2]
+                return a.new_empty((*lead, a.shape[-2], b.shape[-1]), dtype=out_dt)
+            return a.new_empty((a.shape[-2], b.shape[-1]), dtype=out_dt)
 
-            if b_lo:
-                @torch.library.custom_op(f"factdb::{name}", mutates_args=(), device_types="cuda", schema=(
-                    "(Tensor a, Tensor b, Tensor b_lo, Tensor? bias, Tensor? c, float alpha, float beta) -> Tensor"))
-                def _op(a, b, b_lo, bias, c, alpha, beta):
-                    return kernel(a, b, bias=bias, c=c, alpha=alpha, beta=beta, b_lo=b_lo)
-                _op.register_fake(lambda a, b, b_lo, bias, c, alpha, beta: fake(a, b))
-            else:
-                @torch.library.custom_op(f"factdb::{name}", mutates_args=(), device_types="cuda", schema=(
-                    "(Tensor a, Tensor b, Tensor? bias, Tensor? c, float alpha, float beta) -> Tensor"))
-                def _op(a, b, bias, c, alpha, beta):
-                    return kernel(a, b, bias=bias, c=c, alpha=alpha, beta=beta)
-                _op.register_fake(lambda a, b, bias, c, alpha, beta: fake(a, b))
-            existing = getattr(torch.ops.factdb, name)
+        if b_lo:
+            existing = factdb_op(
+                self.op_name + "_blo",
+                "(Tensor a, Tensor b, Tensor b_lo, Tensor? bias, Tensor? c, float alpha, float beta) -> Tensor",
+                lambda a, b, b_lo, bias, c, alpha, beta: kernel(a, b, bias=bias, c=c, alpha=alpha, beta=beta,
+                                                                b_lo=b_lo),
+                lambda a, b, b_lo, bias, c, alpha, beta: fake(a, b))
+        else:
+            existing = factdb_op(
+                self.op_name, "(Tensor a, Tensor b, Tensor? bias, Tensor? c, float alpha, float beta) -> Tensor",
+                lambda a, b, bias, c, alpha, beta: kernel(a, b, bias=bias, c=c, alpha=alpha, beta=beta),
+                lambda a, b, bias, c, alpha, beta: fake(a, b))
         if b_lo:
             self._op_blo = existing
         else:

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .errors import FactError
+from .ops import factdb_op
 
 TEMPLATE = "add_norm"
 ELEMENT = {"float32": "float", "bfloat16": "__nv_bfloat16", "float16": "__half"}
@@ -245,25 +246,17 @@ class NormKernel:
         if self._op is not None:
             return self._op
         import torch
-        name = self.op_name
-        existing = getattr(torch.ops.factdb, name, None) if hasattr(torch.ops, "factdb") else None
-        if existing is not None:
-            self._op = existing
-            return existing
         kernel, w = self, self.workload
 
-        # schema spelled out: this module's annotations are strings, which infer_schema refuses
-        @torch.library.custom_op(f"factdb::{name}", mutates_args=(), device_types="cuda",
-                                 schema="(Tensor x, Tensor? r, Tensor weight, Tensor? bias) -> (Tensor, Tensor)")
-        def op(x, r, weight, bias):
+        def run(x, r, weight, bias):
             y, s = kernel(x, r, weight, bias)
             return y, (s if s is not None else x.new_empty(0))
 
-        @op.register_fake
-        def _(x, r, weight, bias):
+        def fake(x, r, weight, bias):
             return torch.empty_like(x), (torch.empty_like(x) if w.write_sum else x.new_empty(0))
 
-        self._op = getattr(torch.ops.factdb, name)
+        self._op = factdb_op(self.op_name, "(Tensor x, Tensor? r, Tensor weight, Tensor? bias) -> (Tensor, Tensor)",
+                             run, fake)
         return self._op
 
 

@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import FactError
+from .errors import FactError, first_line
 
 PEERS = ("compile", "max-autotune")  # torch.compile default, and max-autotune-no-cudagraphs
 # Peers that can be asked for besides: torch.compile's CUDA-graph mode, the peer to compare
@@ -422,7 +422,7 @@ def _compiled(module, mode: str | None):
 
 def _failure(e: Exception) -> str:
     """An exception as a variant's note: its type and the first line of its message."""
-    return f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+    return first_line(e, typed=True)
 
 
 def _add_note(v: Variant, text: str) -> None:

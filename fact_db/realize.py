@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .errors import first_line
 from .norm import NormWorkload
 from .workload import POLICY_DTYPE, GemmWorkload
 
@@ -315,7 +316,7 @@ def choose_attention(w, *, trials: int = 4, reps: int = 20, device="cuda", timer
                 if row["ok"]:
                     row["ms"] = timer(fn, inputs[:3])
         except RuntimeError as e:  # a backend that does not take this problem says so at the call
-            row["ok"], row["note"] = False, f"not available: {str(e).splitlines()[0][:160]}"
+            row["ok"], row["note"] = False, f"not available: {first_line(e, 160)}"
         rows.append(row)
     ok = [r for r in rows if r["ok"] and r["ms"] is not None]
     return rows, (min(ok, key=lambda r: r["ms"]) if ok else None)

@@ -45,6 +45,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .errors import FactError
+from .ops import factdb_op
 
 ENTRY = "fact_region_launch"
 TEMPLATE = "llm_region"  # the build cache's name for these sources (no template file: the model wrote it)
@@ -364,18 +365,11 @@ class RegionKernel:
         import torch
 
         from .kernel import KernelError
-        name = self.op_name
-        existing = getattr(torch.ops.factdb, name, None)  # registered by an earlier load of the same kernel
-        if existing is not None:
-            self._op = existing
-            return existing
         kernel, spec = self, self.spec
         shapes = [list(x["shape"]) for x in spec.inputs]
         out_shape, out_dt = list(spec.out_shape), getattr(torch, spec.dtype)
 
-        @torch.library.custom_op(f"factdb::{name}", mutates_args=(), device_types="cuda",
-                                 schema="(Tensor[] inputs) -> Tensor")
-        def _op(inputs):
+        def run(inputs):
             got = [list(t.shape) for t in inputs]
             if got != shapes:
                 raise KernelError(f"region kernel {kernel.path.parent.name} takes inputs of shapes {shapes}, "
@@ -383,11 +377,8 @@ class RegionKernel:
             xs = [t.contiguous() for t in inputs]
             return kernel(xs, torch.empty(out_shape, dtype=out_dt, device=xs[0].device))
 
-        @_op.register_fake
-        def _(inputs):
-            return inputs[0].new_empty(out_shape, dtype=out_dt)
-
-        self._op = getattr(torch.ops.factdb, name)
+        self._op = factdb_op(self.op_name, "(Tensor[] inputs) -> Tensor", run,
+                             lambda inputs: inputs[0].new_empty(out_shape, dtype=out_dt))
         return self._op
 
 

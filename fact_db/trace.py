@@ -24,7 +24,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from . import aten
-from .errors import ProblemError, TraceError
+from .errors import ProblemError, TraceError, first_line
 
 # Tensors up to this many elements are built for real during construction so that buffer
 # values (causal masks) can be inspected; larger ones go straight to meta, and so does any
@@ -157,7 +157,7 @@ def load_problem(spec: str) -> Problem:
     except ModuleNotFoundError as e:
         raise ProblemError(f"cannot import `{modname}` from `{text}`: {e}; pass a .py path or an importable `package.module:factory`") from None
     except Exception as e:
-        raise ProblemError(f"importing `{modname}` raised {type(e).__name__}: {_first_line(e)}") from None
+        raise ProblemError(f"importing `{modname}` raised {type(e).__name__}: {first_line(e, None)}") from None
     if not factory:
         return _kernelbench(mod, modname, getattr(mod, "__file__", None))
     fn = getattr(mod, factory, None)
@@ -268,7 +268,7 @@ def build_on_meta(problem: Problem):
         except Exception as e:  # retried on plain meta; reported if that fails too
             err = e
     else:
-        raise ProblemError(f"building the model raised {type(err).__name__}: {_first_line(err)}{_where(err, problem.source)}") from err
+        raise ProblemError(f"building the model raised {type(err).__name__}: {first_line(err, None)}{_where(err, problem.source)}") from err
     if not isinstance(model, torch.nn.Module):
         raise ProblemError(f"`{problem.name}` built a {type(model).__name__}, not an nn.Module")
     model.eval()
@@ -279,14 +279,9 @@ def build_on_meta(problem: Problem):
     except ProblemError:
         raise
     except Exception as e:
-        raise ProblemError(f"get_inputs() raised {type(e).__name__}: {_first_line(e)}{_where(e, problem.source)}") from e
+        raise ProblemError(f"get_inputs() raised {type(e).__name__}: {first_line(e, None)}{_where(e, problem.source)}") from e
     inputs = [x.to("meta") if isinstance(x, torch.Tensor) else x for x in inputs]
     return model, inputs, known
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0] if text else type(e).__name__
 
 
 def trace_problem(problem: Problem) -> Graph:
@@ -349,7 +344,7 @@ def _trace_error(e: Exception, model, args, name, source) -> TraceError:
         if partial is not None:
             text += f"; the {len(partial.calls())} ops before it were traced and are shown as a partial result"
         return TraceError(text, partial)
-    return TraceError(f"forward of `{name}` raised {type(e).__name__}: {_first_line(e)}{where}")
+    return TraceError(f"forward of `{name}` raised {type(e).__name__}: {first_line(e, None)}{where}")
 
 
 def _where_in_model(e: BaseException, model) -> str:

@@ -18,6 +18,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from .errors import first_line
+
 # Below this, an error is rounding of the reference itself (fp32's unit roundoff is 6e-8).
 ERR_FLOOR = 1e-7
 
@@ -251,7 +253,7 @@ def verify_model(composed, eager, reference, draw, policy: str, *, trials: int =
         try:
             c_out = composed(*ins_comp)
         except Exception as ex:  # noqa: BLE001  (a composed model that raises fails verification, saying how)
-            reason = f"the composed model raised {type(ex).__name__}: {str(ex).splitlines()[0] if str(ex) else ''}"
+            reason = f"the composed model raised {first_line(ex, None, typed=True)}"
             results.append(ModelTrial(dist, float("nan"), float("nan"), float("nan"), False, float("nan"), False, reason))
             return ModelVerdict(False, float("nan"), float("nan"), reason, results, tol)
         ef, cf = _flat(e_out), _flat(c_out)

@@ -203,3 +203,17 @@ def test_the_child_dies_with_a_killed_parent():
         time.sleep(0.2)
         alive = [k for k in kids if running(k)]
     assert not alive, f"child {alive} outlived its killed parent"
+
+
+@pytest.mark.parametrize("exc, kw, want", [
+    (RuntimeError("CUDA error: an illegal memory access\nCompile with TORCH_USE_CUDA_DSA"), {}, "CUDA error: an illegal memory access"),
+    (RuntimeError("x" * 500), {"limit": 160}, "x" * 160),
+    (RuntimeError("x" * 500), {"limit": None}, "x" * 500),
+    (KeyError(), {}, "KeyError"),
+    (ValueError("  \n"), {"typed": True}, "ValueError"),
+    (ValueError("bad shape\nmore"), {"typed": True}, "ValueError: bad shape"),
+])
+def test_an_exception_in_a_note_is_one_line(exc, kw, want):
+    """What notes and messages show of an exception they caught: one line, bounded, never empty."""
+    from fact_db.errors import first_line
+    assert first_line(exc, **kw) == want
