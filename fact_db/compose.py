@@ -102,6 +102,7 @@ def _fx_resolver(gm, program):
             return by_name[name]
         raise ComposeError(f"operand `{name}` is not a node of the exported program")
     fx.replaced = replaced
+    fx.derived = {}  # key -> tensor: weights made for the composition (see _derived)
     return fx
 
 
@@ -119,23 +120,41 @@ def _attr_tensor(gm, target: str):
     return functools.reduce(getattr, target.split("."), gm)
 
 
-def _gemm_call(gm, g, impl, a, b, weight, bias, c, alpha: float, beta: float, index: int):
+def _ident(t) -> tuple:
+    """Which tensor `t` is, for the derived-weights cache: its storage, offset, shape, strides and dtype."""
+    return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
+
+
+def _derived(gm, fx, name: str, key: tuple, make):
+    """Register buffer `name` on `gm`: the tensor an earlier rewrite of the same model made for
+    `key` (what it is made of and how: `_ident` of its sources), else `make()`. A composition
+    for other input shapes (a ComposedModule variant) so shares the weights the first one
+    concatenated, transposed or split, instead of holding copies of its own."""
+    t = fx.derived.get(key)
+    if t is None:
+        with torch.no_grad():
+            t = fx.derived[key] = make()
+    gm.register_buffer(name, t)
+    return t
+
+
+def _gemm_call(gm, g, fx, impl, a, b, weight, bias, c, alpha: float, beta: float, index: int):
     """The node of `impl.op(a, b, bias, c, alpha, beta)`; where B is a weight (`weight`: B as
     the op takes it, K x N) and the kernel takes B's lo parts, split once into a buffer here
     and passed to `impl.op_lo`, so no call splits the weight again."""
     if impl.op_lo is None or weight is None:
         return g.call_function(impl.op, (a, b, bias, c, alpha, beta))
+    # Every presplit kernel splits alike (the template's split_lo): the lo parts are keyed by B alone.
     name = f"_factdb_b_lo_{index}"
-    with torch.no_grad():
-        gm.register_buffer(name, impl.split_lo(weight.detach()).t())  # packed N x K, as t(W)
+    _derived(gm, fx, name, ("b_lo", _ident(weight)), lambda: impl.split_lo(weight.detach()).t())  # packed N x K
     lo = g.call_function(torch.ops.aten.t.default, (g.get_attr(name),))
     return g.call_function(impl.op_lo, (a, b, lo, bias, c, alpha, beta))
 
 
-def _held_weight(gm, g, name: str, w_nk):
-    """Register `w_nk` (N x K, packed) as buffer `name`; returns (the node of B as the GEMM op
-    takes it, K x N: t(buffer), and that tensor)."""
-    gm.register_buffer(name, w_nk)
+def _held_weight(gm, g, fx, name: str, key: tuple, make_nk):
+    """Buffer `name` holding make_nk() (N x K, packed; see _derived); returns (the node of B
+    as the GEMM op takes it, K x N: t(buffer), and that tensor)."""
+    w_nk = _derived(gm, fx, name, key, make_nk)
     return g.call_function(torch.ops.aten.t.default, (g.get_attr(name),)), w_nk.t()
 
 
@@ -158,7 +177,9 @@ def _gemm_nodes(gm, g, shapes, r, impl, fx, index: int):
         if weight is not None and len(sb) == 2 and spec.get("layout_b") == "col":
             # A K x N weight for a kernel that reads B K-major: transposed once into a buffer
             # (N x K), not copied by every call (realize.plan keys such regions K-major).
-            b, weight = _held_weight(gm, g, f"_factdb_wt_{index}", weight.detach().t().contiguous())
+            w = weight
+            b, weight = _held_weight(gm, g, fx, f"_factdb_wt_{index}", ("t", _ident(w)),
+                                     lambda: w.detach().t().contiguous())
     k = sa[-1]
     flatten = len(sb) == 2 and len(sa) != 2  # (..., K) @ (K, N): one 2-D GEMM over the leading dims
     if len(sa) > 3 or (len(sb) == 3 and len(sa) not in (2, 3)):
@@ -173,14 +194,15 @@ def _gemm_nodes(gm, g, shapes, r, impl, fx, index: int):
             raise ComposeError(f"region {r.rule} at `{r.output}`: the kernel adds a bias, the region has none, "
                                "and its weight is not a parameter to take a device from")
         name = f"_factdb_zero_bias_{index}"
-        gm.register_buffer(name, torch.zeros(n, dtype=weight.dtype, device=weight.device))
+        _derived(gm, fx, name, ("zeros", n, weight.dtype, weight.device),
+                 lambda: torch.zeros(n, dtype=weight.dtype, device=weight.device))
         bias = g.get_attr(name)
     # A constant scale the region folds in (discover._gemm_scale): act(alpha * acc + beta * c + alpha * bias).
     alpha, beta = float(attrs.get("alpha", 1.0)), float(attrs.get("beta", 1.0))
     if alpha != 1.0 and bias is not None:
         if bias.op == "get_attr":
-            name = f"_factdb_scaled_bias_{index}"
-            gm.register_buffer(name, (_attr_tensor(gm, bias.target) * alpha).detach())
+            name, tb = f"_factdb_scaled_bias_{index}", _attr_tensor(gm, bias.target)
+            _derived(gm, fx, name, ("scaled", alpha, _ident(tb)), lambda: (tb * alpha).detach())
             bias = g.get_attr(name)
         else:
             bias = g.call_function(aten.mul.Tensor, (bias, alpha))
@@ -192,7 +214,7 @@ def _gemm_nodes(gm, g, shapes, r, impl, fx, index: int):
         c = g.call_function(aten.reshape.default, (c, [-1, n]))
     if weight is not None and len(sb) != 2:
         weight = None  # a batched constant B: split per call
-    y = _gemm_call(gm, g, impl, a, b, (weight.t() if nk else weight) if weight is not None else None, bias, c,
+    y = _gemm_call(gm, g, fx, impl, a, b, (weight.t() if nk else weight) if weight is not None else None, bias, c,
                    alpha, beta if c is not None else 0.0, index)
     if two_d:
         y = g.call_function(aten.view.default, (y, list(sout)))
@@ -213,16 +235,17 @@ def _dual_gemm_nodes(gm, g, shapes, r, impl, fx, index: int):
     sa, sout = shapes.get(ops["a"]), shapes.get(r.output)
     if sa is None or sout is None:
         raise ComposeError(f"region {r.rule} at `{r.output}`: operand shapes unknown")
-    name = f"_factdb_gate_up_{index}"
+    name, key = f"_factdb_gate_up_{index}", (nk, _ident(tg), _ident(tu))
     if nk or impl.record.get("spec", {}).get("layout_b") == "col":  # held N x K (K-major B)
-        b, wt = _held_weight(gm, g, name, torch.cat([tg, tu] if nk else [tg.t(), tu.t()], dim=0).contiguous())
+        b, wt = _held_weight(gm, g, fx, name, ("gate_up_nk", *key),
+                             lambda: torch.cat([tg, tu] if nk else [tg.t(), tu.t()], dim=0).contiguous())
     else:
-        gm.register_buffer(name, torch.cat([tg, tu], dim=1))
-        b, wt = g.get_attr(name), getattr(gm, name)
+        wt = _derived(gm, fx, name, ("gate_up_kn", *key), lambda: torch.cat([tg, tu], dim=1))
+        b = g.get_attr(name)
     a = fx(ops["a"])
     if len(sa) != 2:
         a = g.call_function(aten.reshape.default, (a, [-1, sa[-1]]))
-    y = _gemm_call(gm, g, impl, a, b, wt, None, None, 1.0, 0.0, index)
+    y = _gemm_call(gm, g, fx, impl, a, b, wt, None, None, 1.0, 0.0, index)
     # Two slices, not split(): autograd refuses in-place writes to a view of a multi-view op.
     gate = g.call_function(aten.slice.Tensor, (y, -1, 0, n))
     up = g.call_function(aten.slice.Tensor, (y, -1, n, 2 * n))
@@ -266,15 +289,16 @@ def _horizontal_nodes(gm, g, shapes, r, impl, fx, index: int):
     if sa is None or any(o is None for o in outs):
         raise ComposeError(f"region {r.rule} at `{r.output}`: operand shapes unknown")
     wname, bname = f"_factdb_hcat_weight_{index}", f"_factdb_hcat_bias_{index}"
-    gm.register_buffer(wname, torch.cat(ws, dim=0).contiguous())
+    _derived(gm, fx, wname, ("cat_nk", *(_ident(w) for w in ws)), lambda: torch.cat(ws, dim=0).contiguous())
     bias = None
     if any(b is not None for b in bs):
-        gm.register_buffer(bname, torch.cat([b if b is not None else ws[i].new_zeros(ns[i]) for i, b in enumerate(bs)]))
+        _derived(gm, fx, bname, ("cat_bias", *(_ident(b) if b is not None else ns[i] for i, b in enumerate(bs))),
+                 lambda: torch.cat([b if b is not None else ws[i].new_zeros(ns[i]) for i, b in enumerate(bs)]))
         bias = g.get_attr(bname)
     a = fx(ops["a"])
     if len(sa) != 2:
         a = g.call_function(aten.reshape.default, (a, [-1, sa[-1]]))
-    y = _gemm_call(gm, g, impl, a, g.call_function(aten.t.default, (g.get_attr(wname),)), getattr(gm, wname).t(),
+    y = _gemm_call(gm, g, fx, impl, a, g.call_function(aten.t.default, (g.get_attr(wname),)), getattr(gm, wname).t(),
                    bias, None, 1.0, 0.0, index)
     if len(sa) != 2:
         y = g.call_function(aten.view.default, (y, list(sa[:-1]) + [sum(ns)]))
@@ -366,7 +390,7 @@ _BUILDERS = {"gemm": _gemm_nodes, "attention": _attention_nodes, "sdpa": _attent
              "region": _region_nodes}
 
 
-def rewrite(program, regions: list, impls: dict, split_weights: bool = True):
+def rewrite(program, regions: list, impls: dict, split_weights: bool = True, derived: dict | None = None):
     """The unlifted GraphModule of ExportedProgram `program` with every region whose Impl is
     not eager replaced by its op. Regions need `rule`, `nodes`, `output`, `operands`,
     `attrs` and `composable` (discover.Region has them; an artifact stores them). Returns
@@ -374,7 +398,9 @@ def rewrite(program, regions: list, impls: dict, split_weights: bool = True):
     `split_weights`: a kernel that takes B's lo parts (Impl.op_lo) gets its weight's split
     once into a buffer, held beside the weight (faster calls, one more copy of the weight);
     False splits them per call. Buffers made here (concatenated weights, lo parts) are copies:
-    the module serves the weights it was composed with.
+    the module serves the weights it was composed with. `derived`: a dict kept across the
+    rewrites of one model (its compositions for other input shapes), so they share those
+    buffers instead of each holding its own; this call adds what it makes.
     """
     if program is None:
         raise ComposeError("no exported program to compose (the graph was traced without one)")
@@ -382,6 +408,7 @@ def rewrite(program, regions: list, impls: dict, split_weights: bool = True):
         impls = {i: dataclasses.replace(m, op_lo=None, split_lo=None) for i, m in impls.items()}
     gm = program.module()
     fx = _fx_resolver(gm, program)
+    fx.derived = derived if derived is not None else {}
     shapes = _shapes(program)
     g = gm.graph
     notes = []
@@ -546,12 +573,14 @@ class ComposedModule(torch.nn.Module):
 
     def held_mib(self, graphs: bool = True) -> float:
         """Memory this module keeps between calls beyond the model's own parameters, in MiB:
-        the buffers composition made (concatenated weights, zero biases) and each CUDA graph's
+        the buffers composition made (concatenated, transposed or split weights, zero biases;
+        once, however many input shapes it has been composed for) and each CUDA graph's
         input copies and private pool, which holds all of the graph's intermediates. A call's
         own peak (bench.peak_mib) does not see it: it was allocated before the call."""
-        made = sum(b.numel() * b.element_size() for name, b in self.gm.named_buffers()
-                   if name.rsplit(".", 1)[-1].startswith("_factdb_"))
-        return (made + (sum(g.held_bytes for g in self._graphs.values()) if graphs else 0)) / 2**20
+        mods = [self.gm] + [t for t, _ in self._variants.values() if isinstance(t, torch.fx.GraphModule)]
+        made = {b.untyped_storage().data_ptr(): b.untyped_storage().nbytes()  # variants share buffers
+                for m in mods for name, b in m.named_buffers() if name.rsplit(".", 1)[-1].startswith("_factdb_")}
+        return (sum(made.values()) + (sum(g.held_bytes for g in self._graphs.values()) if graphs else 0)) / 2**20
 
     def extra_repr(self) -> str:
         replaced = sum(1 for _, impl in self.regions if impl.kind != "eager")

@@ -325,12 +325,14 @@ def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max
                                            loader=region_kernels or None)
         report.regions = realized
     with stage("compose", report, progress):
+        derived: dict = {}  # the weights composition makes, shared with compositions for other shapes
         gm, notes = rewrite(disc.graph.program, disc.regions + [z.region for z in added],
-                            {z.index: z.impl for z in realized}, split_weights=split_weights)
+                            {z.index: z.impl for z in realized}, split_weights=split_weights, derived=derived)
         report.notes += notes
         fast = ComposedModule(gm, model_p, policy=policy, optimized_for=signature(inputs), name=name,
                               regions=[(z.region.rule, z.impl) for z in realized],
-                              variants=_variant_factory(model_p, policy, registry, realized, info, split_weights),
+                              variants=_variant_factory(model_p, policy, registry, realized, info, split_weights,
+                                                        derived),
                               also_for=[signature(inputs_p)] if inputs_p is not inputs else [],
                               cuda_graph=cuda_graph, split_weights=split_weights)
     draw = like_drawer(inputs, make_inputs)
@@ -565,11 +567,13 @@ def measure(module, model_p, fast, policy: str, draw, ref_model, *, peers=PEERS,
 # ------------------------------------------------------------------------------------------
 # Other input shapes.
 
-def _variant_factory(model_p, policy: str, registry, realized, info, split_weights: bool = True):
+def _variant_factory(model_p, policy: str, registry, realized, info, split_weights: bool = True,
+                     derived: dict | None = None):
     """variants(sig, args, kwargs) -> (module | None, why), for ComposedModule: the model
     composed again for the new input shapes from kernels the registry has for exactly those
     shapes (built already: nothing compiles during a call) and the library attention chosen
-    before; everything else eager."""
+    before; everything else eager. `derived` is the first composition's (rewrite): a variant
+    shares the weights it concatenated, transposed or split."""
     gpu = info.get("gpu")
     attention = {z.region.rule: z.impl for z in realized if z.impl.kind in ("sdpa", "attention")}
 
@@ -596,6 +600,6 @@ def _variant_factory(model_p, policy: str, registry, realized, info, split_weigh
                 used += 1
         if not used:
             return None, "the registry has no built kernel for these shapes"
-        gm, _ = rewrite(disc.graph.program, disc.regions, impls, split_weights=split_weights)
+        gm, _ = rewrite(disc.graph.program, disc.regions, impls, split_weights=split_weights, derived=derived)
         return gm, f"{used} of {len(disc.regions)} regions from kernels the registry has for these shapes, the rest eager"
     return make

@@ -165,3 +165,52 @@ def test_a_view_that_needs_a_packed_result_gets_a_copy():
     assert notes == [] and "aten.clone.default" in _targets(gm)
     with torch.no_grad():
         torch.testing.assert_close(gm(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------
+# Compositions for other input shapes share what the first one made.
+
+class Block(nn.Module):
+    """A K x N weight, Q/K/V-style siblings and SwiGLU: every kind of weight composition makes."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = Conv1D(32, 32)
+        self.q, self.k = nn.Linear(32, 32), nn.Linear(32, 32, bias=False)
+        self.gate, self.up = nn.Linear(32, 64, bias=False), nn.Linear(32, 64, bias=False)
+
+    def forward(self, x):
+        h = self.proj(x)
+        h = torch.cat([torch.tanh(self.q(h)), torch.sigmoid(self.k(h))], -1)[..., ::2]
+        return F.silu(self.gate(h)) * self.up(h)
+
+
+def test_a_composition_for_other_shapes_shares_the_weights_the_first_made():
+    from fact_db.compose import ComposedModule, signature
+    torch.manual_seed(0)
+    model = Block().eval()
+    derived: dict = {}
+    mods = []
+    for batch in (2, 3):
+        x = torch.randn(batch, 8, 32)
+        rep = fact_db.discover(model, (x,))
+        gm, notes = rewrite(rep.graph.program, rep.regions, _impls(rep, "fp32", lo=True), derived=derived)
+        assert notes == []
+        with torch.no_grad():
+            torch.testing.assert_close(gm(x), model(x), rtol=1e-5, atol=1e-5)
+        mods.append(gm)
+    first, second = (_held(m, "_factdb_") for m in mods)
+    kinds = {n.rsplit("_", 1)[0] for n in first}
+    assert {"_factdb_wt", "_factdb_hcat_weight", "_factdb_hcat_bias", "_factdb_gate_up", "_factdb_b_lo"} <= kinds
+    ptrs = {b.untyped_storage().data_ptr() for b in first.values()}
+    assert {b.untyped_storage().data_ptr() for b in second.values()} == ptrs  # nothing made twice
+
+    x2, x3 = torch.randn(2, 8, 32), torch.randn(3, 8, 32)
+    fast = ComposedModule(mods[0], model, policy="fp32", optimized_for=signature((x2,)),
+                          variants=lambda sig, args, kwargs: (mods[1], "the stand-in variant"))
+    once = fast.held_mib()
+    storages = {b.untyped_storage().data_ptr(): b.untyped_storage().nbytes() for b in first.values()}
+    assert once * 2**20 == sum(storages.values())  # a buffer shared by two regions counted once
+    with pytest.warns(UserWarning, match="the stand-in variant"):
+        torch.testing.assert_close(fast(x3), model(x3), rtol=1e-5, atol=1e-5)
+    assert fast.held_mib() == once  # the variant holds nothing of its own
