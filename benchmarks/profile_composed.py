@@ -32,14 +32,18 @@ def _profile(fn, xs, calls: int = 20) -> dict:
             for _ in range(calls):
                 fn(*xs)
             torch.cuda.synchronize()
-    rows = []
+    rows, ops = [], []
     for e in prof.key_averages():
         dev = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
         if dev > 0 and e.device_type.name == "CUDA":
             rows.append({"kernel": e.key[:110], "calls": e.count // calls, "us_per_call": dev / calls})
+        elif e.device_type.name == "CPU" and e.self_cpu_time_total > 0:
+            ops.append({"op": e.key[:110], "calls": e.count / calls, "self_us_per_call": e.self_cpu_time_total / calls})
     rows.sort(key=lambda r: -r["us_per_call"])
+    ops.sort(key=lambda r: -r["self_us_per_call"])
     return {"host_ms": host_ms, "wall_ms": wall_ms, "gpu_us": sum(r["us_per_call"] for r in rows),
-            "launches": sum(r["calls"] for r in rows), "kernels": rows[:20]}
+            "launches": sum(r["calls"] for r in rows), "kernels": rows[:20],
+            "host_ops": ops[:25]}  # where the host's time goes (self CPU time, under the profiler)
 
 
 def main() -> None:
@@ -74,6 +78,9 @@ def main() -> None:
               f"GPU {p['gpu_us'] / 1e3:.3f} ms in {p['launches']} launches")
         for r in p["kernels"][:12]:
             print(f"   {r['us_per_call']:9.1f} us  x{r['calls']:<3d} {r['kernel']}")
+        print("   host, self CPU time per call:")
+        for r in p["host_ops"][:12]:
+            print(f"   {r['self_us_per_call']:9.1f} us  x{r['calls']:<5.1f} {r['op']}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(out, f, indent=1)
