@@ -13,7 +13,7 @@ import ctypes
 import hashlib
 from pathlib import Path
 
-from .kernel import CUTLASS_STATUS, KernelError
+from .kernel import CUTLASS_STATUS, KernelError, _raw_stream
 from .ops import factdb_op
 
 # The output dtype of each family, when it is not q's (fmha_fp32tc writes float32 for fp32 q).
@@ -80,13 +80,10 @@ class AttentionKernel:
         scale = float(scale) if scale is not None else d ** -0.5
         ws_size = self.workspace_size(b, h, lq, lk)
         ws = torch.empty(max(ws_size, 1), dtype=torch.uint8, device=q.device)
-        stream = torch.cuda.current_stream(q.device).cuda_stream
-        s = lambda t: (t.stride(0), t.stride(1), t.stride(2))  # noqa: E731
-        rc = self._launch(ctypes.c_void_p(q.data_ptr()), ctypes.c_void_p(k.data_ptr()),
-                          ctypes.c_void_p(v.data_ptr()), ctypes.c_void_p(out.data_ptr()),
+        s = lambda t: t.stride()[:3]  # noqa: E731
+        rc = self._launch(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
                           b, h, hkv, lq, lk, d, dv, *s(q), *s(k), *s(v), *s(out),
-                          ctypes.c_float(scale), int(bool(causal)), ctypes.c_void_p(ws.data_ptr()),
-                          ctypes.c_void_p(stream))
+                          scale, int(bool(causal)), ws.data_ptr(), _raw_stream(q.device))
         if rc != 0:
             what = CUTLASS_STATUS.get(rc, f"CUDA error {rc - 1000}" if rc >= 1000 else f"status {rc}")
             raise KernelError(f"{self.template} attention kernel {self.path.parent.name} refused or failed the launch: "

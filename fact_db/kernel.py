@@ -50,6 +50,33 @@ class GemmSpec:
         return self.epilogue == "residual"
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """A GEMM call's launch arguments other than the data pointers, alpha and beta."""
+    shape: tuple          # D's
+    dtype: object         # D's torch dtype
+    ws: int               # workspace bytes
+    b_lo: bool            # launched with B's lo parts (launch_blo_ex)
+    c: bool               # C's pointer passed
+    bias: bool            # the bias pointer passed
+    ints: tuple           # m, n, k, batch, lda, ldb, ldc, ldd, batch strides of A, B, C, D, and 0
+
+
+def _geometry(a, b, bias, c, b_lo) -> tuple:
+    """What a GEMM call's launch arguments depend on, besides the data pointers and scalars."""
+    return (a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(), b.dtype, b.device,
+            None if bias is None else (bias.shape, bias.stride(), bias.dtype),
+            None if c is None else (c.shape, c.stride(), c.dtype),
+            None if b_lo is None else (b_lo.shape, b_lo.stride(), b_lo.dtype, b_lo.device))
+
+
+def _raw_stream(device) -> int:
+    """The current CUDA stream of `device` as a raw handle (Inductor's fast path where torch has it)."""
+    import torch
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return raw(device.index) if raw is not None and device.index is not None else torch.cuda.current_stream(device).cuda_stream
+
+
 def _torch_dtype(name: str):
     import torch
     return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
@@ -109,6 +136,7 @@ class GemmKernel:
             self._split.argtypes = [vp, vp] + [i64] * 5 + [vp]
             self._split.restype = ctypes.c_int
         self._op = self._op_blo = None
+        self._plans: dict = {}  # call geometry -> _Plan: a repeated call skips the checks and sizing
 
     # ----------------------------------------------------------------------------------
     def _prepare(self, x, want: str):
@@ -157,7 +185,15 @@ class GemmKernel:
 
     def __call__(self, a, b, bias=None, c=None, alpha: float = 1.0, beta: float = 0.0, out=None, b_lo=None):
         import torch
+        # A call like an earlier one (same shapes, strides, dtypes, devices, same operands
+        # present) launches with the arguments worked out then: a composed module makes the
+        # same calls every forward, and the checks below cost it tens of us of host time each.
+        geo = _geometry(a, b, bias, c, b_lo) if out is None else None
+        plan = self._plans.get(geo) if geo is not None else None
+        if plan is not None:
+            return self._run(plan, a, b, bias, c, b_lo, alpha, beta)
         spec = self.spec
+        given = (a, b, bias, c)
         if b_lo is not None:
             self._check_b(b)
             k_, n_ = b.shape
@@ -215,18 +251,28 @@ class GemmKernel:
         bs_c = (c.stride(0) if c is not None and c.dim() == 3 else 0)
         bs_d = m * n if batched else 0
         ws_size = self.workspace_size(m, n, k, batch, b_lo=b_lo is not None)
-        ws = torch.empty(max(ws_size, 1), dtype=torch.uint8, device=a.device) if ws_size else None
-        stream = torch.cuda.current_stream(a.device).cuda_stream
-        ptr = lambda t: ctypes.c_void_p(t.data_ptr()) if t is not None else None  # noqa: E731
-        extra = (self._opts,) if self._has_ex else ()
-        launch, lo = (self._launch, ()) if b_lo is None else (self._launch_blo, (ptr(b_lo),))
-        rc = launch(ptr(a), ptr(b), *lo, ptr(c) if spec.reads_c or c is not None else None,
-                    ptr(bias) if spec.needs_bias else None, ptr(out),
-                    m, n, k, batch, lda, ldb, ldc, n, bs_a, bs_b, bs_c, bs_d, 0,
-                    ctypes.c_float(alpha), ctypes.c_float(beta),
-                    ptr(ws), ctypes.c_void_p(stream), *extra)
+        plan = _Plan(shape, out_dt, ws_size, b_lo is not None, spec.reads_c or c is not None, spec.needs_bias,
+                     (m, n, k, batch, lda, ldb, ldc, n, bs_a, bs_b, bs_c, bs_d, 0))
+        if geo is not None and not batched and all(x is y for x, y in zip((a, b, bias, c), given)):
+            # Nothing was copied or cast: the same call next time needs none of the above.
+            self._plans[geo] = plan
+        return self._run(plan, a, b, bias, c, b_lo, alpha, beta, out)
+
+    def _run(self, plan, a, b, bias, c, b_lo, alpha: float, beta: float, out=None):
+        import torch
+        dev = a.device
+        if out is None:
+            out = torch.empty(plan.shape, dtype=plan.dtype, device=dev)
+        ws = torch.empty(max(plan.ws, 1), dtype=torch.uint8, device=dev) if plan.ws else None
+        lo = (b_lo.data_ptr(),) if plan.b_lo else ()
+        rc = (self._launch_blo if plan.b_lo else self._launch)(
+            a.data_ptr(), b.data_ptr(), *lo, c.data_ptr() if plan.c and c is not None else None,
+            bias.data_ptr() if plan.bias and bias is not None else None, out.data_ptr(), *plan.ints,
+            alpha, beta, ws.data_ptr() if ws is not None else None, _raw_stream(dev),
+            *((self._opts,) if self._has_ex else ()))
         if rc != 0:
             what = CUTLASS_STATUS.get(rc, f"CUDA error {rc - 1000}" if rc >= 1000 else f"status {rc}")
+            m, n, k, batch = plan.ints[:4]
             raise KernelError(f"{self.template} kernel {self.path.parent.name} refused or failed the launch: {what} "
                               f"(M={m} N={n} K={k} batch={batch})")
         return out

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .errors import FactError
+from .kernel import _raw_stream
 from .ops import factdb_op
 
 TEMPLATE = "add_norm"
@@ -221,10 +222,9 @@ class NormKernel:
             raise NormError("this LayerNorm kernel adds a bias: pass bias")
         y = torch.empty_like(x2) if out is None else out.view(-1, w.width)
         s = (torch.empty_like(x2) if sum_out is None else sum_out.view(-1, w.width)) if w.write_sum else None
-        ptr = lambda t: ctypes.c_void_p(t.data_ptr()) if t is not None else None  # noqa: E731
-        stream = torch.cuda.current_stream(x.device).cuda_stream
-        rc = self._launch(ptr(x2), ptr(r2), ptr(wt), ptr(b), ptr(y), ptr(s), x2.shape[0], w.width,
-                          ctypes.c_float(w.eps), ctypes.c_void_p(stream))
+        ptr = lambda t: t.data_ptr() if t is not None else None  # noqa: E731
+        rc = self._launch(ptr(x2), ptr(r2), ptr(wt), ptr(b), ptr(y), ptr(s), x2.shape[0], w.width, w.eps,
+                          _raw_stream(x.device))
         if rc != 0:
             what = STATUS.get(rc, f"CUDA error {rc - 1000}" if rc >= 1000 else f"status {rc}")
             raise NormError(f"norm kernel {self.path.parent.name} refused or failed the launch: {what} "

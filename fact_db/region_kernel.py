@@ -326,9 +326,7 @@ class RegionKernel:
         self._fn.restype = ctypes.c_int
 
     def __call__(self, inputs: list, out):
-        import torch
-
-        from .kernel import KernelError
+        from .kernel import KernelError, _raw_stream
         n = len(inputs)
         i64 = ctypes.c_int64
         shapes = [(i64 * max(t.dim(), 1))(*t.shape) for t in inputs]
@@ -338,9 +336,7 @@ class RegionKernel:
         st = (ctypes.POINTER(i64) * n)(*[ctypes.cast(s, ctypes.POINTER(i64)) for s in strides])
         ranks = (ctypes.c_int * n)(*[t.dim() for t in inputs])
         oshape = (i64 * max(out.dim(), 1))(*out.shape)
-        stream = torch.cuda.current_stream(out.device).cuda_stream
-        rc = self._fn(ptrs, sp, st, ranks, n, ctypes.c_void_p(out.data_ptr()), oshape, out.dim(),
-                      ctypes.c_void_p(stream))
+        rc = self._fn(ptrs, sp, st, ranks, n, out.data_ptr(), oshape, out.dim(), _raw_stream(out.device))
         if rc != 0:
             what = f"CUDA error {rc - 1000}" if rc >= 1000 else f"status {rc}"
             raise KernelError(f"region kernel {self.path.parent.name} refused or failed the launch: {what}")
