@@ -486,6 +486,19 @@ def signature(args, kwargs=None) -> tuple:
     return (f"{len(args)} args; kwargs {sorted(kwargs)}", tuple(out))
 
 
+def _quick_guard(sig: tuple):
+    """[(shape, torch dtype, device type)] per argument of a signature of positional tensors
+    only (what `signature` makes of such a call); None for any other signature."""
+    head, leaves = sig
+    if not head.endswith("; kwargs []") or head != f"{len(leaves)} args; kwargs []" or \
+            any(leaf[0] != "T" for leaf in leaves):
+        return None
+    try:
+        return [(torch.Size(leaf[1]), getattr(torch, leaf[2]), leaf[3]) for leaf in leaves]
+    except (AttributeError, TypeError):
+        return None
+
+
 def signature_from_json(data) -> tuple:
     """The tuple form of a signature read back from JSON (lists become tuples)."""
     head, leaves = data
@@ -536,9 +549,20 @@ class ComposedModule(torch.nn.Module):
         self._variants: dict = {}
         self._variant_factory = variants
         self._warned: set = set()
+        # The guarded signatures that are plain positional tensors, as (shape, dtype, device
+        # type) per argument: a call is checked against them without building its signature.
+        self._quick = [(q, sig) for sig in (optimized_for, *self.also_for) if (q := _quick_guard(sig)) is not None]
 
     def _target(self, args, kwargs):
-        sig = signature(args, kwargs)
+        sig = None
+        if not kwargs:
+            for q, known in self._quick:
+                if len(args) == len(q) and all(isinstance(x, torch.Tensor) and x.shape == shp and x.dtype == dt
+                                               and x.device.type == dev for x, (shp, dt, dev) in zip(args, q)):
+                    sig = known
+                    break
+        if sig is None:
+            sig = signature(args, kwargs)
         if sig == self.optimized_for or sig in self.also_for:
             if self.prefer_eager:
                 return self.fallback
@@ -568,6 +592,8 @@ class ComposedModule(torch.nn.Module):
 
     def forward(self, *args, **kwargs):
         # Inference only: the kernels have no backward (their ops register none).
+        if not torch.is_grad_enabled():
+            return run_at_policy(self._target(args, kwargs), self.policy, args, kwargs)
         with torch.no_grad():
             return run_at_policy(self._target(args, kwargs), self.policy, args, kwargs)
 
@@ -670,7 +696,6 @@ class _Graphed:
 def run_at_policy(fn, policy: str, args, kwargs=None):
     """`fn(*args, **kwargs)` the way `policy` runs a float32 model: bf16/fp16 cast floating
     inputs in and the output back to the first floating input's dtype; tf32 enables TF32."""
-    from .workload import policy_mode
     kwargs = kwargs or {}
     dt = policy_dtype(policy)
     if dt is not None:
@@ -680,5 +705,21 @@ def run_at_policy(fn, policy: str, args, kwargs=None):
         args, kwargs = cast_floats((args, kwargs), dt)
         out = fn(*args, **kwargs)
         return cast_floats(out, back) if back != dt else out
-    with policy_mode(policy):
+    if torch.compiler.is_compiling():  # Dynamo traces the public flags, not torch._C's accessors
+        from .workload import policy_mode
+        with policy_mode(policy):
+            return fn(*args, **kwargs)
+    # workload.policy_mode, inline: a composed module runs this on every call, and where the
+    # flags are already the policy's (the usual case) it costs two reads, not four writes.
+    tf32 = policy == "tf32"
+    get_mm, get_dnn = torch._C._get_cublas_allow_tf32, torch._C._get_cudnn_allow_tf32
+    old = (get_mm(), get_dnn())
+    if old == (tf32, tf32):
         return fn(*args, **kwargs)
+    torch._C._set_cublas_allow_tf32(tf32)
+    torch._C._set_cudnn_allow_tf32(tf32)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        torch._C._set_cublas_allow_tf32(old[0])
+        torch._C._set_cudnn_allow_tf32(old[1])

@@ -232,6 +232,25 @@ def test_other_shapes_run_eager_with_one_warning(block):
     assert len(seen) == 1 and "float64" in str(seen[0].message)
 
 
+def test_the_quick_guard_picks_what_the_full_signature_picks(block):
+    """A call of positional tensors is matched against the guarded signatures without building
+    its own; the target must be the one the full signature check gives, for any call."""
+    model, x, _ = block
+    quick, full = _composed(block), _composed(block)
+    full._quick = []
+    assert quick._quick and quick._quick[0][1] == signature((x,))
+    calls = [(x,), (x.clone(),), (x.double(),), (torch.rand(3, 20, 64),), (x[:, :, :32],), (x, 1), (x.half(),)]
+
+    def role(m, args, kwargs=None):
+        t = m._target(args, kwargs or {})
+        return "composed" if t is m.gm else "eager" if t is m.fallback else "other"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert [role(quick, a) for a in calls] == [role(full, a) for a in calls] == \
+            ["composed", "composed", "eager", "eager", "eager", "eager", "eager"]
+        assert role(quick, (), {"x": x}) == "eager"  # keywords take the full check
+
+
 def test_a_variant_serves_other_shapes_when_one_can_be_built(block):
     model, x, _ = block
     made = []
