@@ -363,7 +363,8 @@ class Agent:
         try:
             data = yaml.safe_load(reply["rule"])
         except yaml.YAMLError as e:
-            return Proposal(ask.node, "rule", "refused", f"rule YAML refused (only plain YAML, no tags): {first_line(e, None)}")
+            return Proposal(ask.node, "rule", "refused",
+                            f"rule YAML refused (only plain YAML, no tags): {first_line(e, None)}")
         if not isinstance(data, dict):
             return Proposal(ask.node, "rule", "schema-invalid", "rule YAML is not a mapping")
         rid = data.get("id")

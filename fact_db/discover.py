@@ -44,8 +44,8 @@ class Region:
     # What realization and composition need, so neither re-derives it: the rule's epilogue,
     # each operand's role -> graph node name (GEMM: a, b, bias, c; attention: q, k or kt, v;
     # norms: x, weight, bias), and scalar attributes (b_layout "nk" for a Linear weight,
-    # b_weight where a GEMM's B is a 2-D parameter, attention scale and causal, norm eps). `composable` is "" or why composition must
-    # leave the region to eager PyTorch.
+    # b_weight where a GEMM's B is a 2-D parameter, attention scale and causal, norm eps).
+    # `composable` is "" or why composition must leave the region to eager PyTorch.
     epilogue: list = field(default_factory=list)
     operands: dict = field(default_factory=dict)
     attrs: dict = field(default_factory=dict)

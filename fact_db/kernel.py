@@ -74,7 +74,9 @@ def _raw_stream(device) -> int:
     """The current CUDA stream of `device` as a raw handle (Inductor's fast path where torch has it)."""
     import torch
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    return raw(device.index) if raw is not None and device.index is not None else torch.cuda.current_stream(device).cuda_stream
+    if raw is not None and device.index is not None:
+        return raw(device.index)
+    return torch.cuda.current_stream(device).cuda_stream
 
 
 def _torch_dtype(name: str):

@@ -38,13 +38,14 @@ def plan(report, policy: str) -> list[Planned]:
     for r in report.regions:
         if r.template.startswith("dual_gemm") and r.operands and not r.composable:
             # On Hopper: one GEMM over the concatenated gate and up weights (x read once, one
-            # launch); SiLU and the product stay in PyTorch.
+            # launch); SiLU and the product stay in PyTorch, in place in its output. Held N x K
+            # (K-major) for a Linear's weights, and for K x N ones under the float32 policies.
             p = r.problem
             kmajor = r.attrs.get("b_layout") == "nk" or POLICY_DTYPE[policy] == "float32"
             w = GemmWorkload(p["M"], 2 * p["N"], p["K"], 1, policy=policy, layout_a="row",
                              layout_b="col" if kmajor else "row", epilogue="none", rule="gemm")
             out.append(Planned(r, w, "one GEMM over the concatenated gate and up weights; SiLU and the product "
-                                     "stay in PyTorch"))
+                                     "in PyTorch, in place in its output"))
             continue
         if r.template not in GEMM_TEMPLATES:
             out.append(Planned(r, None, f"template {r.template}: not realized yet (stage 2 covers the GEMM family)"))

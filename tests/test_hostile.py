@@ -206,7 +206,8 @@ def test_the_child_dies_with_a_killed_parent():
 
 
 @pytest.mark.parametrize("exc, kw, want", [
-    (RuntimeError("CUDA error: an illegal memory access\nCompile with TORCH_USE_CUDA_DSA"), {}, "CUDA error: an illegal memory access"),
+    (RuntimeError("CUDA error: an illegal memory access\nCompile with TORCH_USE_CUDA_DSA"), {},
+     "CUDA error: an illegal memory access"),
     (RuntimeError("x" * 500), {"limit": 160}, "x" * 160),
     (RuntimeError("x" * 500), {"limit": None}, "x" * 500),
     (KeyError(), {}, "KeyError"),
