@@ -106,6 +106,10 @@ def test_a_kn_weight_is_transposed_once_for_a_k_major_kernel(lo):
     assert sorted(tuple(b.shape) for b in held.values()) == sorted(tuple(w.t().shape) for w in weights)
     for b in held.values():  # N x K, packed: the weight's transpose, made once
         assert b.is_contiguous() and any(torch.equal(b, w.t()) for w in weights)
+    gemms = [n for n in gm.graph.nodes if str(n.target).startswith("factdb_test.gemm")]
+    bs = [n.args[1] for n in gemms]  # B as each op takes it: t(the held buffer), a K-major view
+    assert len(gemms) == 2 and all(str(b.target) == "aten.t.default" and b.args[0].op == "get_attr"
+                                   and b.args[0].target.startswith("_factdb_wt_") for b in bs)
     before = standins.CALLS.copy()
     with torch.no_grad():
         torch.testing.assert_close(gm(x), model(x), rtol=1e-5, atol=1e-5)
