@@ -13,7 +13,7 @@ import ctypes
 import hashlib
 from pathlib import Path
 
-from .kernel import CUTLASS_STATUS, KernelError, _raw_stream
+from .kernel import KernelError, _raw_stream, launch_status
 from .ops import factdb_op
 
 # The output dtype of each family, when it is not q's (fmha_fp32tc writes float32 for fp32 q).
@@ -85,7 +85,7 @@ class AttentionKernel:
                           b, h, hkv, lq, lk, d, dv, *s(q), *s(k), *s(v), *s(out),
                           scale, int(bool(causal)), ws.data_ptr(), _raw_stream(q.device))
         if rc != 0:
-            what = CUTLASS_STATUS.get(rc, f"CUDA error {rc - 1000}" if rc >= 1000 else f"status {rc}")
+            what = launch_status(rc)
             raise KernelError(f"{self.template} attention kernel {self.path.parent.name} refused or failed the launch: "
                               f"{what} (batch={b} heads={h}/{hkv} lq={lq} lk={lk} d={d} causal={bool(causal)})")
         return out

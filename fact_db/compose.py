@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .errors import FactError, first_line
+from .workload import policy_mode
 
 HALF_POLICIES = {"bf16": "bfloat16", "fp16": "float16"}
 
@@ -705,21 +706,5 @@ def run_at_policy(fn, policy: str, args, kwargs=None):
         args, kwargs = cast_floats((args, kwargs), dt)
         out = fn(*args, **kwargs)
         return cast_floats(out, back) if back != dt else out
-    if torch.compiler.is_compiling():  # Dynamo traces the public flags, not torch._C's accessors
-        from .workload import policy_mode
-        with policy_mode(policy):
-            return fn(*args, **kwargs)
-    # workload.policy_mode, inline: a composed module runs this on every call, and where the
-    # flags are already the policy's (the usual case) it costs two reads, not four writes.
-    tf32 = policy == "tf32"
-    get_mm, get_dnn = torch._C._get_cublas_allow_tf32, torch._C._get_cudnn_allow_tf32
-    old = (get_mm(), get_dnn())
-    if old == (tf32, tf32):
+    with policy_mode(policy):
         return fn(*args, **kwargs)
-    torch._C._set_cublas_allow_tf32(tf32)
-    torch._C._set_cudnn_allow_tf32(tf32)
-    try:
-        return fn(*args, **kwargs)
-    finally:
-        torch._C._set_cublas_allow_tf32(old[0])
-        torch._C._set_cudnn_allow_tf32(old[1])

@@ -70,6 +70,12 @@ def _geometry(a, b, bias, c, b_lo) -> tuple:
             None if b_lo is None else (b_lo.shape, b_lo.stride(), b_lo.dtype, b_lo.device))
 
 
+def launch_status(rc: int, names: dict = CUTLASS_STATUS) -> str:
+    """A kernel launch's return code in words: a named status, `CUDA error N` (codes from
+    1000 up carry a cudaError_t), or `status N`."""
+    return names.get(rc, f"CUDA error {rc - 1000}" if rc >= 1000 else f"status {rc}")
+
+
 def _raw_stream(device) -> int:
     """The current CUDA stream of `device` as a raw handle (Inductor's fast path where torch has it)."""
     import torch
@@ -177,12 +183,10 @@ class GemmKernel:
         b, ldb = self._prepare(b, self.spec.layout_b)
         k, n = b.shape
         lo = torch.empty((n, k), dtype=torch.float32, device=b.device)
-        stream = torch.cuda.current_stream(b.device).cuda_stream
-        rc = self._split(ctypes.c_void_p(b.data_ptr()), ctypes.c_void_p(lo.data_ptr()), n, k, ldb, 0, 1,
-                         ctypes.c_void_p(stream))
+        rc = self._split(b.data_ptr(), lo.data_ptr(), n, k, ldb, 0, 1, _raw_stream(b.device))
         if rc != 0:
             raise KernelError(f"{self.template} kernel {self.path.parent.name}: splitting B failed: "
-                              f"{CUTLASS_STATUS.get(rc, f'CUDA error {rc - 1000}' if rc >= 1000 else f'status {rc}')}")
+                              f"{launch_status(rc)}")
         return lo.t()
 
     def __call__(self, a, b, bias=None, c=None, alpha: float = 1.0, beta: float = 0.0, out=None, b_lo=None):
@@ -273,7 +277,7 @@ class GemmKernel:
             alpha, beta, ws.data_ptr() if ws is not None else None, _raw_stream(dev),
             *((self._opts,) if self._has_ex else ()))
         if rc != 0:
-            what = CUTLASS_STATUS.get(rc, f"CUDA error {rc - 1000}" if rc >= 1000 else f"status {rc}")
+            what = launch_status(rc)
             m, n, k, batch = plan.ints[:4]
             raise KernelError(f"{self.template} kernel {self.path.parent.name} refused or failed the launch: {what} "
                               f"(M={m} N={n} K={k} batch={batch})")

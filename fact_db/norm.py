@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .errors import FactError
-from .kernel import _raw_stream
+from .kernel import _raw_stream, launch_status
 from .ops import factdb_op
 
 TEMPLATE = "add_norm"
@@ -226,7 +226,7 @@ class NormKernel:
         rc = self._launch(ptr(x2), ptr(r2), ptr(wt), ptr(b), ptr(y), ptr(s), x2.shape[0], w.width, w.eps,
                           _raw_stream(x.device))
         if rc != 0:
-            what = STATUS.get(rc, f"CUDA error {rc - 1000}" if rc >= 1000 else f"status {rc}")
+            what = launch_status(rc, STATUS)
             raise NormError(f"norm kernel {self.path.parent.name} refused or failed the launch: {what} "
                             f"(rows={x2.shape[0]} width={w.width})")
         return y.view(shape), (s.view(shape) if s is not None else None)

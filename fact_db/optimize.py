@@ -368,7 +368,7 @@ def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max
             if held is not None and held.held_mib:
                 report.notes.append(
                     f"fact-db's module holds {held.held_mib:.1f} MiB between calls beyond the model's parameters "
-                    "(weights it concatenated" + (" or split into TF32 parts" if split_weights else "") +
+                    "(weights it concatenated or transposed" + (" or split into TF32 parts" if split_weights else "") +
                     (", its CUDA graph's pool" if held.held_mib > fast.held_mib(graphs=False) else "") +
                     "), counted in its peak memory")
     del ref_model
@@ -420,11 +420,6 @@ def plan_problem(spec: str, **kw):
 def _compiled(module, mode: str | None):
     import torch
     return torch.compile(module, mode=mode) if mode else torch.compile(module)
-
-
-def _failure(e: Exception) -> str:
-    """An exception as a variant's note: its type and the first line of its message."""
-    return first_line(e, typed=True)
 
 
 def _add_note(v: Variant, text: str) -> None:
@@ -533,7 +528,7 @@ def measure(module, model_p, fast, policy: str, draw, ref_model, *, peers=PEERS,
             else:
                 later.append((v, fn, xs))
         except Exception as e:  # noqa: BLE001  (a peer that fails, e.g. a compile error, is reported, not fatal)
-            _add_note(v, _failure(e))
+            _add_note(v, first_line(e, typed=True))
             if bar is not None:
                 bar.update(1 if compiled_peer else BENCH_ROUNDS)
         if label == "fact-db" and not composed_ok:
@@ -550,7 +545,7 @@ def measure(module, model_p, fast, policy: str, draw, ref_model, *, peers=PEERS,
                     timings[id(v)].append(timer(fn, xs))
                 except Exception as e:  # noqa: BLE001
                     failed.add(id(v))
-                    _add_note(v, _failure(e))
+                    _add_note(v, first_line(e, typed=True))
             if bar is not None:
                 bar.update(1)
     for v, fn, xs in later:
@@ -558,7 +553,7 @@ def measure(module, model_p, fast, policy: str, draw, ref_model, *, peers=PEERS,
             try:
                 finish(v, fn, xs, timings[id(v)])
             except Exception as e:  # noqa: BLE001
-                _add_note(v, _failure(e))
+                _add_note(v, first_line(e, typed=True))
     if bar is not None:
         bar.close()
     return out

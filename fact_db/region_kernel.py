@@ -326,7 +326,7 @@ class RegionKernel:
         self._fn.restype = ctypes.c_int
 
     def __call__(self, inputs: list, out):
-        from .kernel import KernelError, _raw_stream
+        from .kernel import KernelError, _raw_stream, launch_status
         n = len(inputs)
         i64 = ctypes.c_int64
         shapes = [(i64 * max(t.dim(), 1))(*t.shape) for t in inputs]
@@ -338,7 +338,7 @@ class RegionKernel:
         oshape = (i64 * max(out.dim(), 1))(*out.shape)
         rc = self._fn(ptrs, sp, st, ranks, n, out.data_ptr(), oshape, out.dim(), _raw_stream(out.device))
         if rc != 0:
-            what = f"CUDA error {rc - 1000}" if rc >= 1000 else f"status {rc}"
+            what = launch_status(rc, {})
             raise KernelError(f"region kernel {self.path.parent.name} refused or failed the launch: {what}")
         return out
 

@@ -188,13 +188,17 @@ def activation(epilogue: str):
 
 @contextlib.contextmanager
 def policy_mode(policy: str):
-    """torch's matmul precision set for `policy` (fp32 and tf32x3: IEEE fp32; tf32: TF32)."""
+    """torch's matmul precision set for `policy` (fp32 and tf32x3: IEEE fp32; tf32: TF32).
+    Flags that already match are only read: a composed module enters this on every call."""
     import torch
-    old = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    mm, dnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    old = (mm.allow_tf32, dnn.allow_tf32)
     tf32 = policy == "tf32"
-    torch.backends.cuda.matmul.allow_tf32 = tf32
-    torch.backends.cudnn.allow_tf32 = tf32
+    if old == (tf32, tf32):
+        yield
+        return
+    mm.allow_tf32 = dnn.allow_tf32 = tf32
     try:
         yield
     finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
+        mm.allow_tf32, dnn.allow_tf32 = old
