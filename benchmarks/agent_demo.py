@@ -6,7 +6,7 @@ loopback answers after the gemm-bias-relu rule is removed from a copy of the shi
           against float64 and stored in a fresh registry; a second run makes no call.
   kernel: it proposes a CUDA source for a Linear -> ReLU region (by default
           tests/data/agent/linear_relu_tiled.cu at 262144x16 -> 64, a memory-bound GEMM where
-          fusing the ReLU saves a pass over the output; the region ABI of fact_db/region_kernel.py);
+          fusing the ReLU saves a pass over the output; the region ABI of fact_db/kernels/region/region_kernel.py);
           the source policy is checked, nvcc builds it in the worker subprocess, the worker
           verifies it against the region's ATen ops in float64 and times it against eager;
           a winner is stored (region_kernels, provenance llm, with its source) and a second run
@@ -40,10 +40,10 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 def rule_part(args, tmp, relu_yaml, relu_fix, reg) -> list:
     from loopback_llm import Server  # the loopback server the CPU tests use
-    from fact_db.agent import Agent, region_realizer
-    from fact_db.discover import discover_problem
-    from fact_db.llm import LLM, Config
-    from fact_db.rules import load_rules
+    from fact_db.realization.agent import Agent, region_realizer
+    from fact_db.discovery.discover import discover_problem
+    from fact_db.realization.llm import LLM, Config
+    from fact_db.discovery.rules import load_rules
 
     reply = json.dumps({"kind": "rule", "rule": relu_yaml, "fixture": relu_fix})
     problem = str(ROOT / "benchmarks" / "problems" / "gemm_bias_relu.py")
@@ -75,10 +75,10 @@ def kernel_part(args, reg, tmp) -> list:
     import torch.nn as nn
 
     from loopback_llm import Server
-    from fact_db.agent import Agent
-    from fact_db.discover import discover
-    from fact_db.llm import LLM, Config
-    from fact_db.rules import load_rules
+    from fact_db.realization.agent import Agent
+    from fact_db.discovery.discover import discover
+    from fact_db.realization.llm import LLM, Config
+    from fact_db.discovery.rules import load_rules
 
     class LinearRelu(nn.Module):
         def __init__(self):
@@ -124,7 +124,7 @@ def compose_part(args, reg, LinearRelu, tmp) -> dict:
     import torch
 
     import fact_db
-    from fact_db.rules import load_rules
+    from fact_db.discovery.rules import load_rules
     torch.manual_seed(0)
     model = LinearRelu().cuda().eval()
     x = torch.randn(args.m, args.k, device="cuda")
@@ -170,7 +170,7 @@ def main():
     import torch
 
     import _provenance
-    from fact_db.registry import Registry
+    from fact_db.store.registry import Registry
 
     reg = Registry.open(str(tmp / "home" / "fact.duckdb"))
     runs, notes = [], []

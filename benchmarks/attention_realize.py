@@ -3,7 +3,7 @@
 Shapes: minGPT causal self-attention (batch 128, 8 heads, 512 tokens) at head dims 64, 96 and
 128, and a Llama-style grouped-query shape (batch 8, 32 query heads over 8 KV heads, 1024
 tokens, head dim 128, causal). Every fmha_sm90 config is compiled first, in one parallel batch
-(fact_db.build.build, jobs=16); then, per shape, every candidate (each kernel, SDPA with
+(fact_db.kernels.build.build, jobs=16); then, per shape, every candidate (each kernel, SDPA with
 PyTorch's choice, SDPA flash / efficient / cudnn forced) is verified against the float64
 reference on a smaller batch (the causal mask included) and timed on the full shape in the
 same process. Results: benchmarks/results/<gpu>-<date>-attention.json, written after every shape.
@@ -37,18 +37,19 @@ def main() -> int:
                                  epilog="example: python benchmarks/attention_realize.py --quick")
     ap.add_argument("--quick", action="store_true", help="fewer timing repetitions (the default shapes all run)")
     ap.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated subset of " + ", ".join(SHAPES))
-    ap.add_argument("--tune", action="store_true", help="also run fact_db.attention_tune.tune per shape")
+    ap.add_argument("--tune", action="store_true", help="also run fact_db.kernels.attention.tune.tune per shape")
     ap.add_argument("--out", default="", help="results file (default benchmarks/results/<gpu>-<date>-attention.json)")
     args = ap.parse_args()
 
     import torch
 
-    from fact_db import build, fmha_sm90
-    from fact_db.attention import AttentionWorkload, library_op, sdpa
-    from fact_db.attention_kernel import AttentionKernel
-    from fact_db.bench import time_cuda
-    from fact_db.tune import current_gpu
-    from fact_db.verify import rel_err
+    from fact_db.kernels import build
+    from fact_db.kernels.attention import fmha_sm90
+    from fact_db.kernels.attention.workload import AttentionWorkload, library_op, sdpa
+    from fact_db.kernels.attention.kernel import AttentionKernel
+    from fact_db.kernels.bench import time_cuda
+    from fact_db.kernels.gemm.tune import current_gpu
+    from fact_db.kernels.verify import rel_err
 
     gpu, device_name = current_gpu()
     date = datetime.date.today().isoformat()
@@ -128,7 +129,7 @@ def main() -> int:
                 r["speedup_vs_sdpa"] = sd / r["ms"]
         rows.extend(shape_rows)
         if args.tune:
-            from fact_db.attention_tune import tune
+            from fact_db.kernels.attention.tune import tune
             t1 = time.perf_counter()
             res = tune(w, jobs=16)
             rows.append({"shape": n, "candidate": "tune", "tune_s": time.perf_counter() - t1, **res.as_dict()})

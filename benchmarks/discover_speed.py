@@ -51,8 +51,8 @@ def _span(loads) -> str:
 
 def child(path: str, repeat: int) -> int:
     t0 = time.perf_counter()
-    from fact_db.discover import discover_problem
-    from fact_db.rules import load_rules
+    from fact_db.discovery.discover import discover_problem
+    from fact_db.discovery.rules import load_rules
     t1 = time.perf_counter()
     rules = load_rules()
     t2 = time.perf_counter()

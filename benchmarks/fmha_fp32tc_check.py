@@ -22,9 +22,9 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import _provenance  # noqa: E402  (benchmarks/ is on sys.path)
-from fact_db import fmha_fp32tc  # noqa: E402
-from fact_db.attention import AttentionWorkload  # noqa: E402
-from fact_db.build import build  # noqa: E402
+from fact_db.kernels.attention import fmha_fp32tc  # noqa: E402
+from fact_db.kernels.attention.workload import AttentionWorkload  # noqa: E402
+from fact_db.kernels.build import build  # noqa: E402
 
 ARGTYPES = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 19 + [ctypes.c_float, ctypes.c_int64, ctypes.c_void_p,
                                                            ctypes.c_void_p]

@@ -65,8 +65,8 @@ GRID = {
 
 
 def candidate(w, v: dict):
-    from fact_db import template
-    from fact_db.tune import SCHEDULES, Candidate, _label
+    from fact_db.kernels import template
+    from fact_db.kernels.gemm.tune import SCHEDULES, Candidate, _label
     tm, tn, tk = v["tile"]
     ks, es = SCHEDULES[v["schedule"]]
     params = asdict(template.GemmFp32TcParams(
@@ -91,9 +91,9 @@ def main() -> int:
 
     import torch
 
-    from fact_db import build
-    from fact_db.tune import Candidate, build_candidates, current_gpu, evaluate
-    from fact_db.workload import GemmWorkload
+    from fact_db.kernels import build
+    from fact_db.kernels.gemm.tune import Candidate, build_candidates, current_gpu, evaluate
+    from fact_db.kernels.gemm.workload import GemmWorkload
 
     gpu, device_name = current_gpu()
     only = set(filter(None, args.only.split(",")))

@@ -38,9 +38,9 @@ CEILING = {"fp32": "fp32", "tf32x3": "tf32", "tf32": "tf32", "bf16": "bf16", "fp
 def workload(name: str, policy: str):
     """The GemmWorkload of benchmark problem `name` under `policy`: the first GEMM region that
     discovery plans for it (or the minGPT MLP GEMM)."""
-    from fact_db.discover import discover_problem
-    from fact_db.realize import plan
-    from fact_db.workload import GemmWorkload
+    from fact_db.discovery.discover import discover_problem
+    from fact_db.realization.realize import plan
+    from fact_db.kernels.gemm.workload import GemmWorkload
     if name == "mingpt_mlp":
         return GemmWorkload(**MLP)
     report = discover_problem(str(ROOT / "benchmarks" / "problems" / f"{name}.py"), policy=policy)
@@ -52,8 +52,8 @@ def compile_baseline(w, reps: int) -> dict:
     """torch.compile(mode='max-autotune') of the eager workload, timed like the candidates."""
     import torch
 
-    from fact_db.bench import time_cuda
-    from fact_db.verify import rel_err
+    from fact_db.kernels.bench import time_cuda
+    from fact_db.kernels.verify import rel_err
     fn = torch.compile(lambda a, b, bias: torch.nn.functional.gelu(torch.addmm(bias, a, b), approximate="tanh"),
                        mode="max-autotune", fullgraph=True)
     sets = [w.make_inputs("randn") for _ in range(3)]
@@ -81,14 +81,14 @@ def main() -> int:
 
     import torch
 
-    from fact_db import roofline
-    from fact_db.tune import current_gpu, tune
+    from fact_db.discovery import roofline
+    from fact_db.kernels.gemm.tune import current_gpu, tune
 
     gpu, device_name = current_gpu()
     dev = roofline.DEVICES.get(gpu, roofline.DEVICES["h100"])
     registry = None
     if args.db:
-        from fact_db.registry import Registry
+        from fact_db.store.registry import Registry
         registry = Registry.open(args.db)
     gpus = [int(g) for g in args.gpus.split(",") if g] or None
     results = []

@@ -70,7 +70,7 @@ def hnsw_in_shared_file() -> dict:
     """Reproduce the finding behind the design: a persisted HNSW index in a shared file."""
     code = r'''
 import duckdb, sys
-from fact_db.index import _ext_path
+from fact_db.store.index import _ext_path
 p = sys.argv[1]
 con = duckdb.connect(p); con.execute(f"LOAD '{_ext_path('vss')}'")
 con.execute("SET hnsw_enable_experimental_persistence = true")
@@ -93,7 +93,7 @@ def vector_backends(url: str, queries: list[str], repeat: int) -> dict:
     """Exact scan vs an HNSW index (built here in memory over the index's vectors)."""
     import duckdb
 
-    from fact_db import embed, index
+    from fact_db.store import embed, index
     emb = embed.load()
     sp = index.search_path(index.store_path(url))
     con = duckdb.connect()
@@ -157,8 +157,8 @@ def main(argv=None) -> int:
     # 2. an N-kernel registry, indexed
     home = args.home or Path(tempfile.mkdtemp(prefix="factdb-speed-"))
     os.environ.update(_env(home))
-    from fact_db import index
-    from fact_db.registry import Registry, synthetic_rows
+    from fact_db.store import index
+    from fact_db.store.registry import Registry, synthetic_rows
     with Registry.open() as reg:
         have = reg.count()
         if have < args.kernels:

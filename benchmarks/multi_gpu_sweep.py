@@ -48,7 +48,7 @@ def sweep(policy: str, n: int, gpus: list[int], reg_mod, tune_mod, workload) -> 
 
 
 def same_candidate_on_each_gpu(so: str, tmpl: str, spec: dict, options, workload, gpus: list[int]) -> dict:
-    from fact_db.worker import WorkerPool
+    from fact_db.kernels.worker import WorkerPool
     out = {}
     for g in gpus:
         job = {"id": 0, "kind": "cutlass", "so": so, "template": tmpl, "spec": spec, "options": options,
@@ -62,8 +62,8 @@ def same_candidate_on_each_gpu(so: str, tmpl: str, spec: dict, options, workload
 
 
 def fault_isolation(gpus: list[int]) -> dict:
-    from fact_db.worker import WorkerPool
-    from fact_db.workload import GemmWorkload
+    from fact_db.kernels.worker import WorkerPool
+    from fact_db.kernels.gemm.workload import GemmWorkload
     data = HERE.parent / "tests" / "data" / "broken_gemm.cu"
     so = Path(tempfile.mkdtemp()) / "fault.so"
     subprocess.run(["nvcc", "-shared", "-Xcompiler=-fPIC", "-gencode=arch=compute_90a,code=sm_90a", str(data),
@@ -91,8 +91,9 @@ def main() -> int:
     a = ap.parse_args()
     import torch
 
-    from fact_db import registry as reg_mod, tune as tune_mod
-    from fact_db.workload import GemmWorkload, parse_shape
+    from fact_db.store import registry as reg_mod
+    from fact_db.kernels.gemm import tune as tune_mod
+    from fact_db.kernels.gemm.workload import GemmWorkload, parse_shape
     n_gpu = torch.cuda.device_count()
     if n_gpu < 2:
         print(f"needs two or more GPUs, found {n_gpu}", file=sys.stderr)
@@ -105,7 +106,7 @@ def main() -> int:
     # Both pools started before anything is timed: each GPU's worker imports torch and makes its
     # CUDA context once per process (tune shares the pool across calls), so the comparison is of
     # verification and timing spread over GPUs, not of start-up.
-    from fact_db.worker import shared_pool
+    from fact_db.kernels.worker import shared_pool
     t0 = time.perf_counter()
     shared_pool([0], 120.0).warm()
     shared_pool(gpus, 120.0).warm()

@@ -1,7 +1,7 @@
 """Fused residual add + LayerNorm / RMSNorm kernels (kernels_cpp/add_norm.cu.j2) against eager
 `x + r` then `layer_norm` / `rms_norm`, at minGPT and Llama shapes, on one GPU. Every candidate
 is built in one parallel batch, verified against float64 (both outputs: the norm and the sum)
-and timed with eager in the worker (fact_db/worker.py); writes
+and timed with eager in the worker (fact_db/kernels/worker.py); writes
 `benchmarks/results/<gpu>-<date>-norm.json` (or --out):
 
     {"device", "gpu", "commit", "date", "torch", "cuda",
@@ -26,8 +26,8 @@ sys.path.insert(0, str(ROOT))
 
 from _provenance import commit  # noqa: E402  (benchmarks/ is on sys.path)
 
-from fact_db import norm  # noqa: E402
-from fact_db.norm import NormWorkload  # noqa: E402
+from fact_db.kernels.norm import norm  # noqa: E402
+from fact_db.kernels.norm.norm import NormWorkload  # noqa: E402
 
 MINGPT_ROWS, LLAMA_ROWS = 128 * 512, 16 * 1024
 
@@ -62,8 +62,8 @@ def main() -> int:
     args = ap.parse_args()
 
     import torch
-    from fact_db import build
-    from fact_db.tune import current_gpu
+    from fact_db.kernels import build
+    from fact_db.kernels.gemm.tune import current_gpu
     gpu, device_name = current_gpu()
     limit = args.candidates or (6 if args.quick else 12)
     ws = workloads(args.quick)

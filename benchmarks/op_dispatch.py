@@ -1,5 +1,5 @@
 """Host cost of calling a kernel through each way PyTorch offers to register one, on the
-GPU machine: a tiny ATen op, a `torch.library.custom_op` (what fact_db/ops.py registers), a
+GPU machine: a tiny ATen op, a `torch.library.custom_op` (what fact_db/kernels/ops.py registers), a
 plain `torch.library.Library` implementation, and the Python function itself. Each op
 returns a preallocated CUDA tensor (no launch), so the figure is dispatch alone.
 

@@ -2,7 +2,7 @@
 
 Writes benchmarks/results/registry-<date>.json with the machine, date and commit:
 
-- `fill`: generating the rows (fact_db.registry.synthetic_rows) and bulk-inserting them.
+- `fill`: generating the rows (fact_db.store.registry.synthetic_rows) and bulk-inserting them.
 - `lookup_ms`: Registry.lookup in one process, half on keys present (exact) and half on
   shapes moved within their divisibility class (nearest), plus a third set on a GPU with
   no rows (miss); `nearest_all_stale` (not in `per_call`) times lookups under a toolchain
@@ -10,7 +10,7 @@ Writes benchmarks/results/registry-<date>.json with the machine, date and commit
   other processes can use the file in between); `pinned` reuses one (Registry.pinned()).
   Target: per-call median at most 50 ms.
 - `process_s`: a fresh Python process that opens the registry and does one lookup, wall
-  time, twice: importing fact_db.registry on its own (what `factdb query` needs from the
+  time, twice: importing fact_db.store.registry on its own (what `factdb query` needs from the
   registry; target at most 1 s), and through `import fact_db` as it stands (whose
   __init__ imports discovery and torch).
 - `cli_s`: `factdb registry list --gpu l4 --json`, a whole CLI call, wall time.
@@ -36,14 +36,14 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
-from fact_db.registry import (
+from fact_db.store.registry import (
     KernelKey,
     Registry,
     TrialRecord,
     synthetic_records,
     synthetic_rows,
 )
-from fact_db.toolchain import Toolchain
+from fact_db.core.toolchain import Toolchain
 
 from _provenance import commit, machine  # noqa: E402  (benchmarks/ is on sys.path)
 
@@ -57,8 +57,8 @@ pkg = types.ModuleType("fact_db"); pkg.__path__ = [{str(ROOT / 'fact_db')!r}]; p
 sys.modules["fact_db"] = pkg
 """
 OPEN_LOOKUP = """
-from fact_db.registry import Registry, KernelKey
-from fact_db.toolchain import Toolchain
+from fact_db.store.registry import Registry, KernelKey
+from fact_db.core.toolchain import Toolchain
 reg = Registry.open(sys.argv[1], seed=False)
 hit = reg.lookup(KernelKey(**__import__("json").loads(sys.argv[2])), toolchain=Toolchain("4.2.0.0", "13.0.88", "0.1.0"),
                  template_hashes={"gemm_sm90": "synthetic", "gemm_sm80": "synthetic"})
@@ -201,7 +201,7 @@ def main(argv=None) -> int:
     print(f"writes: {doc['write_ms']}", flush=True)
 
     now = datetime.datetime.now(datetime.timezone.utc)
-    doc = {"benchmark": "registry_speed", "date": now.isoformat(timespec="seconds"), "commit": commit(["fact_db/registry.py", "fact_db/db.py"],
+    doc = {"benchmark": "registry_speed", "date": now.isoformat(timespec="seconds"), "commit": commit(["fact_db/store/registry.py", "fact_db/store/db.py"],
                                                                                     "+uncommitted registry changes"),
            "machine": {**machine(**_db_versions()), "loadavg_before": load_before, "loadavg_after": load()}, **doc}
     out = args.out or HERE / "results" / f"registry-{now.date().isoformat()}.json"

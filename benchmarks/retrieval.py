@@ -7,7 +7,7 @@ without filters. Writes benchmarks/results/retrieval-<date>.json with the machin
 and commit. Targets (hybrid): recall@1 >= 0.8, recall@5 >= 0.95.
 
 `--tune` also grids the fusion parameters (reciprocal rank fusion k and weights, and a
-normalised score blend) and reports the best; the parameters in fact_db.index.FUSION
+normalised score blend) and reports the best; the parameters in fact_db.store.index.FUSION
 were chosen this way. Tuning and scoring use the same queries, so the untuned default
 (RRF, k=60, equal weights) is reported beside them for an honest comparison.
 
@@ -46,7 +46,7 @@ def load_queries(path: Path = QUERIES) -> list[dict]:
 
 def rankings(queries: list[dict], url: str | None = None) -> list[dict]:
     """Per query: the lexical and vector rankings (document ids with their rank), from the index."""
-    from fact_db import index
+    from fact_db.store import index
     out = []
     for q in queries:
         lex = index.search(q["q"], mode="lexical", n=index.POOL, url=url)
@@ -59,7 +59,7 @@ def rankings(queries: list[dict], url: str | None = None) -> list[dict]:
 
 def fuse(r: dict, mode: str, fusion: dict) -> list[str]:
     """Document ids in fused order, from the rankings of one query (docs are 1:1 with texts here)."""
-    from fact_db import index
+    from fact_db.store import index
     lex = [(doc, score) for doc, _, score in r["lex"]]
     vec = [(doc, 1.0 - sim) for doc, _, sim in r["vec"]]
     return index.ranked(index._fuse(lex, vec, {**index.FUSION, **fusion}, mode))
@@ -119,7 +119,7 @@ def main(argv=None) -> int:
     os.environ["FACTDB_HOME"] = str(home)
     os.environ.pop("FACTDB_DB", None)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from fact_db import embed, index
+    from fact_db.store import embed, index
     t = time.perf_counter()
     report = index.build(progress=True, docs=index.collect_docs(None, notes={}) if args.no_notes else None)
     build_s = time.perf_counter() - t
@@ -139,7 +139,7 @@ def main(argv=None) -> int:
     if args.tune:
         out["tuning"] = tune(ranks)[:15]
     if args.kernels:
-        from fact_db.registry import Registry, synthetic_rows
+        from fact_db.store.registry import Registry, synthetic_rows
         with Registry.open() as reg:
             if reg.count() < args.kernels:
                 reg.bulk_insert_rows(synthetic_rows(args.kernels - reg.count(), seed=1))

@@ -4,7 +4,7 @@ same workload and GPU answers from the registry without compiling or timing anyt
 
 A results file records each winner's label, not its full configuration. This script
 regenerates the configurations from the same deterministic candidate list
-(`fact_db.tune.candidates`, with the run's candidate budget) and matches them by label.
+(`fact_db.kernels.gemm.tune.candidates`, with the run's candidate budget) and matches them by label.
 If a label is no longer produced, the candidate list has changed since the run; the script
 stops, names the row and writes nothing. Rows that eager PyTorch won are not seeded:
 eager needs no kernel. A row merges by key, under the registry's usual rules: a faster
@@ -30,9 +30,9 @@ from gemm_realize import workload  # noqa: E402  (benchmarks/ is on sys.path)
 
 def seed_records(doc: dict, only: set[str] | None = None) -> list:
     """KernelRecords for the non-eager winners of results document `doc`."""
-    from fact_db import template
-    from fact_db.registry import canonical_gpu
-    from fact_db.tune import candidates, kernel_record, rule_space, with_rule
+    from fact_db.kernels import template
+    from fact_db.store.registry import canonical_gpu
+    from fact_db.kernels.gemm.tune import candidates, kernel_record, rule_space, with_rule
 
     gpu = canonical_gpu(doc.get("gpu") or doc["device"])
     out = []
@@ -69,7 +69,7 @@ def main() -> int:
     ap.add_argument("--dry-run", action="store_true", help="print what would merge; write nothing")
     args = ap.parse_args()
 
-    from fact_db.registry import Registry
+    from fact_db.store.registry import Registry
 
     path = Path(args.results)
     doc = json.loads(path.read_text())

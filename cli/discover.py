@@ -9,7 +9,7 @@ import click
 from .main import arch_choice, cli, handle_errors, jdump, model_arch, problem_sandbox
 
 # The choices are spelled out here so that `factdb --help` and commands other than
-# discover do not import torch (fact_db.roofline does); a test checks they match.
+# discover do not import torch (fact_db.discovery.roofline does); a test checks they match.
 GPUS = ("a100", "h100", "h200")
 POLICIES = ("fp32", "tf32x3", "tf32", "bf16", "fp16")
 
@@ -103,18 +103,19 @@ def _ask(report, db, no_registry) -> None:
     $FACTDB_HOME/fact.duckdb where one exists (discovery never creates one)."""
     import os
 
-    from fact_db import paths, sandbox
+    from fact_db.core import paths
+    from fact_db.discovery import sandbox
     report.registry_note = "not asked (--no-registry)"
     if no_registry:
         return
     url = db or os.environ.get("FACTDB_DB")
-    if url is None and not paths.registry_file().exists():  # fact_db.db.default_path(), without importing SQLAlchemy
+    if url is None and not paths.registry_file().exists():  # fact_db.store.db.default_path(), without importing SQLAlchemy
         report.registry_note = f"none yet at {paths.registry_file()} (every region a miss)"
         return
     with sandbox.trusted_imports():
-        from fact_db.discover import ask_registry
-        from fact_db.realize import plan  # noqa: F401  (what ask_registry imports)
-        from fact_db.registry import Registry
+        from fact_db.discovery.discover import ask_registry
+        from fact_db.realization.realize import plan  # noqa: F401  (what ask_registry imports)
+        from fact_db.store.registry import Registry
         reg = Registry.open(url, seed=False)
     try:
         counts = ask_registry(report, reg)
@@ -125,13 +126,13 @@ def _ask(report, db, no_registry) -> None:
 
 
 def _discover(problem, arch, gpu, policy, as_json, explain, db, no_registry):
-    from fact_db import sandbox
+    from fact_db.discovery import sandbox
     sandbox.allow_quick_exit()  # nothing is left open at the end: the child may skip the interpreter's teardown
     with sandbox.trusted_imports():
-        from fact_db.discover import analyse
-        from fact_db.errors import TraceError
-        from fact_db.rules import load_rules
-        from fact_db.trace import load_problem, trace_problem
+        from fact_db.discovery.discover import analyse
+        from fact_db.core.errors import TraceError
+        from fact_db.discovery.rules import load_rules
+        from fact_db.discovery.trace import load_problem, trace_problem
         if sandbox.in_child():
             import torch.export._trace  # noqa: F401  (torch._dynamo, which the first export would import)
         rules = load_rules()

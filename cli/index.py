@@ -45,7 +45,7 @@ def build(force, as_json, db_url):
       factdb index build
       factdb index build --force --json
     """
-    from fact_db import index
+    from fact_db.store import index
     rep = index.build(db_url, force=force, progress=True)
     for w in rep.warnings:
         click.echo(f"warning: {w}", err=True)
@@ -75,7 +75,7 @@ def ship_vectors(out, db_url):
     Example:
       factdb index ship-vectors
     """
-    from fact_db import index
+    from fact_db.store import index
     n = index.ship_vectors(db_url, out)
     click.echo(f"wrote {n} vectors to {out or index.SHIPPED_VECTORS}")
 
@@ -93,7 +93,7 @@ def status(as_json, quick, db_url):
     Example:
       factdb index status
     """
-    from fact_db import index
+    from fact_db.store import index
     st = index.status(db_url, check_sources=not quick)
     if as_json:
         click.echo(jdump(st, indent=2, default=str))

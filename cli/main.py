@@ -7,7 +7,7 @@ import traceback
 
 import click
 
-from fact_db.errors import FactError, RuleError
+from fact_db.core.errors import FactError, RuleError
 
 
 class Ctx:
@@ -86,7 +86,7 @@ def no_gpu() -> bool:
 
 def problem_sandbox(when=lambda: True):
     """A command taking PROBLEM (a file of Python that runs) re-runs itself in a child process
-    under the memory and time limits (fact_db/sandbox.py) where `when()` holds, so a file that
+    under the memory and time limits (fact_db/discovery/sandbox.py) where `when()` holds, so a file that
     allocates, loops or exits cannot take the CLI down or pass for success. The command's own
     `max_memory` and `timeout` options are the limits where it has them. Where `when()` does
     not hold (a GPU run that needs the model here), the problem is first built and traced on
@@ -94,7 +94,7 @@ def problem_sandbox(when=lambda: True):
     def deco(fn):
         @functools.wraps(fn)
         def wrapper(**kw):
-            from fact_db import sandbox
+            from fact_db.discovery import sandbox
             if not sandbox.in_child():
                 if when():
                     sandbox.rerun(click.get_current_context(), kw["problem"], kw.get("max_memory"),
@@ -143,7 +143,7 @@ def main():
         click.echo("interrupted", err=True)
         sys.exit(130)
     except SystemExit as e:
-        from fact_db import sandbox
+        from fact_db.discovery import sandbox
         if not sandbox.quick_exit_allowed():
             raise
         # The sandboxed child of `discover` ends without the interpreter's teardown of torch

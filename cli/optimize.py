@@ -100,8 +100,8 @@ def optimize(problem, policy, max_candidates, budget, gpus, peers, no_bench, no_
     """
     import torch
 
-    from fact_db.optimize import optimize_problem, plan_problem
-    from fact_db.report import markdown, report_dict
+    from fact_db.pipeline import optimize_problem, plan_problem
+    from fact_db.composition.report import markdown, report_dict
     reg = _open_registry(db, not no_registry)
     try:
         rules = consult_rules(problem, policy, offline, as_json, reg) if use_llm else None
@@ -138,7 +138,7 @@ def bench_row(problem: str, fast, wall_s: float) -> dict:
     """One row of the e2e results: the GEMM results' fields plus compile_ms, max_autotune_ms,
     peak_mib and eager_peak_mib (fact-db's peak_mib counts held_mib in: the memory its module
     keeps between calls, its buffers and CUDA graph pool)."""
-    from fact_db.report import clean, speedups
+    from fact_db.composition.report import clean, speedups
     r = fast.report
     v = {x.name: x for x in r.variants}
     fdb, base, fp32 = v.get("fact-db"), v.get(f"eager {r.policy}") or v.get("eager fp32"), v.get("eager fp32")
@@ -198,8 +198,8 @@ def bench(problems, policies, max_candidates, budget, gpus, peers, no_cuda_graph
     """
     import torch
 
-    from fact_db import paths
-    from fact_db.optimize import device_info, optimize_problem, toolchain_info
+    from fact_db.core import paths
+    from fact_db.pipeline import device_info, optimize_problem, toolchain_info
     if not torch.cuda.is_available():
         raise click.ClickException("no CUDA GPU is visible: `factdb bench` times models on an H100/H200; "
                                    "`factdb optimize PROBLEM` prints the plan without one")

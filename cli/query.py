@@ -62,7 +62,7 @@ def query(text, kind, arch, dtype, op, shape, gpu, policy, n, mode, as_json, db_
     if not text:
         raise click.UsageError('give TEXT to search for (e.g. factdb query "split-k gemm"), '
                                "or --op and --shape to look a kernel up")
-    from fact_db import index
+    from fact_db.store import index
     if not index.search_path(index.store_path(db_url)).exists():
         click.echo("building the index on first use (rules, CUTLASS examples, registry kernels)...", err=True)
     res = index.search(text, kind=kind, arch=arch, dtype=dtype, op=op, n=n, url=db_url, mode=mode)
@@ -98,7 +98,7 @@ def query(text, kind, arch, dtype, op, shape, gpu, policy, n, mode, as_json, db_
 
 
 def _lookup(op, shape, arch, gpu, dtype, policy, n, as_json, db_url):
-    from fact_db import index
+    from fact_db.store import index
     matches = index.lookup(op, shape, arch=arch, gpu=gpu, dtype=dtype, policy=policy, n=n, url=db_url)
     if as_json:
         click.echo(jdump({"mode": "lookup", "op": op, "shape": shape,

@@ -26,7 +26,7 @@ def _filters(f):
 
 
 def _open(db_url):
-    from fact_db.registry import Registry
+    from fact_db.store.registry import Registry
     return Registry.open(db_url)
 
 
@@ -49,7 +49,7 @@ def registry():
 
 
 def _region_rows(reg, arch, gpu, policy, status) -> list[dict]:
-    from fact_db.registry import canonical_gpu
+    from fact_db.store.registry import canonical_gpu
     g = canonical_gpu(gpu) if gpu else None
     return [r for r in reg.region_kernels() if (not arch or r["arch"] == arch) and (not g or r["gpu"] == g)
             and (not policy or r["policy"] == policy) and (not status or r["status"] == status)]
@@ -137,7 +137,7 @@ def show(digest, db_url, as_json):
     Example:
       factdb registry show 75a8f287
     """
-    from fact_db.registry import RegistryError
+    from fact_db.store.registry import RegistryError
     with _open(db_url) as reg:
         found = reg.find_digest(digest) if len(digest) >= 4 else []
         if digest in found:
@@ -220,7 +220,7 @@ def import_(file, db_url, as_json):
     Example:
       factdb registry import h100.jsonl --json
     """
-    from fact_db.registry import ImportError_
+    from fact_db.store.registry import ImportError_
     try:
         with _open(db_url) as reg:
             rep = reg.import_jsonl(sys.stdin if file == "-" else file)

@@ -31,7 +31,7 @@ def list_(as_json, family):
     Example:
       factdb rules list --family attention
     """
-    from fact_db import rules as rules_mod  # lazy: keeps torch out of `factdb --help`
+    from fact_db.discovery import rules as rules_mod  # lazy: keeps torch out of `factdb --help`
     rs = [r for r in rules_mod.load_rules() if not family or r.family == family]
     if as_json:
         click.echo(jdump([r.summary() for r in rs], indent=2))
@@ -54,7 +54,7 @@ def show(rule_id, as_json):
     Example:
       factdb rules show gemm-bias-gelu-tanh
     """
-    from fact_db import rules as rules_mod  # lazy: keeps torch out of `factdb --help`
+    from fact_db.discovery import rules as rules_mod  # lazy: keeps torch out of `factdb --help`
     r = rules_mod.load_rules().get(rule_id)
     if as_json:
         data = yaml.safe_load(r.path.read_text())
@@ -81,7 +81,7 @@ def validate(paths, as_json):
     Example:
       factdb rules validate rules/gemm/gemm-bias.yaml
     """
-    from fact_db import rules as rules_mod  # lazy: keeps torch out of `factdb --help`
+    from fact_db.discovery import rules as rules_mod  # lazy: keeps torch out of `factdb --help`
     faults = rules_mod.validate(list(paths) or None)
     if as_json:
         click.echo(jdump([f.__dict__ for f in faults], indent=2))
@@ -110,7 +110,7 @@ def test_(paths, as_json, verbose):
       factdb rules test rules/attention
       factdb rules test ~/my-rules/gemm-bias-swish.yaml
     """
-    from fact_db import fixture, rules as rules_mod  # lazy: keeps torch out of `factdb --help`
+    from fact_db.discovery import fixture, rules as rules_mod  # lazy: keeps torch out of `factdb --help`
     rs = rules_mod.load_rules(extra=paths)
     selected = None
     if paths:
@@ -159,10 +159,10 @@ def propose(problem, out_dir, arch, policy, offline, as_json):
       FACTDB_LLM_BASE_URL=http://127.0.0.1:8000/v1 FACTDB_LLM_MODEL=qwen \\
         factdb rules propose benchmarks/problems/gemm_div_gelu.py --out proposed/
     """
-    from fact_db.agent import Agent
-    from fact_db.discover import discover_problem
-    from fact_db.llm import LLM
-    from fact_db.rules import load_rules
+    from fact_db.realization.agent import Agent
+    from fact_db.discovery.discover import discover_problem
+    from fact_db.realization.llm import LLM
+    from fact_db.discovery.rules import load_rules
 
     llm = LLM.open(offline=offline)
     if llm is None:

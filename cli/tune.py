@@ -52,7 +52,7 @@ def _print_result(r, out=click.echo) -> None:
 def _open_registry(db: str | None, use: bool):
     if not use:
         return None
-    from fact_db.registry import Registry
+    from fact_db.store.registry import Registry
     return Registry.open(db)
 
 
@@ -128,8 +128,8 @@ def tune(op, shape, kv_heads, causal, scale, policy, dtype, epilogue, layout_a, 
     if op == "attention":
         return _tune_attention(shape, kv_heads, causal, scale, policy, dtype, build_arch(arch), max_candidates,
                                gpus, compile_only, force, no_registry, db, jobs, as_json)
-    from fact_db.tune import tune as run_tune
-    from fact_db.workload import GemmWorkload, parse_shape
+    from fact_db.kernels.gemm.tune import tune as run_tune
+    from fact_db.kernels.gemm.workload import GemmWorkload, parse_shape
     m, n, k, b = parse_shape(shape)
     arch = build_arch(arch)
     dtype = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}.get(dtype, dtype)
@@ -150,9 +150,9 @@ def tune(op, shape, kv_heads, causal, scale, policy, dtype, epilogue, layout_a, 
 
 def _tune_attention(shape, kv_heads, causal, scale, policy, dtype, arch, max_candidates, gpus, compile_only, force,
                     no_registry, db, jobs, as_json):
-    """`factdb tune --op attention`: fact_db/attention_tune.py on one workload."""
-    from fact_db import attention_tune
-    from fact_db.attention import AttentionWorkload
+    """`factdb tune --op attention`: fact_db/kernels/attention/tune.py on one workload."""
+    from fact_db.kernels.attention import tune as attention_tune
+    from fact_db.kernels.attention.workload import AttentionWorkload
     parts = shape.lower().split("x")
     if len(parts) != 5 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
         raise click.BadParameter(f"'{shape}' is not BxHxLQxLKxD with positive integers (e.g. 128x8x512x512x64)",
@@ -196,12 +196,12 @@ def consult_rules(problem, policy, offline, as_json, registry=None):
     it accepted joined to the shipped ones, or None where it accepted none. `registry` is the
     one the command uses (`--db`), where the agent looks kernels up and stores the ones it
     accepts; None (`--no-registry`): it neither looks up nor stores."""
-    from fact_db.agent import consult, summary_line
+    from fact_db.realization.agent import consult, summary_line
     info = consult(problem, policy=policy, offline=offline, registry=registry if registry is not None else False)
     click.echo(json.dumps({"llm": info}) if as_json else summary_line(info), err=True)
     if not info.get("rule_files"):
         return None
-    from fact_db.rules import load_rules
+    from fact_db.discovery.rules import load_rules
     return load_rules(extra=[Path(f) for f in info["rule_files"]])
 
 
@@ -224,7 +224,7 @@ def realize(problem, policy, max_candidates, gpus, compile_only, force, no_regis
       factdb realize benchmarks/problems/mingpt_block.py --policy bf16
       factdb realize benchmarks/problems/square_gemm_fp32.py --policy tf32x3 --compile-only
     """
-    from fact_db.realize import realize_problem
+    from fact_db.realization.realize import realize_problem
 
 
     def show(p, r):  # each region as soon as it is done: a model's regions take minutes each

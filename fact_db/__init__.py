@@ -10,12 +10,16 @@
 __all__ = ["discover", "optimize", "load", "plan", "__version__"]
 
 
+_PUBLIC = {"discover": "fact_db.discovery.discover", "optimize": "fact_db.pipeline", "plan": "fact_db.pipeline",
+           "load": "fact_db.composition.artifact"}
+
+
 def __getattr__(name):
-    """`fact_db.discover(module, example_inputs)`, imported on first use, so that `import fact_db`
-    (and commands that need no tracing, such as `factdb query` and `factdb registry`) do not
-    pay for importing torch; `__version__` too, so that they do not pay for importlib.metadata.
-    The module `fact_db.discover` is itself callable as its `discover()` function, so the name
-    means the same whichever was imported first."""
+    """The public functions, imported on first use, so that `import fact_db` (and commands
+    that need no tracing, such as `factdb query` and `factdb registry`) do not pay for
+    importing torch; `__version__` too, so that they do not pay for importlib.metadata.
+    No module of this package shares a name with them: `fact_db.optimize` is the function
+    however often it is read, and whatever was imported before."""
     import importlib
     if name == "__version__":  # looked up on first use: importlib.metadata costs every command 25 ms
         from importlib.metadata import PackageNotFoundError, version
@@ -25,10 +29,8 @@ def __getattr__(name):
             v = "0.0.0"
         globals()["__version__"] = v
         return v
-    if name == "discover":
-        return importlib.import_module(".discover", __name__)
-    if name in ("optimize", "plan"):
-        return getattr(importlib.import_module(".optimize", __name__), name)
-    if name == "load":
-        return importlib.import_module(".artifact", __name__).load
+    if name in _PUBLIC:
+        fn = getattr(importlib.import_module(_PUBLIC[name]), name)
+        globals()[name] = fn
+        return fn
     raise AttributeError(f"module 'fact_db' has no attribute '{name}'")

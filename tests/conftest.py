@@ -58,14 +58,14 @@ def _private_state(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def ruleset():
-    from fact_db.rules import load_rules
+    from fact_db.discovery.rules import load_rules
     return load_rules()
 
 
 @pytest.fixture(scope="session")
 def traced():
     """Trace each problem file once per session."""
-    from fact_db.trace import load_problem, trace_problem
+    from fact_db.discovery.trace import load_problem, trace_problem
     cache = {}
 
     def get(name):

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from fact_db import paths
-from fact_db.agent import Agent, asks
-from fact_db.discover import discover
-from fact_db.llm import LLM, Config, load_config
-from fact_db.rules import load_rules
+from fact_db.core import paths
+from fact_db.realization.agent import Agent, asks
+from fact_db.discovery.discover import discover
+from fact_db.realization.llm import LLM, Config, load_config
+from fact_db.discovery.rules import load_rules
 from agent_env import SHIPPED, LinearRelu, without_relu_rule
 from loopback_llm import Server
 
@@ -175,7 +175,7 @@ PROBLEMS = Path(__file__).resolve().parent.parent / "benchmarks" / "problems"
 
 
 def test_kernelbench_gemm_div_gelu_rule_accepted_then_cached(tmp_path, monkeypatch):
-    from fact_db.discover import discover_problem
+    from fact_db.discovery.discover import discover_problem
 
     monkeypatch.setenv("FACTDB_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("FACTDB_RULES", raising=False)
@@ -204,7 +204,7 @@ def test_shipped_problems_ask_nothing(tmp_path, monkeypatch):
     """Benchmark problems the shipped rules cover make no call: only the three KernelBench
     problems added for the agent leave a region to ask about (OPT's scaled q projection is
     the shipped gemm-bias-scale)."""
-    from fact_db.discover import discover_problem
+    from fact_db.discovery.discover import discover_problem
 
     monkeypatch.delenv("FACTDB_RULES", raising=False)
     rules = load_rules()
@@ -219,7 +219,7 @@ def test_shipped_problems_ask_nothing(tmp_path, monkeypatch):
 def test_restored_rule_is_realized_through_the_tuner(env):
     """The proposal is tuned like any region (GPU steps through the injected runner): a winner
     that beats eager accepts it; eager winning rejects it."""
-    from fact_db.agent import region_realizer
+    from fact_db.realization.agent import region_realizer
 
     def runner(fast):
         def run(jobs):
@@ -269,7 +269,7 @@ def test_rules_propose_cli(env, monkeypatch):
 def test_the_prompt_carries_the_nearest_rules_and_examples_with_excerpts(env):
     """Grounding: the index's nearest rules and vetted CUTLASS examples (what `factdb query`
     answers, offline), each with its path and an excerpt, go into the prompt."""
-    from fact_db.agent import retrieve
+    from fact_db.realization.agent import retrieve
     props, _, srv = _run(env, [(200, _reply(kind="rule", rule=RELU_YAML, fixture=RELU_FIX), 0)], retriever=retrieve)
     assert props[0].outcome == "accepted"
     body = json.loads(srv.requests[0]["messages"][1]["content"])
@@ -283,8 +283,8 @@ def test_the_prompt_carries_the_nearest_rules_and_examples_with_excerpts(env):
 
 
 def test_a_prompt_goes_out_without_retrieval_when_the_index_cannot_answer(env, monkeypatch):
-    from fact_db import index
-    from fact_db.agent import retrieve
+    from fact_db.store import index
+    from fact_db.realization.agent import retrieve
 
     def broken(*a, **kw):
         raise index.IndexError_("the index file is damaged")

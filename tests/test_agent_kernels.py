@@ -1,4 +1,4 @@
-"""Kernel proposals through the real pipeline (fact_db/region_kernel.py), against the loopback
+"""Kernel proposals through the real pipeline (fact_db/kernels/region/region_kernel.py), against the loopback
 chat-completions server: the source policy, a compile in the worker subprocess (real nvcc where
 marked), verification and timing (injected through the pipeline's `runner`, as the tuner's
 tests inject the GPU steps, or "needs a GPU" where none is present), and the registry row with
@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from fact_db import paths
-from fact_db.agent import Agent, asks, region_spec
-from fact_db.discover import discover
-from fact_db.llm import LLM, Config
-from fact_db.region_kernel import ABI, RegionSpec, check_source
-from fact_db.registry import Registry
-from fact_db.rules import load_rules
+from fact_db.core import paths
+from fact_db.realization.agent import Agent, asks, region_spec
+from fact_db.discovery.discover import discover
+from fact_db.realization.llm import LLM, Config
+from fact_db.kernels.region.region_kernel import ABI, RegionSpec, check_source
+from fact_db.store.registry import Registry
+from fact_db.discovery.rules import load_rules
 from agent_env import LinearRelu, without_relu_rule
 from loopback_llm import Server
 
@@ -251,7 +251,7 @@ def test_without_a_gpu_the_kernel_compiles_in_the_worker_and_waits_for_one(env):
 def test_consult_reports_the_accepted_kernel_and_where_it_is_stored(env, monkeypatch):
     """`optimize --llm`'s consult: the accepted kernel is listed (with its registry row, the
     registry the command was given) and the summary says optimize composes it."""
-    from fact_db.agent import consult, summary_line
+    from fact_db.realization.agent import consult, summary_line
     (env / "p.py").write_text("import torch\nimport torch.nn as nn\n\nclass Model(nn.Module):\n"
                               "    def __init__(self):\n        super().__init__(); self.fc = nn.Linear(64, 32)\n"
                               "    def forward(self, x):\n        return torch.relu(self.fc(x))\n\n"
@@ -286,7 +286,7 @@ def _stored_row(env, reg, time_ms=0.004, eager_ms=0.009):
 
 def _standin_loader(row, spec):
     import standins
-    from fact_db.compose import Impl
+    from fact_db.composition.compose import Impl
     return Impl("region", f"llm kernel {row['name']}", standins.region_op(spec),
                 {"region": spec.as_dict(), "standin_region": True}), "stand-in"
 
@@ -294,8 +294,8 @@ def _standin_loader(row, spec):
 def _gemm_realizer(ms=None, eager_ms=None):
     """The GEMM region: eager (ms None) or a stand-in kernel timed at `ms`."""
     import standins
-    from fact_db.compose import Impl
-    from fact_db.realize import Realized, plan
+    from fact_db.composition.compose import Impl
+    from fact_db.realization.realize import Realized, plan
 
     def realize(disc, policy):
         out = []
@@ -308,7 +308,7 @@ def _gemm_realizer(ms=None, eager_ms=None):
 
 
 def _optimize_linear_relu(env, reg, **kw):
-    from fact_db.optimize import optimize
+    from fact_db.pipeline import optimize
     torch.manual_seed(0)
     m = LinearRelu().eval()
     x = torch.randn(8, 64)
@@ -319,8 +319,8 @@ def _optimize_linear_relu(env, reg, **kw):
 
 def test_optimize_composes_the_llm_kernel_the_registry_holds(env):
     import standins
-    from fact_db.artifact import load
-    from fact_db.compose import Impl
+    from fact_db.composition.artifact import load
+    from fact_db.composition.compose import Impl
     reg = Registry.open(str(env / "reg.duckdb"))
     spec = _stored_row(env, reg)
     m, x, fast = _optimize_linear_relu(env, reg, realizer=_gemm_realizer(), region_kernels=_standin_loader)
@@ -330,7 +330,7 @@ def test_optimize_composes_the_llm_kernel_the_registry_holds(env):
     assert gemm.impl.kind == "eager" and any("served by llm kernel linear_relu" in n for n in gemm.notes)
     assert llm.region.rule == "llm-kernel" and llm.impl.kind == "region" and llm.how == "registry"
     assert llm.region.nodes == ["linear", "relu"] and llm.ms == 0.004 and llm.eager_ms == 0.009
-    from fact_db.report import skipped
+    from fact_db.composition.report import skipped
     assert skipped(r) == []  # the GEMM region is served by the llm kernel, not left to eager
     before = standins.CALLS["region"]
     assert torch.allclose(fast(x), m(x), atol=1e-6)
@@ -390,7 +390,7 @@ def test_a_region_kernel_for_other_shapes_is_not_used(env):
 def test_the_region_kernel_op_on_the_gpu_eager_compiled_and_graphed(env, source):
     """The real kernels (tests/data/agent/linear_relu_<source>.cu) compiled in the worker, as a
     custom op: the module's answer, under torch.compile(fullgraph=True), in a CUDA graph."""
-    from fact_db.region_kernel import Pipeline, RegionKernel
+    from fact_db.kernels.region.region_kernel import Pipeline, RegionKernel
     rules = load_rules()
     m = LinearRelu().cuda()
     x = torch.randn(8, 64, device="cuda")

@@ -23,9 +23,9 @@ pytestmark = [
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 from fmha_fp32tc_check import eager, launcher, reference  # noqa: E402
 
-from fact_db import fmha_fp32tc  # noqa: E402
-from fact_db.attention import AttentionWorkload  # noqa: E402
-from fact_db.build import build  # noqa: E402
+from fact_db.kernels.attention import fmha_fp32tc  # noqa: E402
+from fact_db.kernels.attention.workload import AttentionWorkload  # noqa: E402
+from fact_db.kernels.build import build  # noqa: E402
 
 CONFIGS = [  # both block_m, both block_n, each padded head dim, with and without promotion and presplit
     {"head_dim": 64, "head_dim_v": 64, "block_m": 128, "block_n": 64, "presplit": 1, "promote_k": 32},

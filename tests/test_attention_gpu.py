@@ -20,10 +20,11 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc"),
 ]
 
-from fact_db import attention_tune, build, fmha_sm90  # noqa: E402
-from fact_db.attention import AttentionWorkload  # noqa: E402
-from fact_db.attention_kernel import AttentionKernel  # noqa: E402
-from fact_db.verify import rel_err  # noqa: E402
+from fact_db.kernels.attention import tune as attention_tune, fmha_sm90
+from fact_db.kernels import build  # noqa: E402
+from fact_db.kernels.attention.workload import AttentionWorkload  # noqa: E402
+from fact_db.kernels.attention.kernel import AttentionKernel  # noqa: E402
+from fact_db.kernels.verify import rel_err  # noqa: E402
 
 DTYPES = ("bfloat16", "float16")
 
@@ -139,13 +140,13 @@ def test_custom_op_under_compile(kernels):
 
 
 def test_tuner_end_to_end_in_the_worker(tmp_path):
-    from fact_db.registry import Registry
+    from fact_db.store.registry import Registry
     w = W(heads=8, kv_heads=2, lq=296, lk=300, d=96, dv=96)
     reg = Registry.open(f"duckdb:///{tmp_path / 'r.duckdb'}", seed=False)
     res = attention_tune.tune(w, registry=reg, jobs=16, fams=[fmha_sm90])
     kinds = {t.label: t.status for t in res.trials}
     assert all(s == "ok" for lbl, s in kinds.items() if lbl.startswith("fmha")), kinds
-    from fact_db.tune import current_gpu
+    from fact_db.kernels.gemm.tune import current_gpu
     gpu = current_gpu()[0]
     assert res.best is not None and reg.attention_get(w, "sm90a", gpu).label == res.best.label
     assert reg.attention_get(w, "sm90a", "some-other-gpu") is None  # rows are keyed by the GPU

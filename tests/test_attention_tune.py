@@ -7,10 +7,10 @@ import types
 import pytest
 import torch
 
-from fact_db import attention_tune as at
-from fact_db import fmha_sm90
-from fact_db.attention import AttentionWorkload
-from fact_db.registry import Registry
+from fact_db.kernels.attention import tune as at
+from fact_db.kernels.attention import fmha_sm90
+from fact_db.kernels.attention.workload import AttentionWorkload
+from fact_db.store.registry import Registry
 
 
 def W(**kw):
@@ -75,7 +75,7 @@ class _Kernel:
 
 
 def _run_on_cpu(monkeypatch, job, kernel):
-    import fact_db.attention_kernel as ak
+    import fact_db.kernels.attention.kernel as ak
     monkeypatch.setattr(ak, "AttentionKernel", lambda *a, **k: kernel)
     real = AttentionWorkload.make_inputs
     monkeypatch.setattr(AttentionWorkload, "make_inputs",
@@ -83,7 +83,7 @@ def _run_on_cpu(monkeypatch, job, kernel):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "cpu")
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
     monkeypatch.setattr(torch, "Generator", lambda device=None: types.SimpleNamespace(manual_seed=lambda s: None))
-    import fact_db.bench as bench
+    import fact_db.kernels.bench as bench
     monkeypatch.setattr(bench, "time_cuda", lambda fn, sets, reps=20: (
         [fn(s) for s in sets], types.SimpleNamespace(median_ms=1.0, p10_ms=0.9, p90_ms=1.1))[1])
     return at.run_job(job, {})
@@ -138,7 +138,7 @@ def test_tune_picks_fastest_verified_and_writes_the_registry(monkeypatch):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message where no GPU is present")
 def test_tune_with_a_registry_needs_the_gpu_it_keys_rows_by():
-    from fact_db.tune import TuneError
+    from fact_db.kernels.gemm.tune import TuneError
     with pytest.raises(TuneError, match="no CUDA GPU"):
         at.tune(W(), registry=Registry.memory(seed=False), fams=[fmha_sm90])
 
@@ -172,7 +172,7 @@ def test_cli_tune_attention_runs_the_tuner(monkeypatch):
 
 
 def test_run_job_reports_a_kernel_that_refuses_the_launch(monkeypatch):
-    from fact_db.kernel import KernelError
+    from fact_db.kernels.gemm.kernel import KernelError
 
     class Refuses:
         def __call__(self, *a, **k):
@@ -183,7 +183,8 @@ def test_run_job_reports_a_kernel_that_refuses_the_launch(monkeypatch):
 
 
 def test_realize_maps_a_kernel_winner_to_its_op(monkeypatch):
-    from fact_db import attention_kernel, realize
+    from fact_db.kernels.attention import kernel as attention_kernel
+    from fact_db.realization import realize
     w = W()
     trials = [at.AttnTrial("sdpa-flash", "library", "ok", 2.0, 0.01),
               at.AttnTrial("fmha q128 k64 hd64 coop", "kernel", "ok", 1.0, 0.01, template="fmha_sm90",

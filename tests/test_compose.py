@@ -19,8 +19,8 @@ import pytest
 import torch
 
 import standins
-from fact_db.compose import ComposeError, ComposedModule, Impl, rewrite, run_at_policy, signature
-from fact_db.realize import Realized, plan, realize_regions
+from fact_db.composition.compose import ComposeError, ComposedModule, Impl, rewrite, run_at_policy, signature
+from fact_db.realization.realize import Realized, plan, realize_regions
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -304,7 +304,7 @@ def test_half_policies_run_the_model_in_that_dtype():
 # optimize end to end on the CPU (realization and timing injected), the artifact.
 
 def _optimize(tmp_path, **kw):
-    from fact_db.optimize import optimize
+    from fact_db.pipeline import optimize
     model = _mingpt()
     x = torch.rand(2, 16, 64)
     fast = optimize(model, (x,), policy=kw.pop("policy", "fp32"), realizer=kw.pop("realizer", standin_realizer()),
@@ -333,7 +333,7 @@ def test_optimize_end_to_end_with_stand_ins(tmp_path):
 
 @pytest.mark.parametrize("split", [True, False])
 def test_weights_split_once_or_per_call_as_asked_and_as_the_artifact_records(tmp_path, split):
-    from fact_db.artifact import load
+    from fact_db.composition.artifact import load
     model, x, fast = _optimize(tmp_path, realizer=standin_realizer(lo=True), split_weights=split)
     assert fast.report.verification.ok
     def los(m):
@@ -358,7 +358,7 @@ def test_optimize_returns_eager_when_verification_fails(tmp_path):
 
 
 def test_artifact_round_trip_tunes_nothing(tmp_path):
-    from fact_db.artifact import load
+    from fact_db.composition.artifact import load
     model, x, fast = _optimize(tmp_path)
     again = load(fast.artifact, loader=standin_loader)
     before = standins.CALLS.copy()
@@ -372,7 +372,7 @@ def test_artifact_round_trip_tunes_nothing(tmp_path):
 
 
 def test_artifact_kernels_run_eager_without_an_sm90_gpu(tmp_path):
-    from fact_db.artifact import load
+    from fact_db.composition.artifact import load
     model, x, fast = _optimize(tmp_path)
     mf = Path(fast.artifact) / "manifest.json"
     m = json.loads(mf.read_text())
@@ -393,9 +393,9 @@ def test_artifact_kernels_run_eager_without_an_sm90_gpu(tmp_path):
 
 def _norm_realizer(kernel_files: Path | None = None):
     """The stand-in realizer with the LayerNorm regions realized too, as realize does
-    (fact_db.realize.norm_workload); `kernel_files`: a directory whose kernel.so / kernel.cu
+    (fact_db.realization.realize.norm_workload); `kernel_files`: a directory whose kernel.so / kernel.cu
     the norm regions claim as their built library, so the artifact saves them."""
-    from fact_db.realize import norm_workload
+    from fact_db.realization.realize import norm_workload
 
     def realize(disc, policy):
         out = standin_realizer()(disc, policy)
@@ -421,7 +421,7 @@ def _norm_loader(rec):
 
 
 def test_norm_regions_compose_save_and_load(tmp_path):
-    from fact_db.artifact import load
+    from fact_db.composition.artifact import load
     files = tmp_path / "build"
     files.mkdir()
     (files / "kernel.so").write_bytes(b"not a real library")
@@ -450,7 +450,7 @@ def test_norm_regions_compose_save_and_load(tmp_path):
 
 
 def test_artifact_refuses_edits_and_foreign_directories(tmp_path):
-    from fact_db.artifact import ArtifactError, load
+    from fact_db.composition.artifact import ArtifactError, load
     _, _, fast = _optimize(tmp_path)
     art = Path(fast.artifact)
     with open(art / "program.pt2", "ab") as f:
@@ -470,7 +470,7 @@ def test_artifact_refuses_edits_and_foreign_directories(tmp_path):
 
 
 def test_a_failed_save_leaves_the_previous_artifact(tmp_path, monkeypatch):
-    from fact_db import artifact
+    from fact_db.composition import artifact
     _, _, fast = _optimize(tmp_path)
     art = Path(fast.artifact)
     before = sorted(p.name for p in art.iterdir())
@@ -487,7 +487,7 @@ def test_a_failed_save_leaves_the_previous_artifact(tmp_path, monkeypatch):
 
 
 def test_save_refuses_a_directory_that_is_not_an_artifact(tmp_path):
-    from fact_db.artifact import ArtifactError
+    from fact_db.composition.artifact import ArtifactError
     (tmp_path / "art").mkdir()
     (tmp_path / "art" / "mine.txt").write_text("keep me")
     with pytest.raises(ArtifactError, match="is not a fact-db artifact"):
@@ -499,7 +499,7 @@ def test_save_refuses_a_directory_that_is_not_an_artifact(tmp_path):
 # Bad input.
 
 def test_tuple_and_dict_outputs_and_in_place_inputs(tmp_path):
-    from fact_db.optimize import optimize
+    from fact_db.pipeline import optimize
 
     class Outs(torch.nn.Module):
         def __init__(self):
@@ -524,8 +524,8 @@ def test_tuple_and_dict_outputs_and_in_place_inputs(tmp_path):
 
 
 def test_a_model_that_raises_names_the_line():
-    from fact_db.errors import TraceError
-    from fact_db.optimize import optimize
+    from fact_db.core.errors import TraceError
+    from fact_db.pipeline import optimize
 
     class Bad(torch.nn.Module):
         def forward(self, x):
@@ -543,7 +543,7 @@ def test_a_spent_budget_leaves_regions_to_the_registry_or_eager(block):
 
 
 def test_optimize_without_a_gpu_says_so():
-    from fact_db.optimize import OptimizeError, optimize
+    from fact_db.pipeline import OptimizeError, optimize
     with pytest.raises(OptimizeError, match="no CUDA GPU"):
         optimize(_mingpt(), (torch.rand(2, 16, 64),), progress=False, save=False)
 
@@ -593,7 +593,7 @@ def test_measure_times_every_peer_and_the_composed_module_compiled(tmp_path):
     """The benchmark stage on CPU with an injected timer: which variants run, in what order,
     each with its error against float64; torch.compile of the composed module works."""
     model, x, fast = _optimize(tmp_path, bench=False)
-    from fact_db.optimize import like_drawer, measure
+    from fact_db.pipeline import like_drawer, measure
     ref = _mingpt().double()
     ref.load_state_dict(model.state_dict())
     variants = measure(model, model, fast, "fp32", like_drawer((x,)), ref, peers=("compile",),
@@ -608,7 +608,7 @@ def test_measure_interleaves_the_uncompiled_variants_and_keeps_each_rounds_media
     """Eager and fact-db are timed round-robin, BENCH_ROUNDS times each, so a drift of the
     GPU's clocks hits both; a compiled peer is timed once, right after its compile. A
     variant's time is the median of its rounds, and the rounds are kept."""
-    from fact_db import optimize as opt
+    from fact_db import pipeline as opt
     model, x, fast = _optimize(tmp_path, bench=False)
     ref = _mingpt().double()
     ref.load_state_dict(model.state_dict())
@@ -640,7 +640,7 @@ def test_the_cuda_graph_is_kept_only_where_it_is_faster(block):
     """choose_graph keeps the graph on a launch-bound model and turns it off where copying
     inputs in and outputs out costs more than the launches it saves, or where the two are
     within the margin (timings injected)."""
-    from fact_db.optimize import choose_graph
+    from fact_db.pipeline import choose_graph
     model, x, disc = block
     gm, _ = rewrite(disc.graph.program, disc.regions, {})
     draw = lambda t: ((torch.rand_like(x),), "like")  # noqa: E731
@@ -656,7 +656,7 @@ def test_the_cuda_graph_is_kept_only_where_it_is_faster(block):
 def test_eager_is_returned_where_it_times_faster(block):
     """keep_faster_than_eager: a composed module slower than eager runs eager for its
     signature (and says so); a faster one is kept (timings injected)."""
-    from fact_db.optimize import keep_faster_than_eager
+    from fact_db.pipeline import keep_faster_than_eager
     model, x, disc = block
     impls = standin_impls(disc)
     gm, _ = rewrite(disc.graph.program, disc.regions, impls)
@@ -700,7 +700,7 @@ class _ScaledLinear(torch.nn.Module):
 ])
 def test_a_constant_scale_is_the_gemms_alpha_with_the_bias_scaled_too(form, rule, c, alpha, epilogue):
     import fact_db
-    from fact_db.rules import load_rules
+    from fact_db.discovery.rules import load_rules
     torch.manual_seed(0)
     model, x = _ScaledLinear(form, c).eval(), torch.randn(8, 32)
     disc = fact_db.discover(model, (x,), rules=load_rules(extra=[AGENT_RULES / f"{rule}.yaml"]))
@@ -723,7 +723,7 @@ def test_a_constant_scale_is_the_gemms_alpha_with_the_bias_scaled_too(form, rule
 ])
 def test_a_scale_that_does_not_commute_with_the_activation_stays_eager(form, rule, c, why):
     import fact_db
-    from fact_db.rules import load_rules
+    from fact_db.discovery.rules import load_rules
     model, x = _ScaledLinear(form, c).eval(), torch.randn(8, 32)
     disc = fact_db.discover(model, (x,), rules=load_rules(extra=[AGENT_RULES / f"{rule}.yaml"]))
     [r] = disc.regions
@@ -738,7 +738,7 @@ def test_a_scale_that_does_not_commute_with_the_activation_stays_eager(form, rul
 def _library_realizer():
     from types import SimpleNamespace
 
-    from fact_db.realize import gemm_impl
+    from fact_db.realization.realize import gemm_impl
 
     def realize(disc, policy):
         out = []
@@ -755,8 +755,8 @@ def _library_realizer():
 @pytest.mark.parametrize("epilogue", ["none", "bias", "bias_relu", "bias_gelu", "bias_gelu_tanh", "bias_silu",
                                       "residual"])
 def test_the_library_op_computes_what_the_tuner_timed_as_eager(epilogue):
-    from fact_db.kernel import library_gemm_op
-    from fact_db.workload import GemmWorkload
+    from fact_db.kernels.gemm.kernel import library_gemm_op
+    from fact_db.kernels.gemm.workload import GemmWorkload
     w = GemmWorkload(24, 40, 16, policy="fp32", layout_b="col", epilogue=epilogue)
     inputs = w.make_inputs("randn", device="cpu", generator=torch.Generator().manual_seed(0))
     op = library_gemm_op(epilogue)
@@ -770,7 +770,7 @@ def test_a_region_the_library_wins_runs_the_library_path_not_the_models_ops(tmp_
     """minGPT's MLP writes GELU out as eight element-wise ops; where cuBLAS wins the GEMM
     region, the composed module runs addmm and one `gelu` (what the tuner timed), and the
     artifact loads it without a loader."""
-    from fact_db.artifact import load
+    from fact_db.composition.artifact import load
     model, x, fast = _optimize(tmp_path, realizer=_library_realizer())
     r = fast.report
     assert r.verification.ok

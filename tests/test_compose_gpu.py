@@ -45,7 +45,7 @@ def artifact(tmp_path_factory):
     given = os.environ.get("FACTDB_TEST_ARTIFACT")
     if given:
         return Path(given)
-    from fact_db.optimize import optimize
+    from fact_db.pipeline import optimize
     spec = importlib.util.spec_from_file_location("mingpt", ROOT / "benchmarks" / "problems" / "mingpt_block.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -62,7 +62,7 @@ def artifact(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def loaded(artifact):
-    from fact_db.artifact import load
+    from fact_db.composition.artifact import load
     fast = load(artifact)
     assert not [n for n in fast.load_notes if ": eager:" in n], fast.load_notes
     return fast
@@ -78,7 +78,7 @@ def test_loaded_artifact_runs_its_kernels_and_matches_its_program(artifact, load
     assert all({op, op + "_blo"} & targets for op in (r["impl"]["op"].replace("::", ".") for r in kernels))
     x = _inputs(manifest)
     eager = torch.export.load(artifact / "program.pt2").module()
-    from fact_db.compose import run_at_policy
+    from fact_db.composition.compose import run_at_policy
     with torch.no_grad():
         y, ref = loaded(*x), run_at_policy(eager, manifest["policy"], x)
     err = (torch.linalg.vector_norm((y - ref).double()) / torch.linalg.vector_norm(ref.double())).item()
@@ -86,7 +86,7 @@ def test_loaded_artifact_runs_its_kernels_and_matches_its_program(artifact, load
 
 
 def test_op_names_come_from_build_keys_not_paths(artifact, tmp_path):
-    from fact_db.kernel import GemmKernel, GemmSpec
+    from fact_db.kernels.gemm.kernel import GemmKernel, GemmSpec
     manifest = json.loads((artifact / "manifest.json").read_text())
     impl = next(r["impl"] for r in manifest["regions"] if r["impl"]["kind"] == "gemm" and not r["impl"].get("library"))
     moved = tmp_path / "elsewhere" / "k.so"
@@ -130,7 +130,7 @@ def test_composed_module_under_torch_compile_and_cuda_graphs(artifact, loaded):
 def test_another_batch_size_is_right_and_warns_once(artifact, loaded):
     manifest = json.loads((artifact / "manifest.json").read_text())
     x = _inputs(manifest, batch=3)
-    from fact_db.compose import run_at_policy
+    from fact_db.composition.compose import run_at_policy
     eager = torch.export.load(artifact / "fallback.pt2").module()
     with warnings.catch_warnings(record=True) as seen, torch.no_grad():
         warnings.simplefilter("always")
@@ -146,7 +146,7 @@ def test_the_composed_module_replays_one_cuda_graph_equal_to_its_ops(artifact, l
     assert loaded.cuda_graph == manifest["cuda_graph"] and loaded.prefer_eager == manifest["prefer_eager"]
     # whether the graph was kept is a timing decision (optimize.choose_graph); replay it here regardless
     loaded.cuda_graph, loaded.prefer_eager = True, False
-    from fact_db.compose import run_at_policy
+    from fact_db.composition.compose import run_at_policy
     x, x2 = _inputs(manifest), _inputs(manifest)
     with torch.no_grad():
         y = loaded(*x)

@@ -4,9 +4,9 @@ import torch
 from torch import nn
 
 import fact_db
-from fact_db.discover import analyse
-from fact_db.errors import ProblemError, TraceError
-from fact_db.trace import load_problem, trace_problem
+from fact_db.discovery.discover import analyse
+from fact_db.core.errors import ProblemError, TraceError
+from fact_db.discovery.trace import load_problem, trace_problem
 
 from conftest import BAD, PROBLEMS
 
@@ -184,7 +184,7 @@ def test_import_spec_factory(tmp_path, monkeypatch, ruleset):
 
 
 def test_real_allocation_during_construction_is_bounded():
-    from fact_db import trace
+    from fact_db.discovery import trace
 
     class Big(nn.Module):
         def __init__(self):
@@ -225,7 +225,7 @@ def test_discovery_walks_into_autocast_and_grad_mode_wrappers():
     """torch.export wraps code under torch.autocast(enabled=False) or torch.no_grad() (older
     HF rotary embeddings) in higher-order ops whose bodies are submodules; discovery inlines
     them, naming their ops under the wrapper, and matches rules inside."""
-    from fact_db.discover import discover
+    from fact_db.discovery.discover import discover
 
     r = discover(Wrapped(), (torch.randn(8, 64),))
     assert [x.rule for x in r.regions] == ["gemm-bias-relu", "gemm-bias-gelu"]
@@ -238,10 +238,10 @@ def test_discovery_registry_column_for_gemm_regions_hit_near_and_stale():
     row of a nearby shape is `near (D)`, a row from another toolchain is stale, the rest miss."""
     import dataclasses
 
-    from fact_db import toolchain
-    from fact_db.discover import ask_registry, discover_problem
-    from fact_db.realize import plan
-    from fact_db.registry import KernelRecord, Registry
+    from fact_db.core import toolchain
+    from fact_db.discovery.discover import ask_registry, discover_problem
+    from fact_db.realization.realize import plan
+    from fact_db.store.registry import KernelRecord, Registry
     rep = discover_problem(str(PROBLEMS / "gemm_bias_relu.py"), arch="sm90", policy="fp32")
     w = next(p.workload for p in plan(rep, "fp32") if p.workload is not None)
     arch, gpu = "sm90a", rep.gpu.lower()
@@ -277,9 +277,9 @@ def test_regions_inside_the_wrappers_are_left_to_eager_by_composition():
     outside is still replaced and the model's answer kept."""
     import standins
 
-    from fact_db.compose import Impl, rewrite
-    from fact_db.discover import discover
-    from fact_db.realize import plan
+    from fact_db.composition.compose import Impl, rewrite
+    from fact_db.discovery.discover import discover
+    from fact_db.realization.realize import plan
 
     torch.manual_seed(0)
     model, x = Wrapped(no_grad=False).eval(), torch.randn(8, 64)  # the second GEMM outside any wrapper

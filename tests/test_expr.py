@@ -1,7 +1,7 @@
 import pytest
 
-from fact_db.errors import ExprError
-from fact_db.expr import Expr
+from fact_db.core.errors import ExprError
+from fact_db.discovery.expr import Expr
 
 
 def test_arithmetic_and_functions():

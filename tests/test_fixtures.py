@@ -1,8 +1,8 @@
 """Every rule's fixture: must-match cases match, must-not-match cases do not (like semgrep's test)."""
 import pytest
 
-from fact_db import fixture
-from fact_db.rules import load_rules
+from fact_db.discovery import fixture
+from fact_db.discovery.rules import load_rules
 
 RULES = load_rules()
 

@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from fact_db import fmha_fp32tc
-from fact_db.attention import AttentionWorkload
+from fact_db.kernels.attention import fmha_fp32tc
+from fact_db.kernels.attention.workload import AttentionWorkload
 
 MINGPT = AttentionWorkload(128, 8, 8, 512, 512, 96, 96, causal=True)
 

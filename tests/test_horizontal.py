@@ -14,9 +14,9 @@ from torch import nn
 
 import fact_db
 import standins
-from fact_db.compose import Impl, rewrite
-from fact_db.pattern import PatternError, build_patterns
-from fact_db.realize import Realized, plan
+from fact_db.composition.compose import Impl, rewrite
+from fact_db.discovery.pattern import PatternError, build_patterns
+from fact_db.realization.realize import Realized, plan
 
 
 class Qkv(nn.Module):
@@ -90,7 +90,7 @@ def test_qkv_projections_are_one_region_with_the_concatenated_n():
     w = p.workload
     assert (w.m, w.n, w.k, w.layout_a, w.layout_b, w.epilogue, w.dtype) == (16, 128, 64, "row", "col", "none", "bfloat16")
     # keyed as the plain GEMM it is: the registry's rows for this shape serve it
-    from fact_db.tune import with_rule
+    from fact_db.kernels.gemm.tune import with_rule
     assert w.rule == "gemm" and with_rule(w).rule == "gemm"
 
 
@@ -102,7 +102,7 @@ def test_mixed_forms_and_biases_group_with_a_bias_epilogue():
     assert r.problem["N"] == 48 and r.epilogue == ["bias"]
     [w] = [p.workload for p in plan(rep, "fp32") if p.region is r]
     assert w.epilogue == "bias" and w.layout_b == "col"
-    from fact_db.tune import with_rule
+    from fact_db.kernels.gemm.tune import with_rule
     assert with_rule(w).rule == "gemm-bias"
 
 
@@ -245,8 +245,8 @@ def test_one_gemm_serves_every_projection(make, xs):
 
 
 def test_the_composed_module_counts_the_weights_it_concatenated_as_held_memory():
-    from fact_db.compose import ComposedModule, signature
-    from fact_db.report import _mib
+    from fact_db.composition.compose import ComposedModule, signature
+    from fact_db.composition.report import _mib
     model = Mixed().eval()
     xs = (torch.randn(8, 32),)
     rep = fact_db.discover(model, xs)
@@ -303,8 +303,8 @@ def _loader(rec):
 
 
 def test_optimize_saves_and_loads_a_horizontal_region(tmp_path):
-    from fact_db.artifact import load
-    from fact_db.optimize import optimize
+    from fact_db.composition.artifact import load
+    from fact_db.pipeline import optimize
     torch.manual_seed(0)
     model = Mixed().eval()
     x = torch.randn(8, 32)
@@ -337,7 +337,7 @@ def test_siblings_must_share_a_capture_every_alternative_has(ruleset):
 
 @pytest.mark.slow
 def test_the_split_projections_run_under_torch_compile_fullgraph():
-    from fact_db.compose import ComposedModule, signature
+    from fact_db.composition.compose import ComposedModule, signature
     torch.manual_seed(0)
     model = Qkv().eval()
     x = torch.randn(2, 8, 64)

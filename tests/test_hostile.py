@@ -135,8 +135,8 @@ def test_preflight_stops_a_problem_before_a_gpu_command_builds_it_in_process():
     """With a GPU, optimize and realize build the model in their own process; before that the
     problem is built and traced on meta in the sandboxed child, so a file that exits, loops or
     raises at import, construction or tracing is stopped and named there."""
-    from fact_db.errors import ProblemError
-    from fact_db.sandbox import preflight
+    from fact_db.core.errors import ProblemError
+    from fact_db.discovery.sandbox import preflight
     preflight(str(ROOT / "benchmarks" / "problems" / "gemm_bias_relu.py"))  # a good problem passes, silently
     bad = CORPUS / "problems"
     with pytest.raises(ProblemError, match=r"exit-three-at-import\.py: the problem file ended the process with exit code 3"):
@@ -152,8 +152,8 @@ def test_the_in_process_build_of_the_gpu_path_is_bounded_in_time():
     sentence naming the file (here a constructor that always loops, run directly)."""
     import time
 
-    from fact_db.errors import ProblemError
-    from fact_db.optimize import optimize_problem
+    from fact_db.core.errors import ProblemError
+    from fact_db.pipeline import optimize_problem
     f = CORPUS / "problems" / "loop-in-constructor.py"
     t0 = time.monotonic()
     with pytest.raises(ProblemError, match=r"loop-in-constructor\.py: building it took longer than 1 s"):
@@ -169,7 +169,7 @@ def test_the_child_dies_with_a_killed_parent():
     import subprocess
     import time
     f = CORPUS / "problems" / "loop-in-constructor.py"
-    parent = subprocess.Popen([sys.executable, "-c", "import sys; from fact_db.sandbox import run; "
+    parent = subprocess.Popen([sys.executable, "-c", "import sys; from fact_db.discovery.sandbox import run; "
                                "run(['discover', sys.argv[1], '--no-registry', '--json'], sys.argv[1], "
                                "max_memory_mb=2048, timeout_s=300)", str(f)])
 
@@ -216,5 +216,5 @@ def test_the_child_dies_with_a_killed_parent():
 ])
 def test_an_exception_in_a_note_is_one_line(exc, kw, want):
     """What notes and messages show of an exception they caught: one line, bounded, never empty."""
-    from fact_db.errors import first_line
+    from fact_db.core.errors import first_line
     assert first_line(exc, **kw) == want

@@ -1,7 +1,7 @@
 """The hybrid index: documents, incremental builds, ranking, filters, storage safety, offline use.
 
 These run without the embedding model: a deterministic bag-of-words embedder
-(fact_db.embed.HashEmbedder) stands in, so rankings are exact. One full index of the
+(fact_db.store.embed.HashEmbedder) stands in, so rankings are exact. One full index of the
 rules and the installed CUTLASS examples (plus a few registry kernels) is built per
 session in a temporary directory and shared; tests that change an index build their own
 small one. tests/test_index_retrieval.py runs the real model.
@@ -13,11 +13,12 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from fact_db import embed, index, paths
-from fact_db.db import REGISTRY_TABLES
-from fact_db.index import Doc
-from fact_db.registry import KernelKey, KernelRecord, Registry
-from fact_db.rules import load_rules
+from fact_db.store import embed, index
+from fact_db.core import paths
+from fact_db.store.db import REGISTRY_TABLES
+from fact_db.store.index import Doc
+from fact_db.store.registry import KernelKey, KernelRecord, Registry
+from fact_db.discovery.rules import load_rules
 
 ARCHS = {"sm50", "sm60", "sm70", "sm75", "sm80", "sm89", "sm90", "sm100", "sm103", "sm120"}
 DTYPES = set(index.DTYPE_WORDS)

@@ -1,9 +1,9 @@
-"""fact_db.embed runs all-MiniLM-L6-v2 without sentence-transformers (whose import costs
+"""fact_db.store.embed runs all-MiniLM-L6-v2 without sentence-transformers (whose import costs
 5-8 s); its vectors must equal sentence-transformers' own."""
 import numpy as np
 import pytest
 
-from fact_db import embed
+from fact_db.store import embed
 
 pytestmark = [
     pytest.mark.embedding,
@@ -41,8 +41,8 @@ def test_the_shipped_vectors_are_current_and_a_fresh_build_uses_them(tmp_path, m
     """index/vectors.npz holds a vector for every shipped rule and example text under the
     pinned model (else: run `factdb index ship-vectors`), each equal to what the model
     computes, and a fresh index build takes them instead of embedding."""
-    from fact_db import index
-    from fact_db.registry import Registry
+    from fact_db.store import index
+    from fact_db.store.registry import Registry
     emb = embed.load()
     with np.load(index.SHIPPED_VECTORS) as z:
         assert (str(z["model_name"]), str(z["model_version"])) == (emb.name, emb.version)
@@ -61,7 +61,7 @@ def test_the_shipped_vectors_are_current_and_a_fresh_build_uses_them(tmp_path, m
 
 
 def test_a_query_that_nothing_matches_is_weak_and_a_filter_that_empties_it_is_named(tmp_path):
-    from fact_db import index
+    from fact_db.store import index
     url = f"duckdb:///{tmp_path / 'q.duckdb'}"
     index.build(url)
     weak = index.search("banana bread recipe with walnuts", url=url, n=3)

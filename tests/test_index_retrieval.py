@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fact_db import embed, index
+from fact_db.store import embed, index
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,4 +1,4 @@
-"""GemmKernel's call plans (fact_db/kernel.py), on the CPU with a stand-in for the compiled
+"""GemmKernel's call plans (fact_db/kernels/gemm/kernel.py), on the CPU with a stand-in for the compiled
 launch function: a repeated call launches with exactly the arguments the full checks worked
 out the first time, and a call that needed a copy or cast is never planned."""
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from fact_db import kernel as kmod
-from fact_db.kernel import GemmKernel, GemmSpec, KernelError
+from fact_db.kernels.gemm import kernel as kmod
+from fact_db.kernels.gemm.kernel import GemmKernel, GemmSpec, KernelError
 
 
 class Launch:

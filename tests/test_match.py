@@ -5,8 +5,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fact_db.match import match_all, match_rule, select
-from fact_db.trace import trace_module
+from fact_db.discovery.match import match_all, match_rule, select
+from fact_db.discovery.trace import trace_module
 
 
 def graph(fn, *inputs, params=None):
@@ -56,7 +56,7 @@ def test_addmm_with_transposed_weight_and_matmul_plus_add(ruleset):
     assert chosen(g1, ruleset) == ["gemm-bias"]
     assert chosen(g2, ruleset) == ["gemm-bias-relu"]
     m = next(m for m in match_all(ruleset, g1)[0] if m.rule.id == "gemm-bias")
-    from fact_db import aten
+    from fact_db.discovery import aten
     dims = aten.gemm_problem(m.output)
     assert (dims["M"], dims["N"], dims["K"]) == (8, 16, 32)
     assert dims["layout_b"] == "col"  # w.t() read in place, not copied

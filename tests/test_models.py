@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from fact_db.discover import discover_problem  # noqa: E402
+from fact_db.discovery.discover import discover_problem  # noqa: E402
 
 P = "benchmarks/problems/"
 pytestmark = pytest.mark.slow
@@ -43,7 +43,7 @@ def test_gpt2_block_conv1d_projections():
                          "gemm-bias-gelu-tanh", "gemm-residual"]
     assert r.regions[1].shape == "2048x2304x768"  # c_attn: q, k and v in one Conv1D
     # Conv1D holds its weight K x N; the float32 kernels read it K-major, held transposed once
-    from fact_db.realize import plan
+    from fact_db.realization.realize import plan
     gemms = [p.workload for p in plan(r, "fp32") if p.workload is not None and p.region.rule.startswith("gemm")]
     assert len(gemms) == 4 and {w.layout_b for w in gemms} == {"col"}
 
@@ -79,7 +79,7 @@ def test_opt_decoder():
 def test_unfollowed_higher_order_op_is_uncovered_not_a_crash():
     import torch
 
-    from fact_db.discover import discover
+    from fact_db.discovery.discover import discover
 
     class M(torch.nn.Module):
         def __init__(self):
@@ -100,8 +100,8 @@ def _composed_with_stand_ins(model, x):
 
     import fact_db
     import standins
-    from fact_db.compose import Impl, rewrite
-    from fact_db.realize import plan
+    from fact_db.composition.compose import Impl, rewrite
+    from fact_db.realization.realize import plan
     rep = fact_db.discover(model, (x,))
     [(i, w)] = [(i, p.workload) for i, (r, p) in enumerate(zip(rep.regions, plan(rep, "fp32")))
                 if r.rule == "gemm-horizontal"]

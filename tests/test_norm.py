@@ -6,8 +6,8 @@ import re
 import pytest
 import torch
 
-from fact_db import norm
-from fact_db.norm import NormCandidate, NormError, NormWorkload
+from fact_db.kernels.norm import norm
+from fact_db.kernels.norm.norm import NormCandidate, NormError, NormWorkload
 
 
 def test_reference_matches_eager_in_float64_and_keeps_the_sum_rounding():
@@ -108,9 +108,9 @@ class _ProjThenNorm(torch.nn.Module):
 
 
 def _analyse(model, *inputs):
-    from fact_db.discover import analyse
-    from fact_db.rules import load_rules
-    from fact_db.trace import trace_module
+    from fact_db.discovery.discover import analyse
+    from fact_db.discovery.rules import load_rules
+    from fact_db.discovery.trace import trace_module
     return analyse(trace_module(model, inputs), load_rules(), arch="sm90", policy="fp32")
 
 
@@ -131,7 +131,7 @@ def test_gemm_residual_keeps_the_add_where_both_match():
 
 
 def test_registry_round_trip_of_a_norm_winner_and_stale_source():
-    from fact_db.registry import Registry
+    from fact_db.store.registry import Registry
     w = NormWorkload("layernorm", 65536, 768, residual=True, write_sum=True, policy="fp32")
     c = NormCandidate(64, 4, 2)
     trials = [norm.NormTrial("t64v4r2", "ok", 0.05, 1e-7, candidate=c),
@@ -176,7 +176,7 @@ def _(x, r, weight, bias):
 
 
 def test_compose_replaces_the_add_and_norm_and_serves_the_sum_from_the_op():
-    from fact_db.compose import Impl, rewrite
+    from fact_db.composition.compose import Impl, rewrite
     model = _SumUsedLater().eval()
     x, y = torch.randn(4, 32), torch.randn(4, 32)
     rep = _analyse(model, x, y)
@@ -219,8 +219,8 @@ def _norm_trials(w):
 def _standin_norm_impl(w, best):
     """realize's own Impl for an eager winner or none; a stand-in op for a kernel winner."""
     import standins
-    from fact_db.compose import Impl
-    from fact_db.realize import _norm_impl
+    from fact_db.composition.compose import Impl
+    from fact_db.realization.realize import _norm_impl
     if best is None or best.candidate is None:
         return _norm_impl(w, best)
     return Impl("norm", f"stand-in {best.label}", standins.norm_op(w.kind, w.eps),
@@ -228,7 +228,7 @@ def _standin_norm_impl(w, best):
 
 
 def test_norm_regions_get_workloads_from_what_discovery_kept():
-    from fact_db.realize import norm_workload
+    from fact_db.realization.realize import norm_workload
     rep = _analyse(_Norms(), torch.randn(2, 8, 64), torch.randn(2, 8, 64))
     by_rule = {r.rule: r for r in rep.regions}
     assert set(by_rule) == {"layernorm", "add-layernorm", "rmsnorm"}
@@ -241,7 +241,7 @@ def test_norm_regions_get_workloads_from_what_discovery_kept():
 
 
 def test_a_norm_without_weight_or_constant_eps_stays_eager_with_the_reason():
-    from fact_db.realize import norm_workload
+    from fact_db.realization.realize import norm_workload
 
     class NoAffine(torch.nn.Module):
         def forward(self, x):
@@ -257,8 +257,8 @@ def test_a_norm_without_weight_or_constant_eps_stays_eager_with_the_reason():
 
 def test_realize_regions_tunes_norm_regions_and_the_composed_model_computes_the_model():
     import standins
-    from fact_db.compose import rewrite
-    from fact_db.realize import realize_regions
+    from fact_db.composition.compose import rewrite
+    from fact_db.realization.realize import realize_regions
     model = _Norms().eval()
     x, y = torch.randn(2, 8, 64), torch.randn(2, 8, 64)
     rep = _analyse(model, x, y)
@@ -278,8 +278,8 @@ def test_realize_regions_tunes_norm_regions_and_the_composed_model_computes_the_
 
 
 def test_norm_regions_ask_the_registry_and_a_spent_budget_skips_what_it_has_not():
-    from fact_db.realize import norm_workload, realize_regions
-    from fact_db.registry import Registry
+    from fact_db.realization.realize import norm_workload, realize_regions
+    from fact_db.store.registry import Registry
     rep = _analyse(_Norms(), torch.randn(2, 8, 64), torch.randn(2, 8, 64))
     r_ln = next(r for r in rep.regions if r.rule == "layernorm")
     w_ln = norm_workload(r_ln, rep.graph, "fp32")[0]
@@ -300,7 +300,7 @@ def test_norm_regions_ask_the_registry_and_a_spent_budget_skips_what_it_has_not(
 
 
 def test_norm_impl_is_eager_when_eager_wins_or_nothing_verified():
-    from fact_db.realize import _norm_impl
+    from fact_db.realization.realize import _norm_impl
     w = NormWorkload("layernorm", 16, 64)
     assert _norm_impl(w, None).kind == "eager" and "no norm candidate verified" in _norm_impl(w, None).note
     e = _norm_impl(w, norm.NormTrial("eager", "ok", 0.01, 1e-7))
@@ -308,9 +308,9 @@ def test_norm_impl_is_eager_when_eager_wins_or_nothing_verified():
 
 
 def test_discovery_asks_the_registry_about_norm_regions_and_shows_the_measured_time():
-    from fact_db.discover import ask_registry
-    from fact_db.realize import norm_workload
-    from fact_db.registry import Registry
+    from fact_db.discovery.discover import ask_registry
+    from fact_db.realization.realize import norm_workload
+    from fact_db.store.registry import Registry
     rep = _analyse(_Norms(), torch.randn(2, 8, 64), torch.randn(2, 8, 64))
     r_ln = next(r for r in rep.regions if r.rule == "layernorm")
     with Registry.open("memory") as reg:

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fact_db import norm
-from fact_db.norm import NormCandidate, NormKernel, NormWorkload
+from fact_db.kernels.norm import norm
+from fact_db.kernels.norm.norm import NormCandidate, NormKernel, NormWorkload
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -29,7 +29,7 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def built():
-    from fact_db import build
+    from fact_db.kernels import build
     srcs, keys = [], []
     for w, cands in CASES:
         for c in cands:

@@ -1,9 +1,9 @@
-"""fact_db/ops.py: kernels as torch custom ops, registered once per process, traceable."""
+"""fact_db/kernels/ops.py: kernels as torch custom ops, registered once per process, traceable."""
 from __future__ import annotations
 
 import torch
 
-from fact_db.ops import factdb_op
+from fact_db.kernels.ops import factdb_op
 
 SCHEMA = "(Tensor a, Tensor b, Tensor? bias, Tensor? c, float alpha, float beta) -> Tensor"
 

@@ -11,9 +11,9 @@ import pytest
 from click.testing import CliRunner
 from fact_db.cli.main import cli
 
-from fact_db import index
-from fact_db.registry import KernelKey, KernelRecord, Registry
-from fact_db.rules import load_rules
+from fact_db.store import index
+from fact_db.store.registry import KernelKey, KernelRecord, Registry
+from fact_db.discovery.rules import load_rules
 
 
 def kernel(m=4096, n=4096, k=4096, gpu="h100", arch="sm90a", policy="tf32", time_ms=1.0, template_hash=None,
@@ -186,8 +186,8 @@ def test_help_has_examples():
 def test_batched_lookup_agrees_with_registry_lookup(tmp_path):
     """index.lookup fetches every family's candidates in one query; its answer per family must
     be Registry.lookup's."""
-    from fact_db.registry import synthetic_records
-    from fact_db.toolchain import Toolchain
+    from fact_db.store.registry import synthetic_records
+    from fact_db.core.toolchain import Toolchain
     tc = Toolchain(cutlass="4.2.0.0", nvcc="13.0.88", factdb="0.1.0")
     hashes = {"gemm_sm90": "synthetic", "gemm_sm80": "other"}         # a100 rows stale, the rest fresh
     with Registry.open(str(tmp_path / "r.duckdb"), seed=False) as reg:

@@ -6,11 +6,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from fact_db import build
-from fact_db import tune as tune_mod
+from fact_db.kernels import build
+from fact_db.kernels.gemm import tune as tune_mod
 from fact_db.cli.main import cli
-from fact_db.discover import discover_problem
-from fact_db.realize import plan, realize_problem
+from fact_db.discovery.discover import discover_problem
+from fact_db.realization.realize import plan, realize_problem
 
 from conftest import PROBLEMS
 
@@ -47,7 +47,7 @@ def test_realize_tunes_a_repeated_workload_once_and_reports_each_region_in_order
 
     seen = []
     # Without horizontal fusion, Llama's K and V projections are two regions with one workload.
-    from fact_db.rules import RuleSet, load_rules
+    from fact_db.discovery.rules import RuleSet, load_rules
     shipped = load_rules()
     rules = RuleSet([r for r in shipped if r.id != "gemm-horizontal"], shipped.fragments)
     report, results = realize_problem(str(PROBLEMS / "llama_block.py"), policy="bf16", runner=runner, gpu="h100",
@@ -95,7 +95,7 @@ def test_realize_without_a_gpu_says_so_and_points_at_compile_only():
 def test_an_attention_region_served_by_the_registry_says_so(hit):
     """realize_regions reports `how` registry for an attention region whose winner came from
     the registry (a warm re-run), tuned otherwise (the chooser stands in for the tuner)."""
-    from fact_db.realize import realize_regions
+    from fact_db.realization.realize import realize_regions
     rep = discover_problem(str(PROBLEMS / "sdpa_attention.py"), arch="sm90", policy="bf16")
     best = {"label": "sdpa", "kind": "sdpa", "ok": True, "ms": 0.2, "err": 1e-3, "eager_err": 1e-3, "note": "",
             "template": "", "config": None, "so": "", "build_key": "", "from_registry": hit}

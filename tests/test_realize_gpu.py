@@ -20,11 +20,11 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc"),
 ]
 
-from fact_db import build, template  # noqa: E402
-from fact_db.kernel import GemmKernel, GemmSpec, KernelError  # noqa: E402
-from fact_db.tune import kernel_layouts  # noqa: E402
-from fact_db.verify import verify  # noqa: E402
-from fact_db.workload import GemmWorkload  # noqa: E402
+from fact_db.kernels import build, template  # noqa: E402
+from fact_db.kernels.gemm.kernel import GemmKernel, GemmSpec, KernelError  # noqa: E402
+from fact_db.kernels.gemm.tune import kernel_layouts  # noqa: E402
+from fact_db.kernels.verify import verify  # noqa: E402
+from fact_db.kernels.gemm.workload import GemmWorkload  # noqa: E402
 
 DATA = Path(__file__).parent / "data"
 
@@ -150,7 +150,7 @@ def test_custom_op_under_compile_and_cuda_graph():
 
 
 def test_worker_survives_a_faulting_and_a_hanging_kernel(tmp_path):
-    from fact_db.worker import WorkerPool
+    from fact_db.kernels.worker import WorkerPool
     sos = {}
     for name, flags in (("fault", []), ("hang", ["-DFACT_HANG"])):
         so = tmp_path / f"{name}.so"
@@ -172,8 +172,8 @@ def test_worker_survives_a_faulting_and_a_hanging_kernel(tmp_path):
 
 
 def test_tune_end_to_end_then_registry_hit():
-    reg_mod = pytest.importorskip("fact_db.registry")
-    from fact_db.tune import tune
+    reg_mod = pytest.importorskip("fact_db.store.registry")
+    from fact_db.kernels.gemm.tune import tune
     reg = reg_mod.Registry.open("memory")
     w = GemmWorkload(2048, 2048, 1024, policy="bf16")
     r = tune(w, registry=reg, max_candidates=4, progress=False)

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from fact_db import db as db_mod
-from fact_db import registry as R
-from fact_db.registry import (
+from fact_db.store import db as db_mod
+from fact_db.store import registry as R
+from fact_db.store.registry import (
     Current,
     ExampleRecord,
     ImportError_,
@@ -30,7 +30,7 @@ from fact_db.registry import (
     canonical_gpu,
     merge_decision,
 )
-from fact_db.toolchain import Toolchain
+from fact_db.core.toolchain import Toolchain
 
 ROOT = Path(__file__).resolve().parent.parent
 TC = Toolchain(cutlass="4.2.0.0", nvcc="13.0.88", factdb="0.1.0")
@@ -154,7 +154,7 @@ def test_record_dict_roundtrip_and_digest_check():
 
 
 def test_stamped_fills_the_toolchain(monkeypatch):
-    monkeypatch.setattr("fact_db.toolchain.template_hash", lambda name: "hash-of-" + name)
+    monkeypatch.setattr("fact_db.core.toolchain.template_hash", lambda name: "hash-of-" + name)
     r = make_rec(cutlass_version="", nvcc_version="", template_hash="").stamped(TC)
     assert (r.cutlass_version, r.nvcc_version, r.factdb_version, r.template_hash) == \
         ("4.2.0.0", "13.0.88", "0.1.0", "hash-of-gemm_sm90")
@@ -278,8 +278,8 @@ def test_lookup_ignores_failed_rows(reg):
 
 
 def test_lookup_uses_the_installed_toolchain_by_default(monkeypatch):
-    monkeypatch.setattr("fact_db.toolchain.current", lambda: TC)
-    monkeypatch.setattr("fact_db.toolchain.template_hash", lambda name: TH.get(name, ""))
+    monkeypatch.setattr("fact_db.core.toolchain.current", lambda: TC)
+    monkeypatch.setattr("fact_db.core.toolchain.template_hash", lambda name: TH.get(name, ""))
     with Registry.memory() as reg:
         reg.put_kernel(make_rec())
         assert reg.lookup(make_key()).usable
@@ -419,8 +419,8 @@ def test_import_refuses_missing_and_binary_files(reg, tmp_path):
 # seed, revalidate, gc
 
 def test_seed_is_imported_on_first_use_and_again_when_it_changes(tmp_path, monkeypatch):
-    monkeypatch.setattr("fact_db.toolchain.current", lambda: TC)
-    monkeypatch.setattr("fact_db.toolchain.template_hash", lambda name: TH.get(name, ""))
+    monkeypatch.setattr("fact_db.core.toolchain.current", lambda: TC)
+    monkeypatch.setattr("fact_db.core.toolchain.template_hash", lambda name: TH.get(name, ""))
     seed = tmp_path / "kernels.jsonl"
     seed.write_text(json.dumps({k: v for k, v in make_rec(make_key(m=256)).as_dict().items()
                                 if k != "provenance"}) + "\n")
@@ -457,7 +457,7 @@ def test_shipped_seed_file_exists_and_imports():
 def test_shipped_seed_rows_match_the_shipped_templates():
     """A template edit makes every seed row built from it stale, so a new database would tune
     those workloads again (c9d955b did this to the bf16 rows unnoticed)."""
-    from fact_db import toolchain
+    from fact_db.core import toolchain
     seed = ROOT / "index" / "kernels.jsonl"
     for line in seed.read_text().splitlines():
         row = json.loads(line)
@@ -681,14 +681,14 @@ def test_no_network_is_touched(tmp_path, monkeypatch):
 
 
 def test_registry_module_imports_neither_torch_nor_sentence_transformers():
-    # fact_db/__init__.py imports discovery (and torch); load fact_db.registry without it
+    # fact_db/__init__.py imports discovery (and torch); load fact_db.store.registry without it
     code = (
         "import sys, types, time\n"
         f"pkg = types.ModuleType('fact_db'); pkg.__path__ = [{str(ROOT / 'fact_db')!r}]; pkg.__version__ = '0'\n"
         "sys.modules['fact_db'] = pkg\n"
         "t = time.perf_counter()\n"
-        "from fact_db.registry import Registry, KernelKey\n"
-        "import fact_db.db\n"
+        "from fact_db.store.registry import Registry, KernelKey\n"
+        "import fact_db.store.db\n"
         "r = Registry.open('memory')\n"
         "r.lookup(KernelKey(rule='gemm', arch='sm90a', gpu='h100', dtype_in='float32', dtype_acc='float32',"
         " dtype_out='float32', layout_a='row', layout_b='col', m=64, n=64, k=64, batch=1, epilogue='none',"
@@ -702,7 +702,7 @@ def test_registry_module_imports_neither_torch_nor_sentence_transformers():
 
 
 def test_coexists_with_other_connections_in_this_process(tmp_path):
-    """fact_db.index opens the same DuckDB file directly; DuckDB refuses mixed configurations in one process."""
+    """fact_db.store.index opens the same DuckDB file directly; DuckDB refuses mixed configurations in one process."""
     path = tmp_path / "shared.duckdb"
     with Registry.open(str(path), seed=False) as reg:
         reg.put_kernel(make_rec(), **KW)

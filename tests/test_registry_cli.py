@@ -6,15 +6,15 @@ from click.testing import CliRunner
 from fact_db.cli.main import cli
 from test_registry import TC, TH, make_key, make_rec
 
-from fact_db.registry import Registry, TrialRecord
-from fact_db.toolchain import Toolchain
+from fact_db.store.registry import Registry, TrialRecord
+from fact_db.core.toolchain import Toolchain
 
 
 @pytest.fixture
 def env(tmp_path, monkeypatch):
     """A registry file with three kernels and two trials; the installed toolchain pinned to TC."""
-    monkeypatch.setattr("fact_db.toolchain.current", lambda: TC)
-    monkeypatch.setattr("fact_db.toolchain.template_hash", lambda name: TH.get(name, ""))
+    monkeypatch.setattr("fact_db.core.toolchain.current", lambda: TC)
+    monkeypatch.setattr("fact_db.core.toolchain.template_hash", lambda name: TH.get(name, ""))
     monkeypatch.setenv("FACTDB_SEED", "")
     monkeypatch.delenv("FACTDB_DB", raising=False)
     path = tmp_path / "cli.duckdb"
@@ -99,7 +99,7 @@ def test_import_bad_file_lists_every_line_and_applies_nothing(env, tmp_path):
 def test_revalidate_and_gc(env, monkeypatch):
     r = run("revalidate", "--db", env, "--json")
     assert r.exit_code == 0 and json.loads(r.stdout) == []
-    monkeypatch.setattr("fact_db.toolchain.current", lambda: Toolchain("4.3.0.0", TC.nvcc, TC.factdb))
+    monkeypatch.setattr("fact_db.core.toolchain.current", lambda: Toolchain("4.3.0.0", TC.nvcc, TC.factdb))
     dry = run("revalidate", "--db", env, "--dry-run")
     assert dry.exit_code == 0 and "2 would change" in dry.stderr
     assert "verified -> stale (built with CUTLASS 4.2.0.0, now 4.3.0.0)" in dry.stdout
@@ -123,7 +123,7 @@ def test_foreign_file_is_a_one_line_error(tmp_path):
 
 
 def _region_row(path, policy="fp32", gpu="h100"):
-    from fact_db.region_kernel import RegionSpec
+    from fact_db.kernels.region.region_kernel import RegionSpec
     spec = RegionSpec(inputs=[{"name": "x", "kind": "input", "shape": [8, 64], "dtype": "float32"}],
                       ops=[{"name": "relu", "op": "aten.relu", "overload": "default", "args": [{"ref": "x"}],
                             "arg_names": ["self"]}], output="relu", out_shape=[8, 64], policy=policy,

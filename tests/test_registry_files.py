@@ -5,7 +5,7 @@ import sqlite3
 import duckdb
 import pytest
 
-from fact_db.registry import NotARegistry, Registry
+from fact_db.store.registry import NotARegistry, Registry
 
 
 def snapshot(path):
@@ -86,7 +86,7 @@ def test_newer_schema_version(tmp_path, backend):
         con.execute("update factdb_meta set value = '99' where key = 'schema_version'")
         con.commit()
         con.close()
-    msg = refused(url, p, f"schema version 99, newer than this fact-db understands ({__import__('fact_db.db').db.SCHEMA_VERSION})", "upgrade fact-db")
+    msg = refused(url, p, f"schema version 99, newer than this fact-db understands ({__import__('fact_db.store.db', fromlist=['db']).SCHEMA_VERSION})", "upgrade fact-db")
     assert msg.count(";") == 1
 
 
@@ -112,7 +112,7 @@ def test_empty_file(tmp_path):
     q = tmp_path / "empty.sqlite"   # SQLite treats an empty file as a new database
     q.write_bytes(b"")
     with Registry.open(f"sqlite:///{q}", seed=False) as reg:
-        assert reg.meta()["schema_version"] == str(__import__("fact_db.db").db.SCHEMA_VERSION)
+        assert reg.meta()["schema_version"] == str(__import__("fact_db.store.db", fromlist=["db"]).SCHEMA_VERSION)
 
 
 def test_index_only_database_is_initialised(tmp_path):

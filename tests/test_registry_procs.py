@@ -9,18 +9,18 @@ from pathlib import Path
 import pytest
 from test_registry import TC, TH, make_key, make_rec
 
-from fact_db.registry import Registry, RegistryBusy
+from fact_db.store.registry import Registry, RegistryBusy
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# Children load fact_db.registry without fact_db/__init__.py, which imports discovery and torch
+# Children load fact_db.store.registry without fact_db/__init__.py, which imports discovery and torch
 # (seconds per process on the CI machine); the registry code they run is the same.
 PRELUDE = f"""
 import sys, types, time
 pkg = types.ModuleType("fact_db"); pkg.__path__ = [{str(ROOT / "fact_db")!r}]; pkg.__version__ = "0.1.0"
 sys.modules["fact_db"] = pkg
-from fact_db.registry import Registry, KernelKey, KernelRecord
-from fact_db.toolchain import Toolchain
+from fact_db.store.registry import Registry, KernelKey, KernelRecord
+from fact_db.core.toolchain import Toolchain
 TC = Toolchain("4.2.0.0", "13.0.88", "0.1.0")
 TH = {{"gemm_sm90": "aaaa"}}
 

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fact_db import paths, rules as R
-from fact_db.errors import RuleError
+from fact_db.core import paths
+from fact_db.discovery import rules as R
+from fact_db.core.errors import RuleError
 
 from conftest import PROBLEMS, ROOT
 
@@ -196,7 +197,7 @@ def test_the_schema_cache_is_written_only_under_factdb_home(home, rules_copy):
 # ------------------------------------------------------------------ the child
 
 def test_trusted_imports_is_a_no_op_outside_the_child(monkeypatch):
-    from fact_db import sandbox
+    from fact_db.discovery import sandbox
     monkeypatch.delenv(sandbox.ENV_CHILD, raising=False)
     frozen = gc.get_freeze_count()
     with sandbox.trusted_imports():
@@ -206,7 +207,7 @@ def test_trusted_imports_is_a_no_op_outside_the_child(monkeypatch):
 
 
 def test_trusted_imports_in_the_child_turns_the_collector_off_then_on(monkeypatch, tmp_path):
-    from fact_db import sandbox
+    from fact_db.discovery import sandbox
     monkeypatch.setenv(sandbox.ENV_CHILD, str(tmp_path / "done"))
     try:
         with pytest.raises(ValueError):
@@ -271,5 +272,5 @@ def test_the_version_is_looked_up_on_first_use():
     assert fact_db.__version__ == want
     from fact_db import __version__
     assert __version__ == want
-    from fact_db.toolchain import current
+    from fact_db.core.toolchain import current
     assert current().factdb == want

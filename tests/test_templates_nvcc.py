@@ -18,7 +18,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from fact_db.template import TemplateError
+from fact_db.kernels.template import TemplateError
 import pytest
 import yaml
 
@@ -31,7 +31,7 @@ COMPILE_CASES = [(name, case) for name in sorted(EXAMPLES) for case in EXAMPLES[
 
 
 def render(name: str, params: dict) -> str:
-    from fact_db import template
+    from fact_db.kernels import template
     return template.render(name, params)
 
 

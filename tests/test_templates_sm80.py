@@ -20,7 +20,7 @@ from pathlib import Path
 import jinja2
 import pytest
 
-from fact_db.template import TemplateError
+from fact_db.kernels.template import TemplateError
 
 from test_templates_nvcc import EXAMPLES, _nvcc_skip_reason, nvcc_command, params_of, render
 
@@ -82,7 +82,7 @@ def test_math_follows_op_class_element_type_and_math_operator():
     assert "using WarpShape = cutlass::gemm::GemmShape<64, 32, 16>;" in tf32x3
 
     tf32_t = sm80("tf32_none", element_a="cutlass::tfloat32_t", element_b="cutlass::tfloat32_t")
-    assert not errors(tf32_t)  # fact_db.template names fp32 operands tfloat32_t for Hopper
+    assert not errors(tf32_t)  # fact_db.kernels.template names fp32 operands tfloat32_t for Hopper
     assert "using InstructionShape = cutlass::gemm::GemmShape<16, 8, 8>;" in tf32_t
 
     simt = sm80("simt_f32_residual")

@@ -15,13 +15,14 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from fact_db import build, template, tune as tune_mod
+from fact_db.kernels import build, template
+from fact_db.kernels.gemm import tune as tune_mod
 from fact_db.cli.main import cli
-from fact_db.registry import Registry
-from fact_db.tune import candidates, kernel_layouts, rule_for, tune
-from fact_db.verify import bound_for, verify
-from fact_db.worker import WorkerPool
-from fact_db.workload import GemmWorkload, WorkloadError, parse_shape
+from fact_db.store.registry import Registry
+from fact_db.kernels.gemm.tune import candidates, kernel_layouts, rule_for, tune
+from fact_db.kernels.verify import bound_for, verify
+from fact_db.kernels.worker import WorkerPool
+from fact_db.kernels.gemm.workload import GemmWorkload, WorkloadError, parse_shape
 
 SPACE = {"tile_m": [64, 128, 256], "tile_n": [64, 128, 256], "tile_k": [32, 64], "cluster_m": [1, 2],
          "cluster_n": [1, 2], "kernel_schedule": ["cooperative", "pingpong"], "stages": ["auto"],
@@ -439,7 +440,7 @@ def test_warm_pool_starts_every_worker_once_and_keeps_it(tmp_path):
 
 
 def test_shared_pool_is_one_pool_per_gpus_and_limit():
-    from fact_db import worker
+    from fact_db.kernels import worker
     try:
         a, b = worker.shared_pool([0, 1], 30.0), worker.shared_pool([0, 1], 30.0)
         assert a is b and worker.shared_pool([0], 30.0) is not a and worker.shared_pool([0, 1], 60.0) is not a

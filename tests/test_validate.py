@@ -5,7 +5,7 @@ import shutil
 import pytest
 from click.testing import CliRunner
 
-from fact_db import rules as rules_mod
+from fact_db.discovery import rules as rules_mod
 from fact_db.cli.main import cli
 
 from conftest import BROKEN, ROOT

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from fact_db.verify import ulp, verify_model
+from fact_db.kernels.verify import ulp, verify_model
 
 
 def _draw(t):

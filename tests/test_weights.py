@@ -13,8 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import fact_db
-from fact_db.compose import Impl, rewrite
-from fact_db.realize import plan
+from fact_db.composition.compose import Impl, rewrite
+from fact_db.realization.realize import plan
 import standins  # tests/ is on sys.path (conftest.py): the one module every test counts calls in
 
 
@@ -190,7 +190,7 @@ class Block(nn.Module):
 
 
 def test_a_composition_for_other_shapes_shares_the_weights_the_first_made():
-    from fact_db.compose import ComposedModule, signature
+    from fact_db.composition.compose import ComposedModule, signature
     torch.manual_seed(0)
     model = Block().eval()
     derived: dict = {}

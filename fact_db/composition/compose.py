@@ -1,0 +1,710 @@
+"""Compose: the model's exported program with each realized region replaced by its
+kernel's op, everything else left as it was (DESIGN.md, "Composition contract").
+
+    >>> gm, notes = rewrite(report.graph.program, report.regions, impls)   # impls: {index: Impl}
+    >>> model = ComposedModule(gm, fallback, policy="fp32", optimized_for=signature((x,)))
+    >>> model(x)                                                    # called like the original
+
+An `Impl` says how one region runs: `eager` (its nodes stay), `gemm` (a GEMM-family
+kernel's op `(a, b, bias, c, alpha, beta) -> d`, see fact_db/kernels/gemm/kernel.py), `attention` (an
+op `(q, k, v, scale, causal) -> o` in SDPA's layout: a CUTLASS kernel or an SDPA backend
+forced, see fact_db/kernels/attention/workload.py), `sdpa` (`aten.scaled_dot_product_attention` itself,
+PyTorch choosing the backend), `norm` (add_norm's op `(x, r, weight, bias) -> (y, sum)`) or
+`region` (a region kernel the agent proposed and the registry holds: `op([inputs]) -> out`,
+see fact_db/kernels/region/region_kernel.py). Operands come from discovery (`Region.operands`), never
+re-derived here.
+
+`ComposedModule` guards its inputs: a call whose tensor shapes or dtypes differ from the
+ones optimized for runs a variant for that signature (`variants(signature, args)`, e.g.
+composed from kernels the registry has for those shapes) or the eager fallback, with a
+one-time warning; never a kernel on a shape it was not verified for. Precision policies
+apply to the whole model: `bf16`/`fp16` run it in that dtype (inputs cast at entry, the
+output cast back), `tf32` turns TF32 on for what stays in PyTorch.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import gc
+import math
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+
+from fact_db.core.errors import FactError, first_line
+from fact_db.kernels.gemm.workload import policy_mode
+
+HALF_POLICIES = {"bf16": "bfloat16", "fp16": "float16"}
+
+
+class ComposeError(FactError):
+    """A region cannot be replaced in the exported program (a missing operand, a shape the op cannot take)."""
+
+
+@dataclass
+class Impl:
+    """How one region runs in the composed module."""
+
+    kind: str                  # eager | gemm | attention | sdpa | norm | region
+    label: str = ""            # what runs, for the report
+    op: object = None          # the torch op for gemm / attention
+    record: dict = field(default_factory=dict)  # what an artifact needs to load it again
+    note: str = ""
+    # A GEMM kernel that can take B's lo parts made once (kernel.GemmKernel.takes_b_lo): the op
+    # `(a, b, b_lo, bias, c, alpha, beta) -> d` and `split_lo(b) -> b_lo`. Where B is a weight,
+    # the rewrite splits it once into a buffer, and no call splits it again.
+    op_lo: object = None
+    split_lo: object = None
+
+    @classmethod
+    def eager(cls, note: str = "") -> Impl:
+        return cls("eager", "eager PyTorch", note=note)
+
+    @classmethod
+    def gemm_kernel(cls, kernel, label: str, record: dict) -> Impl:
+        """The Impl of a loaded kernel.GemmKernel (as tuned, or as an artifact loads it)."""
+        lo = kernel.takes_b_lo
+        return cls("gemm", label, kernel.as_op(), record, op_lo=kernel.as_op(b_lo=True) if lo else None,
+                   split_lo=kernel.split_lo if lo else None)
+
+    @property
+    def library(self) -> bool:
+        """The region runs a library path (cuBLAS, an SDPA backend), not a fact-db kernel."""
+        return self.kind == "sdpa" or bool(self.record.get("library"))
+
+    @property
+    def kernel(self) -> bool:
+        """The region runs a kernel fact-db built (CUTLASS, its own, or the agent's)."""
+        return self.kind != "eager" and not self.library
+
+
+def _fx_resolver(gm, program):
+    """name -> FX node of `gm`, the unlifted `program`, for the exported program's node names
+    (the names discovery's regions use). Call nodes and user inputs keep their names when a
+    program is unlifted; parameters, buffers and constants become `get_attr` nodes, found
+    through the program's graph signature."""
+    by_name = {n.name: n for n in gm.graph.nodes}
+    attrs = {n.target: n for n in gm.graph.nodes if n.op == "get_attr"}
+    sig = program.graph_signature
+    fqns = {**sig.inputs_to_parameters, **sig.inputs_to_buffers, **sig.inputs_to_lifted_tensor_constants}
+    replaced: dict = {}  # a replaced region's output name -> the node that computes it now
+
+    def fx(name):
+        if name is None:
+            return None
+        if name in replaced:
+            return replaced[name]
+        if name in fqns:
+            if fqns[name] in attrs:
+                return attrs[fqns[name]]
+            raise ComposeError(f"operand `{name}` ({fqns[name]}) has no node in the unlifted program")
+        if name in by_name:
+            return by_name[name]
+        raise ComposeError(f"operand `{name}` is not a node of the exported program")
+    fx.replaced = replaced
+    fx.derived = {}  # key -> tensor: weights made for the composition (see _derived)
+    return fx
+
+
+def _shapes(program) -> dict:
+    """name -> shape of every tensor node of the exported program."""
+    out = {}
+    for n in program.graph.nodes:
+        v = n.meta.get("val")
+        if isinstance(v, torch.Tensor):
+            out[n.name] = tuple(int(d) for d in v.shape)
+    return out
+
+
+def _attr_tensor(gm, target: str):
+    return functools.reduce(getattr, target.split("."), gm)
+
+
+def _ident(t) -> tuple:
+    """Which tensor `t` is, for the derived-weights cache: its storage, offset, shape, strides and dtype."""
+    return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
+
+
+def _derived(gm, fx, name: str, key: tuple, make):
+    """Register buffer `name` on `gm`: the tensor an earlier rewrite of the same model made for
+    `key` (what it is made of and how: `_ident` of its sources), else `make()`. A composition
+    for other input shapes (a ComposedModule variant) so shares the weights the first one
+    concatenated, transposed or split, instead of holding copies of its own."""
+    t = fx.derived.get(key)
+    if t is None:
+        with torch.no_grad():
+            t = fx.derived[key] = make()
+    gm.register_buffer(name, t)
+    return t
+
+
+def _gemm_call(gm, g, fx, impl, a, b, weight, bias, c, alpha: float, beta: float, index: int):
+    """The node of `impl.op(a, b, bias, c, alpha, beta)`; where B is a weight (`weight`: B as
+    the op takes it, K x N) and the kernel takes B's lo parts, split once into a buffer here
+    and passed to `impl.op_lo`, so no call splits the weight again."""
+    if impl.op_lo is None or weight is None:
+        return g.call_function(impl.op, (a, b, bias, c, alpha, beta))
+    # Every presplit kernel splits alike (the template's split_lo): the lo parts are keyed by B alone.
+    name = f"_factdb_b_lo_{index}"
+    _derived(gm, fx, name, ("b_lo", _ident(weight)), lambda: impl.split_lo(weight.detach()).t())  # packed N x K
+    lo = g.call_function(torch.ops.aten.t.default, (g.get_attr(name),))
+    return g.call_function(impl.op_lo, (a, b, lo, bias, c, alpha, beta))
+
+
+def _held_weight(gm, g, fx, name: str, key: tuple, make_nk):
+    """Buffer `name` holding make_nk() (N x K, packed; see _derived); returns (the node of B
+    as the GEMM op takes it, K x N: t(buffer), and that tensor)."""
+    w_nk = _derived(gm, fx, name, key, make_nk)
+    return g.call_function(torch.ops.aten.t.default, (g.get_attr(name),)), w_nk.t()
+
+
+def _gemm_nodes(gm, g, shapes, r, impl, fx, index: int):
+    """FX nodes computing region `r` with a GEMM kernel op; returns the node of its result."""
+    aten = torch.ops.aten
+    ops, attrs = r.operands, r.attrs
+    a, b = fx(ops["a"]), fx(ops["b"])
+    weight = _attr_tensor(gm, b.target) if b.op == "get_attr" else None
+    sa, sb, sout = shapes.get(ops["a"]), shapes.get(ops["b"]), shapes.get(r.output)
+    if sa is None or sb is None or sout is None:
+        raise ComposeError(f"region {r.rule} at `{r.output}`: operand shapes unknown")
+    nk = attrs.get("b_layout") == "nk"
+    spec = impl.record.get("spec", {})
+    if nk:
+        b = g.call_function(aten.t.default, (b,))
+        n = sb[0]
+    else:
+        n = sb[-1]
+        if weight is not None and len(sb) == 2 and spec.get("layout_b") == "col":
+            # A K x N weight for a kernel that reads B K-major: transposed once into a buffer
+            # (N x K), not copied by every call (realize.plan keys such regions K-major).
+            w = weight
+            b, weight = _held_weight(gm, g, fx, f"_factdb_wt_{index}", ("t", _ident(w)),
+                                     lambda: w.detach().t().contiguous())
+    k = sa[-1]
+    flatten = len(sb) == 2 and len(sa) != 2  # (..., K) @ (K, N): one 2-D GEMM over the leading dims
+    if len(sa) > 3 or (len(sb) == 3 and len(sa) not in (2, 3)):
+        raise ComposeError(f"region {r.rule} at `{r.output}`: operands of rank {len(sa)} and {len(sb)}")
+    if flatten:
+        a = g.call_function(aten.reshape.default, (a, [-1, k]))
+    bias = fx(ops.get("bias"))
+    epi = spec.get("epilogue", "none")
+    if bias is None and (epi.startswith("bias") or epi == "residual"):
+        # The kernel adds a bias (a residual region without one, as in Llama): zeros cost a row read.
+        if weight is None:
+            raise ComposeError(f"region {r.rule} at `{r.output}`: the kernel adds a bias, the region has none, "
+                               "and its weight is not a parameter to take a device from")
+        name = f"_factdb_zero_bias_{index}"
+        _derived(gm, fx, name, ("zeros", n, weight.dtype, weight.device),
+                 lambda: torch.zeros(n, dtype=weight.dtype, device=weight.device))
+        bias = g.get_attr(name)
+    # A constant scale the region folds in (discover._gemm_scale): act(alpha * acc + beta * c + alpha * bias).
+    alpha, beta = float(attrs.get("alpha", 1.0)), float(attrs.get("beta", 1.0))
+    if alpha != 1.0 and bias is not None:
+        if bias.op == "get_attr":
+            name, tb = f"_factdb_scaled_bias_{index}", _attr_tensor(gm, bias.target)
+            _derived(gm, fx, name, ("scaled", alpha, _ident(tb)), lambda: (tb * alpha).detach())
+            bias = g.get_attr(name)
+        else:
+            bias = g.call_function(aten.mul.Tensor, (bias, alpha))
+    # One 2-D GEMM whose region output has more dims: A flattened here, or already 2-D in the
+    # model (GPT-2's Conv1D: addmm over x.view(-1, K), the residual added after the view back).
+    two_d = flatten or (len(sa) == 2 and len(sb) == 2 and len(sout) != 2)
+    c = fx(ops.get("c"))
+    if c is not None and two_d:
+        c = g.call_function(aten.reshape.default, (c, [-1, n]))
+    if weight is not None and len(sb) != 2:
+        weight = None  # a batched constant B: split per call
+    y = _gemm_call(gm, g, fx, impl, a, b, (weight.t() if nk else weight) if weight is not None else None, bias, c,
+                   alpha, beta if c is not None else 0.0, index)
+    if two_d:
+        y = g.call_function(aten.view.default, (y, list(sout)))
+    return y
+
+
+def _dual_gemm_nodes(gm, g, shapes, r, impl, fx, index: int):
+    """silu(x Wg) * (x Wu) as one GEMM over [Wg; Wu] (a buffer made here), then SiLU and the
+    product in place in the gate half of its output: the call holds one M x 2N tensor, not
+    also a SiLU output and a product. The result is that strided half (rows 2N apart)."""
+    aten = torch.ops.aten
+    ops, nk = r.operands, r.attrs.get("b_layout") == "nk"
+    wg, wu = fx(ops["w_gate"]), fx(ops["w_up"])
+    if wg.op != "get_attr" or wu.op != "get_attr":
+        raise ComposeError(f"region {r.rule} at `{r.output}`: gate and up weights are not parameters")
+    tg, tu = _attr_tensor(gm, wg.target).detach(), _attr_tensor(gm, wu.target).detach()
+    n = tg.shape[0] if nk else tg.shape[1]
+    sa, sout = shapes.get(ops["a"]), shapes.get(r.output)
+    if sa is None or sout is None:
+        raise ComposeError(f"region {r.rule} at `{r.output}`: operand shapes unknown")
+    name, key = f"_factdb_gate_up_{index}", (nk, _ident(tg), _ident(tu))
+    if nk or impl.record.get("spec", {}).get("layout_b") == "col":  # held N x K (K-major B)
+        b, wt = _held_weight(gm, g, fx, name, ("gate_up_nk", *key),
+                             lambda: torch.cat([tg, tu] if nk else [tg.t(), tu.t()], dim=0).contiguous())
+    else:
+        wt = _derived(gm, fx, name, ("gate_up_kn", *key), lambda: torch.cat([tg, tu], dim=1))
+        b = g.get_attr(name)
+    a = fx(ops["a"])
+    if len(sa) != 2:
+        a = g.call_function(aten.reshape.default, (a, [-1, sa[-1]]))
+    y = _gemm_call(gm, g, fx, impl, a, b, wt, None, None, 1.0, 0.0, index)
+    # Two slices, not split(): autograd refuses in-place writes to a view of a multi-view op.
+    gate = g.call_function(aten.slice.Tensor, (y, -1, 0, n))
+    up = g.call_function(aten.slice.Tensor, (y, -1, n, 2 * n))
+    out = g.call_function(aten.mul_.Tensor, (g.call_function(aten.silu_.default, (gate,)), up))
+    out = g.call_function(aten.view.default, (out, list(sout))) if len(sa) != 2 else out
+    # A reader that views the result in a way only a packed tensor allows gets a packed copy.
+    meta = torch.empty([math.prod(sout[:-1]), 2 * n], device="meta")[:, :n].view(list(sout))
+    if any(u.op == "call_function" and u.target is aten.view.default and not _views(meta, u.args[1])
+           for u in fx(r.output).users):
+        out = g.call_function(aten.clone.default, (out,), {"memory_format": torch.contiguous_format})
+    return out
+
+
+def _horizontal_nodes(gm, g, shapes, r, impl, fx, index: int):
+    """Sibling projections of one input (rules/gemm/gemm-horizontal.yaml) as one GEMM over
+    their weights concatenated as N x K (and their biases, zeros where a member has none),
+    buffers made here once; each member's output is its slice of the result. Returns
+    {member output name: node}."""
+    import operator
+    aten = torch.ops.aten
+    members, ops = r.attrs.get("members") or [], r.operands
+    ws, bs = [], []
+    for mem in members:
+        w = fx(mem["b"])
+        if w.op != "get_attr":
+            raise ComposeError(f"region {r.rule} at `{r.output}`: the weight `{mem['b']}` is not a parameter")
+        t = _attr_tensor(gm, w.target).detach()
+        ws.append(t if mem.get("b_layout") == "nk" else t.t())
+        if mem.get("bias"):
+            b = fx(mem["bias"])
+            if b.op != "get_attr":
+                raise ComposeError(f"region {r.rule} at `{r.output}`: the bias `{mem['bias']}` is not a parameter")
+            bs.append(_attr_tensor(gm, b.target).detach())
+        else:
+            bs.append(None)
+    ns = [int(w.shape[0]) for w in ws]
+    if len({int(w.shape[1]) for w in ws}) != 1 or [m["n"] for m in members] != ns:
+        raise ComposeError(f"region {r.rule} at `{r.output}`: the weights' shapes differ from discovery's")
+    sa = shapes.get(ops["a"])
+    outs = [shapes.get(m["output"]) for m in members]
+    if sa is None or any(o is None for o in outs):
+        raise ComposeError(f"region {r.rule} at `{r.output}`: operand shapes unknown")
+    wname, bname = f"_factdb_hcat_weight_{index}", f"_factdb_hcat_bias_{index}"
+    _derived(gm, fx, wname, ("cat_nk", *(_ident(w) for w in ws)), lambda: torch.cat(ws, dim=0).contiguous())
+    bias = None
+    if any(b is not None for b in bs):
+        _derived(gm, fx, bname, ("cat_bias", *(_ident(b) if b is not None else ns[i] for i, b in enumerate(bs))),
+                 lambda: torch.cat([b if b is not None else ws[i].new_zeros(ns[i]) for i, b in enumerate(bs)]))
+        bias = g.get_attr(bname)
+    a = fx(ops["a"])
+    if len(sa) != 2:
+        a = g.call_function(aten.reshape.default, (a, [-1, sa[-1]]))
+    y = _gemm_call(gm, g, fx, impl, a, g.call_function(aten.t.default, (g.get_attr(wname),)), getattr(gm, wname).t(),
+                   bias, None, 1.0, 0.0, index)
+    if len(sa) != 2:
+        y = g.call_function(aten.view.default, (y, list(sa[:-1]) + [sum(ns)]))
+    parts = g.call_function(aten.split_with_sizes.default, (y, ns, -1))
+    # Each slice is strided (rows of the whole result apart); a reader that views it in a way
+    # only a packed tensor allows gets a packed copy. The slices' strides, on meta:
+    metas = torch.empty(list(sa[:-1]) + [sum(ns)], device="meta").split(ns, -1)
+    out = {}
+    for i, (mem, meta) in enumerate(zip(members, metas)):
+        part = g.call_function(operator.getitem, (parts, i))
+        if any(u.op == "call_function" and u.target is aten.view.default and not _views(meta, u.args[1])
+               for u in fx(mem["output"]).users):
+            part = g.call_function(aten.clone.default, (part,), {"memory_format": torch.contiguous_format})
+        out[mem["output"]] = part
+    return out
+
+
+def _views(meta, shape) -> bool:
+    try:
+        meta.view(list(shape))
+        return True
+    except RuntimeError:
+        return False
+
+
+def _attention_nodes(gm, g, shapes, r, impl, fx, index: int):
+    aten = torch.ops.aten
+    ops, attrs = r.operands, r.attrs
+    q, v = fx(ops["q"]), fx(ops["v"])
+    if "k" in ops:
+        k = fx(ops["k"])
+    else:
+        k = g.call_function(aten.transpose.int, (fx(ops["kt"]), -2, -1))
+    sq = shapes.get(ops["q"])
+    if sq is None or len(sq) != 4:
+        raise ComposeError(f"region {r.rule} at `{r.output}`: q of rank {len(sq) if sq else '?'} (attention ops take 4-D q, k, v)")
+    scale = attrs.get("scale")
+    scale = float(scale) if scale is not None else sq[-1] ** -0.5
+    causal = bool(attrs.get("causal"))
+    if impl.kind == "sdpa":
+        kw = {"is_causal": causal, "scale": scale}
+        if attrs.get("gqa"):
+            kw["enable_gqa"] = True
+        return g.call_function(aten.scaled_dot_product_attention.default, (q, k, v), kw)
+    return g.call_function(impl.op, (q, k, v, scale, causal))
+
+
+def _norm_nodes(gm, g, shapes, r, impl, fx, index: int):
+    """Residual add + norm (template add_norm): `impl.op(x, r, weight, bias) -> (y, s)`. Where
+    the region exposes the sum (attrs["sum"]), its uses outside the region read s instead, so
+    the add is erased; the op goes right after the add, where x, r and the sum's readers
+    are all in order."""
+    import operator
+    ops, attrs = r.operands, r.attrs
+    if "x" not in ops or "weight" not in ops:
+        raise ComposeError(f"region {r.rule} at `{r.output}`: no x or weight operand")
+    total = attrs.get("sum") or ""
+    anchor = fx(total) if total else None
+    region = set(r.nodes)
+    ctx = g.inserting_after(anchor) if anchor is not None else g.inserting_before(fx(r.output))
+    with ctx:
+        call = g.call_function(impl.op, (fx(ops["x"]), fx(ops["res"]) if "res" in ops else None, fx(ops["weight"]),
+                                         fx(ops["bias"]) if "bias" in ops else None))
+    with g.inserting_after(call):
+        y = g.call_function(operator.getitem, (call, 0))
+        if anchor is not None:
+            s = g.call_function(operator.getitem, (call, 1))
+            for u in list(anchor.users):
+                if u is not call and u.name not in region:
+                    u.replace_input_with(anchor, s)
+    return y
+
+
+def _region_nodes(gm, g, shapes, r, impl, fx, index: int):
+    """A region kernel (fact_db/kernels/region/region_kernel.py, the agent's): `impl.op([inputs...]) -> out`,
+    its inputs in the ABI order its RegionSpec records (`impl.record["region"]`)."""
+    spec = impl.record.get("region") or {}
+    names = [x["name"] for x in spec.get("inputs", [])]
+    if not names:
+        raise ComposeError(f"region {r.rule} at `{r.output}`: its kernel records no inputs")
+    for x in spec["inputs"]:
+        if shapes.get(x["name"]) is not None and list(shapes[x["name"]]) != list(x["shape"]):
+            raise ComposeError(f"region {r.rule}: input `{x['name']}` is {list(shapes[x['name']])} here, the "
+                               f"kernel was verified at {x['shape']}")
+    return g.call_function(impl.op, ([fx(n) for n in names],))
+
+
+_BUILDERS = {"gemm": _gemm_nodes, "attention": _attention_nodes, "sdpa": _attention_nodes, "norm": _norm_nodes,
+             "region": _region_nodes}
+
+
+def rewrite(program, regions: list, impls: dict, split_weights: bool = True, derived: dict | None = None):
+    """The unlifted GraphModule of ExportedProgram `program` with every region whose Impl is
+    not eager replaced by its op. Regions need `rule`, `nodes`, `output`, `operands`,
+    `attrs` and `composable` (discover.Region has them; an artifact stores them). Returns
+    (GraphModule, notes); a region that cannot be replaced stays eager, with a note.
+    `split_weights`: a kernel that takes B's lo parts (Impl.op_lo) gets its weight's split
+    once into a buffer, held beside the weight (faster calls, one more copy of the weight);
+    False splits them per call. Buffers made here (concatenated weights, lo parts) are copies:
+    the module serves the weights it was composed with. `derived`: a dict kept across the
+    rewrites of one model (its compositions for other input shapes), so they share those
+    buffers instead of each holding its own; this call adds what it makes.
+    """
+    if program is None:
+        raise ComposeError("no exported program to compose (the graph was traced without one)")
+    if not split_weights:
+        impls = {i: dataclasses.replace(m, op_lo=None, split_lo=None) for i, m in impls.items()}
+    gm = program.module()
+    fx = _fx_resolver(gm, program)
+    fx.derived = derived if derived is not None else {}
+    shapes = _shapes(program)
+    g = gm.graph
+    notes = []
+    for i, r in enumerate(regions):
+        impl = impls.get(i)
+        if impl is None or impl.kind == "eager":
+            continue
+        if r.composable:
+            notes.append(f"region {i + 1} {r.rule}: stays eager ({r.composable})")
+            impl.kind, impl.note = "eager", r.composable
+            continue
+        group = impl.kind == "gemm" and bool((r.attrs or {}).get("members"))
+        build = _dual_gemm_nodes if impl.kind == "gemm" and (r.template or "").startswith("dual_gemm") else \
+            _horizontal_nodes if group else _BUILDERS.get(impl.kind)
+        if build is None:
+            raise ComposeError(f"unknown implementation kind '{impl.kind}' for region {i + 1} ({r.rule})")
+        try:
+            out = fx(r.output)
+            if group:  # the one GEMM goes before the first member: every member reads its input
+                mine = set(r.nodes)
+                out = next((n for n in g.nodes if n.name in mine), out)
+            with g.inserting_before(out):
+                new = build(gm, g, shapes, r, impl, fx, i)
+        except ComposeError as e:
+            notes.append(f"region {i + 1} {r.rule}: stays eager ({e})")
+            impl.kind, impl.note = "eager", str(e)
+            continue
+        for name, node in (new if isinstance(new, dict) else {r.output: new}).items():
+            fx(name).replace_all_uses_with(node)
+            fx.replaced[name] = node
+        # The region's own nodes, now unused: erased explicitly, since DCE keeps ops it thinks
+        # impure (dropout, even at p=0, which discovery looked through as the identity).
+        mine = {n.name for n in g.nodes} & set(r.nodes)
+        for node in reversed(list(g.nodes)):
+            if node.name in mine and not node.users and node.op == "call_function":
+                g.erase_node(node)
+    _drop_input_checks(gm)
+    g.eliminate_dead_code()
+    g.lint()
+    gm.recompile()
+    return gm, notes
+
+
+def _drop_input_checks(gm) -> None:
+    """The unlifted program checks every call's inputs against the exported ones (a forward
+    pre-hook matching the pytree structure, and a `_guards_fn` call on the shapes): about half
+    of a small model's host time per call. ComposedModule runs this graph only for the exact
+    signature it guards (shapes, dtypes, devices), so those checks are dropped here."""
+    hooks = gm._forward_pre_hooks
+    for k, hook in list(hooks.items()):
+        if getattr(hook, "__name__", "") == "_check_input_constraints_pre_hook":
+            del hooks[k]
+            gm._forward_pre_hooks_with_kwargs.pop(k, None)
+    for node in list(gm.graph.nodes):
+        if node.op == "call_module" and node.target == "_guards_fn" and not node.users:
+            gm.graph.erase_node(node)
+
+
+# ------------------------------------------------------------------------------------------
+# The composed module.
+
+def signature(args, kwargs=None) -> tuple:
+    """What a call is guarded on: the call's structure (positional count, keyword names) and
+    every tensor leaf's shape, dtype and device type; other leaves by value. Plain tuples
+    and strings, so an artifact's manifest can hold it (see `signature_from_json`)."""
+    from torch.utils._pytree import tree_flatten
+    kwargs = dict(kwargs or {})
+    leaves, _ = tree_flatten((tuple(args), kwargs))
+    out = []
+    for x in leaves:
+        if isinstance(x, torch.Tensor):
+            out.append(("T", tuple(int(d) for d in x.shape), str(x.dtype).replace("torch.", ""), x.device.type))
+        else:
+            out.append(("V", repr(x)))
+    return (f"{len(args)} args; kwargs {sorted(kwargs)}", tuple(out))
+
+
+def _quick_guard(sig: tuple):
+    """[(shape, torch dtype, device type)] per argument of a signature of positional tensors
+    only (what `signature` makes of such a call); None for any other signature."""
+    head, leaves = sig
+    if not head.endswith("; kwargs []") or head != f"{len(leaves)} args; kwargs []" or \
+            any(leaf[0] != "T" for leaf in leaves):
+        return None
+    try:
+        return [(torch.Size(leaf[1]), getattr(torch, leaf[2]), leaf[3]) for leaf in leaves]
+    except (AttributeError, TypeError):
+        return None
+
+
+def signature_from_json(data) -> tuple:
+    """The tuple form of a signature read back from JSON (lists become tuples)."""
+    head, leaves = data
+    return (head, tuple(("T", tuple(x[1]), x[2], x[3]) if x[0] == "T" else ("V", x[1]) for x in leaves))
+
+
+def describe(sig: tuple) -> str:
+    parts = [f"{'x'.join(map(str, leaf[1])) or 'scalar'} {leaf[2]}" if leaf[0] == "T" else leaf[1]
+             for leaf in sig[1]]
+    return ", ".join(parts)
+
+
+def policy_dtype(policy: str):
+    return getattr(torch, HALF_POLICIES[policy]) if policy in HALF_POLICIES else None
+
+
+def cast_floats(tree, dtype):
+    """Floating tensors of a pytree cast to `dtype` (others untouched)."""
+    from torch.utils._pytree import tree_map
+    return tree_map(lambda x: x.to(dtype) if isinstance(x, torch.Tensor) and x.is_floating_point() else x, tree)
+
+
+class ComposedModule(torch.nn.Module):
+    """The optimized model: the composed graph for the input signature it was optimized for;
+    for any other, a variant (from `variants(sig, args, kwargs) -> (module | None, why)`) or
+    the eager fallback, with a one-time warning."""
+
+    def __init__(self, gm, fallback, *, policy: str, optimized_for: tuple, variants=None, regions=None,
+                 name: str = "model", also_for=(), cuda_graph: bool = False, split_weights: bool = True):
+        super().__init__()
+        self.gm = gm
+        self.split_weights = split_weights  # as rewrite() made gm: the artifact records it
+        # Replay the composed graph as one CUDA graph per guarded signature (see _Graphed).
+        self.cuda_graph = cuda_graph
+        self._graphs: dict = {}
+        self.graph_note = ""
+        # Set where eager PyTorch timed faster than the composed graph for the signature it was
+        # optimized for: fact-db then never returns a module slower than what the user had.
+        self.prefer_eager = False
+        self.fallback = fallback
+        self.policy = policy
+        self.name = name
+        self.regions = list(regions or [])  # [(rule, Impl)], for repr and the report
+        self.optimized_for = optimized_for
+        # Signatures that run the composed graph too: the same inputs already cast to the
+        # policy's dtype (what a caller who keeps bf16 activations passes).
+        self.also_for = tuple(also_for)
+        self._variants: dict = {}
+        self._variant_factory = variants
+        self._warned: set = set()
+        # The guarded signatures that are plain positional tensors, as (shape, dtype, device
+        # type) per argument: a call is checked against them without building its signature.
+        self._quick = [(q, sig) for sig in (optimized_for, *self.also_for) if (q := _quick_guard(sig)) is not None]
+
+    def _target(self, args, kwargs):
+        sig = None
+        if not kwargs:
+            for q, known in self._quick:
+                if len(args) == len(q) and all(isinstance(x, torch.Tensor) and x.shape == shp and x.dtype == dt
+                                               and x.device.type == dev for x, (shp, dt, dev) in zip(args, q)):
+                    sig = known
+                    break
+        if sig is None:
+            sig = signature(args, kwargs)
+        if sig == self.optimized_for or sig in self.also_for:
+            if self.prefer_eager:
+                return self.fallback
+            if self.cuda_graph and not self.graph_note and _can_graph(args, kwargs):
+                g = self._graphs.get(sig)
+                if g is None:
+                    g = self._graphs[sig] = _Graphed(self.gm, self)
+                return g
+            return self.gm
+        if sig in self._variants:
+            return self._variants[sig][0]
+        target, why = None, "no kernels for that signature"
+        if self._variant_factory is not None:
+            try:
+                target, why = self._variant_factory(sig, args, kwargs)
+            except Exception as e:  # noqa: BLE001  (a variant that cannot be built must not break the call)
+                target, why = None, f"building a variant failed: {type(e).__name__}: {e}"
+        what = why if target is not None else f"eager PyTorch ({why})"
+        if target is None:
+            target = self.fallback
+        self._variants[sig] = (target, what)
+        if sig not in self._warned:
+            self._warned.add(sig)
+            warnings.warn(f"fact-db: {self.name} was optimized for inputs ({describe(self.optimized_for)}) and "
+                          f"called with ({describe(sig)}): running {what}", stacklevel=3)
+        return target
+
+    def forward(self, *args, **kwargs):
+        # Inference only: the kernels have no backward (their ops register none).
+        if not torch.is_grad_enabled():
+            return run_at_policy(self._target(args, kwargs), self.policy, args, kwargs)
+        with torch.no_grad():
+            return run_at_policy(self._target(args, kwargs), self.policy, args, kwargs)
+
+    def held_mib(self, graphs: bool = True) -> float:
+        """Memory this module keeps between calls beyond the model's own parameters, in MiB:
+        the buffers composition made (concatenated, transposed or split weights, zero biases;
+        once, however many input shapes it has been composed for) and each CUDA graph's
+        input copies and private pool, which holds all of the graph's intermediates. A call's
+        own peak (bench.peak_mib) does not see it: it was allocated before the call."""
+        mods = [self.gm] + [t for t, _ in self._variants.values() if isinstance(t, torch.fx.GraphModule)]
+        made = {b.untyped_storage().data_ptr(): b.untyped_storage().nbytes()  # variants share buffers
+                for m in mods for name, b in m.named_buffers() if name.rsplit(".", 1)[-1].startswith("_factdb_")}
+        return (sum(made.values()) + (sum(g.held_bytes for g in self._graphs.values()) if graphs else 0)) / 2**20
+
+    def extra_repr(self) -> str:
+        replaced = sum(1 for _, impl in self.regions if impl.kind != "eager")
+        kernels = sum(1 for _, impl in self.regions if impl.kernel)
+        graph = ", cuda_graph" if self.cuda_graph and not self.graph_note else ""
+        eager = ", runs eager (faster)" if self.prefer_eager else ""
+        return (f"policy={self.policy}, regions={len(self.regions)}, replaced={replaced}, kernels={kernels}"
+                f"{graph}{eager}")
+
+
+def _nbytes(tree) -> int:
+    from torch.utils._pytree import tree_flatten
+    return sum(t.numel() * t.element_size() for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor))
+
+
+def _can_graph(args, kwargs) -> bool:
+    """CUDA inputs, outside torch.compile and outside a capture the caller is making."""
+    from torch.utils._pytree import tree_flatten
+    if torch.compiler.is_compiling() or not torch.cuda.is_available() or torch.cuda.is_current_stream_capturing():
+        return False
+    leaves = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, torch.Tensor)]
+    return bool(leaves) and all(x.is_cuda for x in leaves)
+
+
+class _Graphed:
+    """The composed graph captured once as a CUDA graph for one input signature, replayed per
+    call: one launch instead of one per op, for blocks whose time is the host launching
+    kernels. Inputs are copied into the graph's own buffers and outputs copied out, so a
+    call neither keeps its caller's tensors nor hands out memory the next call overwrites.
+    The first call checks one replay against the graph run op by op (bitwise); any fault or
+    difference turns graphs off for the module, with `graph_note` saying why."""
+
+    def __init__(self, gm, owner):
+        self.gm, self.owner, self.graph = gm, owner, None
+        self.held_bytes = 0  # what the graph keeps between calls: its input copies and its memory pool
+
+    def _capture(self, args, kwargs):
+        from torch.utils._pytree import tree_map
+        clone = lambda t: t.clone() if isinstance(t, torch.Tensor) else t  # noqa: E731
+        self.static_in = tree_map(clone, (tuple(args), dict(kwargs)))
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):  # warm-up: lazy inits, cuBLAS workspaces, kernel attributes
+                self.gm(*self.static_in[0], **self.static_in[1])
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        # The capture allocates from a private pool that stays reserved for the graph's
+        # replays: every intermediate of the graph, held between calls. (torch.cuda.graph
+        # empties the allocator's cache before capturing; emptied here first, the difference
+        # in reserved memory is the pool.)
+        torch.cuda.synchronize()
+        gc.collect()
+        torch.cuda.empty_cache()
+        reserved = torch.cuda.memory_reserved()
+        with torch.cuda.graph(self.graph):
+            self.static_out = self.gm(*self.static_in[0], **self.static_in[1])
+        torch.cuda.synchronize()
+        self.held_bytes = (torch.cuda.memory_reserved() - reserved) + _nbytes(self.static_in)
+
+    def __call__(self, *args, **kwargs):
+        from torch.utils._pytree import tree_flatten, tree_map
+        first = self.graph is None
+        try:
+            if first:
+                self._capture(args, kwargs)
+            for dst, src in zip(tree_flatten(self.static_in)[0], tree_flatten((tuple(args), dict(kwargs)))[0]):
+                if isinstance(dst, torch.Tensor):
+                    dst.copy_(src)
+            self.graph.replay()
+            out = tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, self.static_out)
+            if first:
+                eager = self.gm(*args, **kwargs)
+                same = all(torch.equal(a, b) for a, b in zip(tree_flatten(out)[0], tree_flatten(eager)[0])
+                           if isinstance(a, torch.Tensor))
+                if not same:
+                    raise RuntimeError("a replay differs from the graph run op by op")
+            return out
+        except Exception as e:  # noqa: BLE001  (graphs are an optimization: any fault falls back to the graph as is)
+            self.owner.graph_note = f"CUDA graph off: {first_line(e, None, typed=True)}"
+            self.owner._graphs.clear()
+            self.graph = None
+            warnings.warn(f"fact-db: {self.owner.name}: {self.owner.graph_note}", stacklevel=3)
+            return self.gm(*args, **kwargs)
+
+
+def run_at_policy(fn, policy: str, args, kwargs=None):
+    """`fn(*args, **kwargs)` the way `policy` runs a float32 model: bf16/fp16 cast floating
+    inputs in and the output back to the first floating input's dtype; tf32 enables TF32."""
+    kwargs = kwargs or {}
+    dt = policy_dtype(policy)
+    if dt is not None:
+        from torch.utils._pytree import tree_flatten
+        leaves = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, torch.Tensor) and x.is_floating_point()]
+        back = leaves[0].dtype if leaves else torch.float32
+        args, kwargs = cast_floats((args, kwargs), dt)
+        out = fn(*args, **kwargs)
+        return cast_floats(out, back) if back != dt else out
+    with policy_mode(policy):
+        return fn(*args, **kwargs)

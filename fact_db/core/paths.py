@@ -1,0 +1,45 @@
+"""Where fact-db finds its shipped data and keeps its state.
+
+`FACTDB_RULES` overrides the rules directory, `FACTDB_HOME` the state directory
+(default `~/.local/share/fact-db`), `FACTDB_DB` the registry URL. Shipped data (rules,
+the schema, kernel templates, index sources) lives in the source tree beside the
+package, which an editable install (`pip install -e .`, as the README does) keeps.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def rules_dir() -> Path:
+    return Path(os.environ.get("FACTDB_RULES") or ROOT / "rules")
+
+
+def schema_path() -> Path:
+    return ROOT / "rules.schema.json"
+
+
+def templates_dir() -> Path:
+    return ROOT / "kernels_cpp"
+
+
+def home() -> Path:
+    return Path(os.environ.get("FACTDB_HOME") or Path.home() / ".local" / "share" / "fact-db")
+
+
+def registry_file() -> Path:
+    """The default registry, `$FACTDB_HOME/fact.duckdb` (fact_db.store.db.default_path; here so that
+    asking whether it exists imports no database library)."""
+    return home() / "fact.duckdb"
+
+
+def cutlass_examples_dir() -> Path | None:
+    """The `examples/` directory of the installed nvidia-cutlass package, or None if absent."""
+    spec = importlib.util.find_spec("cutlass_library")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / "source" / "examples"
+    return path if path.is_dir() else None

@@ -1,0 +1,215 @@
+"""Tune one attention workload: the SDPA backends that apply (flash, efficient, cudnn, math,
+each its own candidate), the model's explicit form, and every family module's kernels
+(fact_db/kernels/attention/fmha_sm90.py, fact_db/kernels/attention/fmha_fp32tc.py; the contract in FMHA_ABI). Each candidate is
+verified against the float64 reference (AttentionWorkload.reference: the causal mask
+included, so a kernel that ignores it fails) on zero-mean and all-positive inputs, then
+timed; the fastest verified one wins. Kernels run in the worker subprocess the GEMM tuner
+uses (fact_db/kernels/worker.py, job kind "attention"), so one that faults cannot take the caller down.
+
+    >>> res = tune(AttentionWorkload(128, 8, 8, 512, 512, 96, 96, causal=True, policy="bf16"))
+    >>> res.best.label, res.best.time_ms
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import os
+from dataclasses import asdict, dataclass, field
+
+from fact_db.kernels.attention.workload import AttentionWorkload, backends_for
+from fact_db.core.errors import FactError, first_line
+
+FAMILIES = ("fact_db.kernels.attention.fmha_sm90", "fact_db.kernels.attention.fmha_fp32tc")
+_INPUT_SETS = 3
+
+
+@dataclass
+class AttnCandidate:
+    label: str
+    kind: str                      # library | eager | kernel
+    backend: str = ""              # library: flash | efficient | cudnn | math
+    template: str = ""             # kernel: the family's TEMPLATE
+    config: dict = field(default_factory=dict)
+    source: object = None          # kernel: build.Source
+    so: str = ""                   # kernel: the built library
+    build_key: str = ""
+
+
+@dataclass
+class AttnTrial:
+    label: str
+    kind: str
+    status: str                    # ok | verify_failed | launch_error | build_failed | crashed | timeout
+    time_ms: float | None = None
+    err: float | None = None
+    eager_err: float | None = None
+    error: str = ""
+    template: str = ""
+    config: dict = field(default_factory=dict)
+    so: str = ""
+    build_key: str = ""
+
+
+@dataclass
+class AttnResult:
+    workload: AttentionWorkload
+    trials: list
+    notes: list
+
+    @property
+    def best(self) -> AttnTrial | None:
+        ok = [t for t in self.trials if t.status == "ok" and t.time_ms is not None]
+        return min(ok, key=lambda t: t.time_ms) if ok else None
+
+    def as_dict(self) -> dict:
+        b = self.best
+        return {"workload": self.workload.as_dict(), "best": asdict(b) if b else None,
+                "trials": [asdict(t) for t in self.trials], "notes": list(self.notes)}
+
+
+def families() -> list:
+    """The family modules that are installed (a missing one is skipped)."""
+    out = []
+    for name in FAMILIES:
+        try:
+            out.append(importlib.import_module(name))
+        except ImportError:
+            continue
+    return out
+
+
+def candidates(w: AttentionWorkload, arch: str = "sm90a", max_candidates: int = 8,
+               fams: list | None = None) -> tuple[list[AttnCandidate], list[str]]:
+    """Library candidates (always) and the family kernels that apply, with a note per family
+    that does not."""
+    cands = [AttnCandidate("explicit", "eager"), AttnCandidate("sdpa", "library")]  # sdpa: PyTorch's own choice
+    cands += [AttnCandidate(f"sdpa-{b}", "library", backend=b) for b in backends_for(w.dtype)]
+    notes = []
+    budget = max(0, max_candidates)
+    for fam in (families() if fams is None else fams):
+        why = fam.applies(w, arch)
+        if why:
+            notes.append(f"{fam.TEMPLATE}: {why}")
+            continue
+        for cfg in fam.configs(w, budget):
+            cands.append(AttnCandidate(fam.label(cfg), "kernel", template=fam.TEMPLATE, config=cfg,
+                                       source=fam.source(w, cfg)))
+            budget -= 1
+    return cands, notes
+
+
+def build_all(cands: list[AttnCandidate], jobs: int | None = None, progress: bool = False) -> list[AttnTrial]:
+    """Build every kernel candidate in one parallel batch; the trials of those that failed."""
+    from fact_db.kernels import build
+    ks = [c for c in cands if c.kind == "kernel"]
+    if not ks:
+        return []
+    failed = []
+    for c, b in zip(ks, build.build([c.source for c in ks], jobs=jobs, progress=progress)):
+        if b.ok:
+            c.so, c.build_key = str(b.path), b.key
+        else:
+            failed.append(AttnTrial(c.label, c.kind, "build_failed", error=b.error[:500], template=c.template,
+                                    config=c.config))
+    return failed
+
+
+def job_for(c: AttnCandidate, w: AttentionWorkload, trials: int = 4, reps: int = 20) -> dict:
+    return {"kind": "attention", "cand": c.kind, "backend": c.backend, "so": c.so, "template": c.template,
+            "build_key": c.build_key, "workload": w.as_dict(), "trials": trials, "reps": reps}
+
+
+def run_job(job: dict, cache: dict) -> dict:
+    """Verify and time one attention candidate (in the worker process)."""
+    import torch
+
+    from fact_db.kernels.attention.workload import library_op
+    from fact_db.kernels.bench import time_cuda
+    from fact_db.kernels.verify import bound_for, rel_err
+    from fact_db.kernels.gemm.workload import policy_mode
+    w = AttentionWorkload(**job["workload"])
+    scale = w.softmax_scale
+    if job["cand"] == "eager":
+        fn = w.eager
+    elif job["cand"] == "library" and not job["backend"]:
+        from fact_db.kernels.attention.workload import sdpa
+        fn = lambda x: sdpa(x["q"], x["k"], x["v"], scale, w.causal)  # noqa: E731
+    elif job["cand"] == "library":
+        op = library_op(job["backend"])
+        fn = lambda x: op(x["q"], x["k"], x["v"], scale, w.causal)  # noqa: E731
+    else:
+        from fact_db.kernels.attention.kernel import AttentionKernel
+        k = AttentionKernel(job["so"], job["template"], build_key=job.get("build_key", ""))
+        fn = lambda x: k(x["q"], x["k"], x["v"], scale=scale, causal=w.causal)  # noqa: E731
+    res = {"id": job.get("id"), "device": torch.cuda.get_device_name(),
+           "gpu": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
+    err, eager_err = 0.0, 0.0
+    try:
+        for t in range(job.get("trials", 4)):
+            dist = "randn" if t % 2 == 0 else "rand"
+            gen = torch.Generator(device="cuda")
+            gen.manual_seed(int.from_bytes(os.urandom(8), "little") & ((1 << 62) - 1))
+            x = w.make_inputs(dist, device="cuda", generator=gen)
+            ref = w.reference(x)
+            e_eager = rel_err(w.eager(x), ref)
+            e_tf32 = rel_err(w.eager(x, policy="tf32"), ref) if w.policy == "tf32x3" else 0.0
+            with policy_mode(w.policy):
+                out = fn(x)
+            torch.cuda.synchronize()
+            e = rel_err(out, ref)
+            err, eager_err = max(err, e) if e == e else float("nan"), max(eager_err, e_eager)
+            bound = bound_for(w.policy, dist, e_eager, e_tf32)
+            if not e <= bound:
+                return {**res, "status": "verify_failed", "err": e, "eager_err": e_eager,
+                        "error": f"trial {t} ({dist}): error {e:.3g} > bound {bound:.3g}"}
+    except (RuntimeError, FactError) as e:  # a backend or kernel (KernelError) that refuses the problem
+        msg = first_line(e, 300)
+        if "CUDA error" in msg or "illegal" in msg.lower():
+            raise
+        return {**res, "status": "launch_error", "error": msg}
+    wk = json.dumps(job["workload"], sort_keys=True)
+    if cache.get("attn_key") != wk:
+        cache.clear()
+        torch.cuda.empty_cache()
+        cache["attn_key"] = wk
+        cache["attn_sets"] = [w.make_inputs("randn") for _ in range(_INPUT_SETS)]
+    with policy_mode(w.policy):
+        t = time_cuda(lambda x, out=None: fn(x), cache["attn_sets"], reps=job.get("reps", 20))
+    return {**res, "status": "ok", "time_ms": t.median_ms, "p10_ms": t.p10_ms, "p90_ms": t.p90_ms,
+            "err": err, "eager_err": eager_err, "error": ""}
+
+
+def evaluate(w: AttentionWorkload, cands: list[AttnCandidate], *, pool=None, gpus=None, trials: int = 4,
+             reps: int = 20) -> list[AttnTrial]:
+    """Run every built candidate in the worker pool; a trial per candidate."""
+    from fact_db.kernels import worker
+    runnable = [c for c in cands if c.kind != "kernel" or c.so]
+    pool = pool or worker.shared_pool(gpus)
+    jobs = [{**job_for(c, w, trials, reps), "id": i} for i, c in enumerate(runnable)]
+    out = []
+    for c, r in zip(runnable, pool.run(jobs)):
+        out.append(AttnTrial(c.label, c.kind, r.get("status", "crashed"), r.get("time_ms"), r.get("err"),
+                             r.get("eager_err"), r.get("error", ""), c.template, c.config, c.so, c.build_key))
+    return out
+
+
+def tune(w: AttentionWorkload, *, arch: str = "sm90a", gpu: str | None = None, max_candidates: int = 8,
+         jobs: int | None = None, pool=None, gpus=None, registry=None, force: bool = False, fams: list | None = None,
+         progress: bool = False) -> AttnResult:
+    """Registry first (unless `force`), else build, verify and time every candidate; the
+    winner is written to `registry` when one is given. Rows are keyed by `gpu` (the current
+    device's short name when None), so a winner timed on one GPU never serves another."""
+    device_name = ""
+    if registry is not None and gpu is None:
+        from fact_db.kernels.gemm.tune import current_gpu
+        gpu, device_name = current_gpu()
+    if registry is not None and not force:
+        hit = registry.attention_get(w, arch, gpu or "")
+        if hit is not None:
+            return AttnResult(w, [hit], ["registry hit"])
+    cands, notes = candidates(w, arch, max_candidates, fams)
+    failed = build_all(cands, jobs=jobs, progress=progress)
+    res = AttnResult(w, failed + evaluate(w, cands, pool=pool, gpus=gpus), notes)
+    if registry is not None and res.best is not None:
+        registry.attention_put(w, arch, res.best, res.trials, gpu=gpu or "", device_name=device_name)
+    return res

@@ -1,0 +1,202 @@
+"""Build: rendered CUTLASS sources -> shared libraries, cached by content, in parallel.
+
+Each source is compiled by nvcc with the flags of DESIGN.md (`-DNDEBUG`, the arch's
+`-gencode`), into `$FACTDB_HOME/build/<hash>/kernel.so`, where the hash covers the source,
+the flags and the toolchain. A cached library is reused; a failed compile leaves
+`error.txt` (the nvcc command and its first error) beside it and is not retried unless
+`force=True`; a compile that ran out of time is not cached (the limit, not the source, may be
+at fault). Libraries are written under a temporary name and renamed into place, so an
+interrupted build never leaves a half-written `.so` in the cache.
+
+>>> [b] = build([Source("gemm_sm90", src, arch="sm90a")])
+>>> b.ok, b.path, b.cached
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fact_db.core import paths, toolchain
+from fact_db.core.errors import FactError
+
+GENCODE = {
+    "sm90a": ["arch=compute_90a,code=sm_90a"],
+    "sm80": ["arch=compute_80,code=sm_80"],
+}
+FLAGS = ["-DNDEBUG", "-std=c++17", "--expt-relaxed-constexpr", "-O3", "-Xcompiler=-fPIC", "-shared",
+         "-lineinfo", "-Xcompiler=-Wno-psabi"]
+# Extra include roots some templates need (see kernels_cpp/examples.yaml).
+TEMPLATE_INCLUDES = {
+    "fmha_sm80": ["cutlass_examples", "kernels_cpp_include"],
+    "dual_gemm_sm80": ["cutlass_examples"],
+    "gemm_softmax_sm80": ["cutlass_examples"],
+    "fmha_sm90": ["cutlass_examples", "cutlass_example_88"],
+}
+
+
+class BuildError(FactError):
+    """The toolchain is missing or unusable (no nvcc, no CUTLASS headers)."""
+
+
+@dataclass(frozen=True)
+class Source:
+    """One rendered kernel to build: its template name, CUDA source and target arch."""
+
+    template: str
+    code: str
+    arch: str = "sm90a"
+
+
+@dataclass
+class Built:
+    source: Source
+    key: str            # content hash: source + flags + toolchain
+    path: Path | None   # the .so, when the build succeeded
+    cached: bool = False
+    error: str = ""     # first error line(s) when it failed
+    command: str = ""   # the nvcc command line
+    seconds: float = 0.0
+    log: str = field(default="", repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.path is not None
+
+
+def nvcc_path() -> str:
+    exe = os.environ.get("FACTDB_NVCC") or shutil.which("nvcc")
+    if not exe:
+        cuda = os.environ.get("CUDA_HOME") or "/usr/local/cuda"
+        cand = Path(cuda) / "bin" / "nvcc"
+        exe = str(cand) if cand.is_file() else None
+    if not exe:
+        raise BuildError("nvcc not found: install the CUDA toolkit (12.4 or newer, for sm90a), put nvcc on PATH, "
+                         "or set FACTDB_NVCC=/path/to/nvcc")
+    return exe
+
+
+def cutlass_root() -> Path:
+    """The installed nvidia-cutlass package's source tree (include/, tools/util/include/, examples/)."""
+    examples = paths.cutlass_examples_dir()
+    root = examples.parent if examples else None
+    if root is None or not (root / "include" / "cutlass" / "cutlass.h").is_file():
+        raise BuildError("CUTLASS headers not found: install them with `pip install nvidia-cutlass==4.2.0.0`")
+    return root
+
+
+def include_dirs(template: str) -> list[str]:
+    root = cutlass_root()
+    dirs = [root / "include", root / "tools" / "util" / "include"]
+    for extra in TEMPLATE_INCLUDES.get(template, []):
+        if extra == "cutlass_examples":
+            dirs.append(root / "examples")
+        elif extra == "cutlass_example_88":  # example 88's headers include "collective/...", "kernel/..."
+            dirs.append(root / "examples" / "88_hopper_fmha")
+        else:
+            dirs.append(paths.templates_dir() / "include")
+    return [str(d) for d in dirs]
+
+
+def command(src: Path, out: Path, template: str, arch: str) -> list[str]:
+    if arch not in GENCODE:
+        raise BuildError(f"unsupported arch '{arch}': supported are {', '.join(sorted(GENCODE))}")
+    cmd = [nvcc_path(), *FLAGS]
+    cmd += [f"-gencode={g}" for g in GENCODE[arch]]
+    cmd += [f"-I{d}" for d in include_dirs(template)]
+    return cmd + [str(src), "-o", str(out)]
+
+
+def cache_dir() -> Path:
+    return paths.home() / "build"
+
+
+def content_key(source: Source) -> str:
+    tc = toolchain.current()
+    h = hashlib.sha256()
+    for part in (source.code, source.arch, " ".join(FLAGS), " ".join(GENCODE.get(source.arch, [])),
+                 tc.nvcc, tc.cutlass, " ".join(TEMPLATE_INCLUDES.get(source.template, []))):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:24]
+
+
+def first_error(log: str) -> str:
+    """The first `error` line of an nvcc log (with the line after it), else its last line."""
+    lines = log.splitlines()
+    for i, line in enumerate(lines):
+        if re.search(r"\berror\b", line, re.IGNORECASE):
+            return "\n".join(lines[i:i + 2]).strip()
+    return lines[-1].strip() if lines else "nvcc failed with no output"
+
+
+def _build_one(source: Source, force: bool, timeout: float) -> Built:
+    key = content_key(source)
+    d = cache_dir() / key
+    so, err = d / "kernel.so", d / "error.txt"
+    if so.is_file() and not force:
+        return Built(source, key, so, cached=True, command=(d / "command.txt").read_text() if (d / "command.txt").is_file() else "")
+    if err.is_file() and not force:
+        text = err.read_text()
+        cmd, _, first = text.partition("\n")
+        return Built(source, key, None, cached=True, error=first.strip(), command=cmd)
+    d.mkdir(parents=True, exist_ok=True)
+    cu = d / "kernel.cu"
+    cu.write_text(source.code)
+    fd, tmp = tempfile.mkstemp(suffix=".so.tmp", dir=d)
+    os.close(fd)
+    cmd = command(cu, Path(tmp), source.template, source.arch)
+    shown = " ".join(cmd)
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        log, rc = proc.stdout + proc.stderr, proc.returncode
+    except subprocess.TimeoutExpired:
+        log, rc = f"nvcc timed out after {timeout:.0f} s", -1
+    seconds = time.perf_counter() - t0
+    if rc == 0 and os.path.getsize(tmp) > 0:
+        os.replace(tmp, so)
+        (d / "command.txt").write_text(shown)
+        return Built(source, key, so, command=shown, seconds=seconds, log=log)
+    Path(tmp).unlink(missing_ok=True)
+    first = first_error(log)
+    if rc == -1:  # a timeout says nothing about the source: not cached, a longer limit may build it
+        (d / "build.log").write_text(log)
+        return Built(source, key, None, error=first, command=shown, seconds=seconds, log=log)
+    (d / "build.log").write_text(log)
+    tmp_err = d / "error.txt.tmp"
+    tmp_err.write_text(f"{shown}\n{first}\n")
+    os.replace(tmp_err, err)
+    return Built(source, key, None, error=first, command=shown, seconds=seconds, log=log)
+
+
+def build(sources: list[Source], jobs: int | None = None, force: bool = False, progress: bool = True,
+          timeout: float = 900.0) -> list[Built]:
+    """Build every source (cached ones return at once), `jobs` nvcc processes at a time."""
+    if not sources:
+        return []
+    nvcc_path(), cutlass_root()  # fail early, with the install hint, before starting threads
+    jobs = max(1, jobs or (os.cpu_count() or 2))
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=len(sources), desc="compile", unit="kernel", leave=False)
+    results: list[Built | None] = [None] * len(sources)
+
+    def work(i: int) -> None:
+        results[i] = _build_one(sources[i], force, timeout)
+        if bar is not None:
+            bar.update(1)
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        list(pool.map(work, range(len(sources))))
+    if bar is not None:
+        bar.close()
+    return [r for r in results if r is not None]
