@@ -48,7 +48,7 @@ def main() -> int:
     from fact_db.kernels.attention.workload import AttentionWorkload, library_op, sdpa
     from fact_db.kernels.attention.kernel import AttentionKernel
     from fact_db.kernels.bench import time_cuda
-    from fact_db.kernels.gemm.tune import current_gpu
+    from fact_db.kernels.abi import current_gpu
     from fact_db.kernels.verify import rel_err
 
     gpu, device_name = current_gpu()

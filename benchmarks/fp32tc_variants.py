@@ -92,7 +92,8 @@ def main() -> int:
     import torch
 
     from fact_db.kernels import build
-    from fact_db.kernels.gemm.tune import Candidate, build_candidates, current_gpu, evaluate
+    from fact_db.kernels.abi import current_gpu
+    from fact_db.kernels.gemm.tune import Candidate, build_candidates, evaluate
     from fact_db.kernels.gemm.workload import GemmWorkload
 
     gpu, device_name = current_gpu()

@@ -81,11 +81,12 @@ def main() -> int:
 
     import torch
 
-    from fact_db.discovery import roofline
-    from fact_db.kernels.gemm.tune import current_gpu, tune
+    from fact_db.core.device import device
+    from fact_db.kernels.abi import current_gpu
+    from fact_db.kernels.gemm.tune import tune
 
     gpu, device_name = current_gpu()
-    dev = roofline.DEVICES.get(gpu, roofline.DEVICES["h100"])
+    dev = device(gpu)
     registry = None
     if args.db:
         from fact_db.store.registry import Registry

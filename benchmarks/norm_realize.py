@@ -63,7 +63,7 @@ def main() -> int:
 
     import torch
     from fact_db.kernels import build
-    from fact_db.kernels.gemm.tune import current_gpu
+    from fact_db.kernels.abi import current_gpu
     gpu, device_name = current_gpu()
     limit = args.candidates or (6 if args.quick else 12)
     ws = workloads(args.quick)

@@ -6,12 +6,11 @@ import time
 
 import click
 
-from .main import arch_choice, cli, handle_errors, jdump, model_arch, problem_sandbox
+from .common import POLICIES, arch_choice, cli, handle_errors, jdump, model_arch, problem_sandbox
 
 # The choices are spelled out here so that `factdb --help` and commands other than
 # discover do not import torch (fact_db.discovery.roofline does); a test checks they match.
 GPUS = ("a100", "h100", "h200")
-POLICIES = ("fp32", "tf32x3", "tf32", "bf16", "fp16")
 
 
 def _t(s: float) -> str:
@@ -113,8 +112,7 @@ def _ask(report, db, no_registry) -> None:
         report.registry_note = f"none yet at {paths.registry_file()} (every region a miss)"
         return
     with sandbox.trusted_imports():
-        from fact_db.discovery.discover import ask_registry
-        from fact_db.realization.realize import plan  # noqa: F401  (what ask_registry imports)
+        from fact_db.realization.realize import ask_registry
         from fact_db.store.registry import Registry
         reg = Registry.open(url, seed=False)
     try:

@@ -5,7 +5,7 @@ import json
 
 import click
 
-from .main import cli, handle_errors, jdump
+from .common import cli, handle_errors, jdump
 
 _db_option = click.option(
     "--db", "db_url", envvar="FACTDB_DB", metavar="URL",

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import click
 
-from .main import cli, handle_errors, jdump, no_gpu, problem_sandbox
-from .tune import POLICIES, _gpus, _open_registry, consult_rules
+from .common import cli, handle_errors, jdump, no_gpu, problem_sandbox
+from .common import POLICIES, consult_rules, gpu_list, open_registry
 
 PEERS = ("compile", "max-autotune")
 MORE_PEERS = ("reduce-overhead",)  # torch.compile's CUDA-graph mode, asked for by name
@@ -102,7 +102,7 @@ def optimize(problem, policy, max_candidates, budget, gpus, peers, no_bench, no_
 
     from fact_db.pipeline import optimize_problem, plan_problem
     from fact_db.composition.report import markdown, report_dict
-    reg = _open_registry(db, not no_registry)
+    reg = open_registry(db, not no_registry)
     try:
         rules = consult_rules(problem, policy, offline, as_json, reg) if use_llm else None
         if not torch.cuda.is_available():
@@ -117,7 +117,7 @@ def optimize(problem, policy, max_candidates, budget, gpus, peers, no_bench, no_
                 click.echo(f"note: {n}")
             return
         fast = optimize_problem(problem, policy=policy, registry=reg, max_candidates=max_candidates, budget=budget,
-                                gpus=_gpus(gpus), out=out, bench=not no_bench, peers=_peers(peers), force=force,
+                                gpus=gpu_list(gpus), out=out, bench=not no_bench, peers=_peers(peers), force=force,
                                 progress=not as_json, cuda_graph=not no_cuda_graph, rules=rules,
                                 split_weights=not no_split_weights)
     finally:
@@ -199,7 +199,8 @@ def bench(problems, policies, max_candidates, budget, gpus, peers, no_cuda_graph
     import torch
 
     from fact_db.core import paths
-    from fact_db.pipeline import device_info, optimize_problem, toolchain_info
+    from fact_db.core.environment import device_info, toolchain_info
+    from fact_db.pipeline import optimize_problem
     if not torch.cuda.is_available():
         raise click.ClickException("no CUDA GPU is visible: `factdb bench` times models on an H100/H200; "
                                    "`factdb optimize PROBLEM` prints the plan without one")
@@ -221,7 +222,7 @@ def bench(problems, policies, max_candidates, budget, gpus, peers, no_cuda_graph
         tmp.write_text(jdump(doc, indent=1))
         tmp.replace(out)
 
-    reg = _open_registry(db, True)
+    reg = open_registry(db, True)
     try:
         for prob in probs:
             for pol in pols:
@@ -229,7 +230,7 @@ def bench(problems, policies, max_candidates, budget, gpus, peers, no_cuda_graph
                 click.echo(f"== {prob} {pol}", err=True)
                 try:
                     fast = optimize_problem(prob, policy=pol, registry=reg, max_candidates=max_candidates,
-                                            budget=budget, gpus=_gpus(gpus), peers=_peers(peers),
+                                            budget=budget, gpus=gpu_list(gpus), peers=_peers(peers),
                                             cuda_graph=not no_cuda_graph, split_weights=not no_split_weights)
                     rows.append(bench_row(Path(prob).stem, fast, time.perf_counter() - t0))
                     r = rows[-1]

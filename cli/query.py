@@ -5,7 +5,7 @@ import json
 
 import click
 
-from .main import cli, handle_errors, jdump
+from .common import POLICIES, cli, handle_errors, jdump
 
 
 def _ms(v) -> str:
@@ -22,7 +22,7 @@ def _ms(v) -> str:
                            "with --shape, the rules to look up.")
 @click.option("--shape", help="MxNxK[xB]: look the kernel up in the registry (exact, else the nearest shape); needs --op.")
 @click.option("--gpu", help="With --shape: only kernels tuned on this GPU (h100, a100, ...).")
-@click.option("--policy", type=click.Choice(["fp32", "tf32x3", "tf32", "bf16", "fp16"]),
+@click.option("--policy", type=click.Choice(POLICIES),
               help="With --shape: only kernels tuned under this precision policy.")
 @click.option("-n", "n", type=click.IntRange(min=1), default=10, show_default=True, help="How many results.")
 @click.option("--mode", type=click.Choice(["hybrid", "lexical", "vector"]), default="hybrid", show_default=True,

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from .main import cli, handle_errors, jdump
+from .common import cli, handle_errors, jdump
 
 _db_option = click.option(
     "--db", "db_url", envvar="FACTDB_DB", metavar="URL",

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 import yaml
 
-from .main import cli, handle_errors, jdump, problem_sandbox
+from .common import cli, handle_errors, jdump, problem_sandbox
 
 
 @cli.group()

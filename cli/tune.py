@@ -7,9 +7,21 @@ from pathlib import Path
 
 import click
 
-from .main import DTYPES, arch_choice, build_arch, cli, handle_errors, jdump, no_gpu, problem_sandbox
+from .common import (
+    DTYPES,
+    POLICIES,
+    arch_choice,
+    build_arch,
+    cli,
+    consult_rules,
+    gpu_list,
+    handle_errors,
+    jdump,
+    no_gpu,
+    open_registry,
+    problem_sandbox,
+)
 
-POLICIES = ("fp32", "tf32x3", "tf32", "bf16", "fp16")
 EPILOGUES = ("none", "bias", "bias_relu", "bias_gelu", "bias_gelu_tanh", "bias_silu", "residual")
 
 
@@ -47,26 +59,6 @@ def _print_result(r, out=click.echo) -> None:
         out(f"note: {n}")
     if r.compile_s or r.bench_s:
         out(f"compile {r.compile_s:.1f} s, verify+time {r.bench_s:.1f} s")
-
-
-def _open_registry(db: str | None, use: bool):
-    if not use:
-        return None
-    from fact_db.store.registry import Registry
-    return Registry.open(db)
-
-
-def _gpus(spec: str | None) -> list[int] | None:
-    if not spec:
-        return None
-    if spec == "all":
-        import torch
-        return list(range(torch.cuda.device_count())) or None
-    try:
-        return [int(g) for g in spec.split(",")]
-    except ValueError:
-        raise click.BadParameter(f"'{spec}' is not 'all' or a comma-separated list of device indices (e.g. 0,1)",
-                                 param_hint="--gpus") from None
 
 
 _common = [
@@ -135,9 +127,9 @@ def tune(op, shape, kv_heads, causal, scale, policy, dtype, epilogue, layout_a, 
     dtype = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}.get(dtype, dtype)
     w = GemmWorkload(m, n, k, b, policy=policy, layout_a=layout_a, layout_b=layout_b, epilogue=epilogue,
                      bias_axis=bias_axis, dtype=dtype or "")
-    reg = _open_registry(db, not no_registry)
+    reg = open_registry(db, not no_registry)
     try:
-        r = run_tune(w, arch=arch, registry=reg, max_candidates=max_candidates, gpus=_gpus(gpus), jobs=jobs,
+        r = run_tune(w, arch=arch, registry=reg, max_candidates=max_candidates, gpus=gpu_list(gpus), jobs=jobs,
                      compile_only=compile_only, force=force, progress=not as_json)
     finally:
         if reg is not None:
@@ -172,9 +164,9 @@ def _tune_attention(shape, kv_heads, causal, scale, policy, dtype, arch, max_can
                               [f"  built {r['label']}" + ("" if r["so"] else " (failed)") for r in rows] +
                               [f"  note: {n}" for n in notes]))
         return
-    reg = _open_registry(db, not no_registry)
+    reg = open_registry(db, not no_registry)
     try:
-        r = attention_tune.tune(w, arch=arch, registry=reg, max_candidates=max_candidates, gpus=_gpus(gpus),
+        r = attention_tune.tune(w, arch=arch, registry=reg, max_candidates=max_candidates, gpus=gpu_list(gpus),
                                 jobs=jobs, force=force, progress=not as_json)
     finally:
         if reg is not None:
@@ -189,20 +181,6 @@ def _tune_attention(shape, kv_heads, causal, scale, policy, dtype, arch, max_can
                    + (f"  {t.error[:100]}" if t.error else ""))
     for n in r.notes:
         click.echo(f"  note: {n}")
-
-
-def consult_rules(problem, policy, offline, as_json, registry=None):
-    """`--llm`: ask the agent about PROBLEM (its summary on stderr); the rule set with the rules
-    it accepted joined to the shipped ones, or None where it accepted none. `registry` is the
-    one the command uses (`--db`), where the agent looks kernels up and stores the ones it
-    accepts; None (`--no-registry`): it neither looks up nor stores."""
-    from fact_db.realization.agent import consult, summary_line
-    info = consult(problem, policy=policy, offline=offline, registry=registry if registry is not None else False)
-    click.echo(json.dumps({"llm": info}) if as_json else summary_line(info), err=True)
-    if not info.get("rule_files"):
-        return None
-    from fact_db.discovery.rules import load_rules
-    return load_rules(extra=[Path(f) for f in info["rule_files"]])
 
 
 @cli.command()
@@ -240,11 +218,11 @@ def realize(problem, policy, max_candidates, gpus, compile_only, force, no_regis
             click.echo(f"  {p.note}")
         _print_result(r, out=lambda s: click.echo("  " + s))
 
-    reg = _open_registry(db, not no_registry)
+    reg = open_registry(db, not no_registry)
     try:
         rules = consult_rules(problem, policy, offline, as_json, reg) if use_llm else None
         report, results = realize_problem(problem, policy=policy, registry=reg, max_candidates=max_candidates,
-                                          gpus=_gpus(gpus), jobs=jobs, compile_only=compile_only, force=force,
+                                          gpus=gpu_list(gpus), jobs=jobs, compile_only=compile_only, force=force,
                                           progress=not as_json, on_result=None if as_json else show, rules=rules)
     finally:
         if reg is not None:

@@ -26,13 +26,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fact_db.core.environment import device_info, toolchain_info
 from fact_db.core.errors import FactError, first_line
+from fact_db.core.policy import POLICIES, policy_mode
 
 PEERS = ("compile", "max-autotune")  # torch.compile default, and max-autotune-no-cudagraphs
 # Peers that can be asked for besides: torch.compile's CUDA-graph mode, the peer to compare
 # with when the composed module replays a CUDA graph on a launch-bound model.
 MORE_PEERS = ("reduce-overhead",)
-POLICIES = ("fp32", "tf32x3", "tf32", "bf16", "fp16")
 
 
 class OptimizeError(FactError):
@@ -111,24 +112,6 @@ def _device_of(module, inputs):
         if isinstance(x, torch.Tensor):
             return x.device
     return torch.device("cpu")
-
-
-def device_info(device) -> dict:
-    import torch
-    if getattr(device, "type", str(device)) != "cuda" or not torch.cuda.is_available():
-        return {"name": "cpu", "gpu": None, "capability": None}
-    from fact_db.store.registry import canonical_gpu
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    name = torch.cuda.get_device_name(idx)
-    cap = torch.cuda.get_device_capability(idx)
-    return {"name": name, "gpu": canonical_gpu(name), "capability": f"{cap[0]}.{cap[1]}"}
-
-
-def toolchain_info() -> dict:
-    import torch
-
-    from fact_db.core import toolchain
-    return {**toolchain.current().as_dict(), "torch": torch.__version__, "cuda": torch.version.cuda}
 
 
 def _on_gpu(inputs) -> bool:
@@ -442,7 +425,6 @@ def measure(module, model_p, fast, policy: str, draw, ref_model, *, peers=PEERS,
     from fact_db.kernels.bench import peak_mib, time_cuda
     from fact_db.composition.compose import cast_floats, policy_dtype
     from fact_db.kernels.verify import _flat, rel_err
-    from fact_db.kernels.gemm.workload import policy_mode
     sets = [draw(2 * i)[0] for i in range(3)]
     dt = policy_dtype(policy)
     sets_p = [cast_floats(s, dt) for s in sets] if dt else sets

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from fact_db.core import paths
-from fact_db.realization.agent import Agent, asks
+from fact_db.realization.agent import Agent
+from fact_db.realization.asks import asks
 from fact_db.discovery.discover import discover
 from fact_db.realization.llm import LLM, Config, load_config
 from fact_db.discovery.rules import load_rules

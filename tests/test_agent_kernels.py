@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from fact_db.core import paths
-from fact_db.realization.agent import Agent, asks, region_spec
+from fact_db.realization.agent import Agent
+from fact_db.realization.asks import asks, region_spec
 from fact_db.discovery.discover import discover
 from fact_db.realization.llm import LLM, Config
 from fact_db.kernels.region.region_kernel import ABI, RegionSpec, check_source
@@ -286,7 +287,7 @@ def _stored_row(env, reg, time_ms=0.004, eager_ms=0.009):
 
 def _standin_loader(row, spec):
     import standins
-    from fact_db.composition.compose import Impl
+    from fact_db.kernels.impl import Impl
     return Impl("region", f"llm kernel {row['name']}", standins.region_op(spec),
                 {"region": spec.as_dict(), "standin_region": True}), "stand-in"
 
@@ -294,7 +295,7 @@ def _standin_loader(row, spec):
 def _gemm_realizer(ms=None, eager_ms=None):
     """The GEMM region: eager (ms None) or a stand-in kernel timed at `ms`."""
     import standins
-    from fact_db.composition.compose import Impl
+    from fact_db.kernels.impl import Impl
     from fact_db.realization.realize import Realized, plan
 
     def realize(disc, policy):
@@ -320,7 +321,7 @@ def _optimize_linear_relu(env, reg, **kw):
 def test_optimize_composes_the_llm_kernel_the_registry_holds(env):
     import standins
     from fact_db.composition.artifact import load
-    from fact_db.composition.compose import Impl
+    from fact_db.kernels.impl import Impl
     reg = Registry.open(str(env / "reg.duckdb"))
     spec = _stored_row(env, reg)
     m, x, fast = _optimize_linear_relu(env, reg, realizer=_gemm_realizer(), region_kernels=_standin_loader)

@@ -146,7 +146,7 @@ def test_tuner_end_to_end_in_the_worker(tmp_path):
     res = attention_tune.tune(w, registry=reg, jobs=16, fams=[fmha_sm90])
     kinds = {t.label: t.status for t in res.trials}
     assert all(s == "ok" for lbl, s in kinds.items() if lbl.startswith("fmha")), kinds
-    from fact_db.kernels.gemm.tune import current_gpu
+    from fact_db.kernels.abi import current_gpu
     gpu = current_gpu()[0]
     assert res.best is not None and reg.attention_get(w, "sm90a", gpu).label == res.best.label
     assert reg.attention_get(w, "sm90a", "some-other-gpu") is None  # rows are keyed by the GPU

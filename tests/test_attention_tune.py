@@ -138,8 +138,8 @@ def test_tune_picks_fastest_verified_and_writes_the_registry(monkeypatch):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message where no GPU is present")
 def test_tune_with_a_registry_needs_the_gpu_it_keys_rows_by():
-    from fact_db.kernels.gemm.tune import TuneError
-    with pytest.raises(TuneError, match="no CUDA GPU"):
+    from fact_db.kernels.abi import NoGPU
+    with pytest.raises(NoGPU, match="no CUDA GPU"):
         at.tune(W(), registry=Registry.memory(seed=False), fams=[fmha_sm90])
 
 
@@ -172,7 +172,7 @@ def test_cli_tune_attention_runs_the_tuner(monkeypatch):
 
 
 def test_run_job_reports_a_kernel_that_refuses_the_launch(monkeypatch):
-    from fact_db.kernels.gemm.kernel import KernelError
+    from fact_db.kernels.abi import KernelError
 
     class Refuses:
         def __call__(self, *a, **k):

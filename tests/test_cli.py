@@ -77,7 +77,7 @@ def test_missing_path():
 
 
 def test_one_vocabulary_for_arch_and_dtype_and_json_without_nan():
-    from fact_db.cli.main import jdump
+    from fact_db.cli.common import jdump
     assert jdump({"a": float("nan"), "b": [float("inf"), 1.5]}) == '{"a": null, "b": [null, 1.5]}'
     for arch in ("sm90", "sm90a"):
         r = CliRunner().invoke(cli, ["tune", "--shape", "64x64x64", "--arch", arch, "--compile-only",

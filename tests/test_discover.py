@@ -239,7 +239,8 @@ def test_discovery_registry_column_for_gemm_regions_hit_near_and_stale():
     import dataclasses
 
     from fact_db.core import toolchain
-    from fact_db.discovery.discover import ask_registry, discover_problem
+    from fact_db.discovery.discover import discover_problem
+    from fact_db.realization.realize import ask_registry
     from fact_db.realization.realize import plan
     from fact_db.store.registry import KernelRecord, Registry
     rep = discover_problem(str(PROBLEMS / "gemm_bias_relu.py"), arch="sm90", policy="fp32")
@@ -277,7 +278,8 @@ def test_regions_inside_the_wrappers_are_left_to_eager_by_composition():
     outside is still replaced and the model's answer kept."""
     import standins
 
-    from fact_db.composition.compose import Impl, rewrite
+    from fact_db.composition.compose import rewrite
+    from fact_db.kernels.impl import Impl
     from fact_db.discovery.discover import discover
     from fact_db.realization.realize import plan
 

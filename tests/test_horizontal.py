@@ -14,7 +14,8 @@ from torch import nn
 
 import fact_db
 import standins
-from fact_db.composition.compose import Impl, rewrite
+from fact_db.composition.compose import rewrite
+from fact_db.kernels.impl import Impl
 from fact_db.discovery.pattern import PatternError, build_patterns
 from fact_db.realization.realize import Realized, plan
 

@@ -36,7 +36,7 @@ def _kernel(spec: GemmSpec, launch: Launch, ws: int = 0) -> GemmKernel:
 
 @pytest.fixture(autouse=True)
 def _no_cuda_stream(monkeypatch):
-    monkeypatch.setattr(kmod, "_raw_stream", lambda device: 7)
+    monkeypatch.setattr(kmod, "raw_stream", lambda device: 7)
 
 
 def _named(launch: Launch, **tensors):

@@ -100,7 +100,8 @@ def _composed_with_stand_ins(model, x):
 
     import fact_db
     import standins
-    from fact_db.composition.compose import Impl, rewrite
+    from fact_db.composition.compose import rewrite
+    from fact_db.kernels.impl import Impl
     from fact_db.realization.realize import plan
     rep = fact_db.discover(model, (x,))
     [(i, w)] = [(i, p.workload) for i, (r, p) in enumerate(zip(rep.regions, plan(rep, "fp32")))

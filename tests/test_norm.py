@@ -176,7 +176,8 @@ def _(x, r, weight, bias):
 
 
 def test_compose_replaces_the_add_and_norm_and_serves_the_sum_from_the_op():
-    from fact_db.composition.compose import Impl, rewrite
+    from fact_db.composition.compose import rewrite
+    from fact_db.kernels.impl import Impl
     model = _SumUsedLater().eval()
     x, y = torch.randn(4, 32), torch.randn(4, 32)
     rep = _analyse(model, x, y)
@@ -219,7 +220,7 @@ def _norm_trials(w):
 def _standin_norm_impl(w, best):
     """realize's own Impl for an eager winner or none; a stand-in op for a kernel winner."""
     import standins
-    from fact_db.composition.compose import Impl
+    from fact_db.kernels.impl import Impl
     from fact_db.realization.realize import _norm_impl
     if best is None or best.candidate is None:
         return _norm_impl(w, best)
@@ -308,7 +309,7 @@ def test_norm_impl_is_eager_when_eager_wins_or_nothing_verified():
 
 
 def test_discovery_asks_the_registry_about_norm_regions_and_shows_the_measured_time():
-    from fact_db.discovery.discover import ask_registry
+    from fact_db.realization.realize import ask_registry
     from fact_db.realization.realize import norm_workload
     from fact_db.store.registry import Registry
     rep = _analyse(_Norms(), torch.randn(2, 8, 64), torch.randn(2, 8, 64))

@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import fact_db
-from fact_db.composition.compose import Impl, rewrite
+from fact_db.composition.compose import rewrite
+from fact_db.kernels.impl import Impl
 from fact_db.realization.realize import plan
 import standins  # tests/ is on sys.path (conftest.py): the one module every test counts calls in
 

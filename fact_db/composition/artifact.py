@@ -174,7 +174,7 @@ def _kernel_impl(directory: Path, entry: dict, gpu_now, cap_now, tc_now, made_on
     or norm): its saved library where it was built on this GPU with this toolchain and its
     hash matches; else rebuilt from its saved source (or its library kept) and verified again
     against float64 here; else eager."""
-    from fact_db.composition.compose import Impl
+    from fact_db.kernels.impl import Impl
     impl = entry["impl"]
     kind = impl["kind"]
     make, reverify = KERNEL_KINDS[kind]
@@ -220,7 +220,7 @@ def _record(impl: dict) -> dict:
 
 
 def _gemm(path: Path, impl: dict):
-    from fact_db.composition.compose import Impl
+    from fact_db.kernels.impl import Impl
     from fact_db.kernels.gemm.kernel import GemmKernel, GemmSpec
     k = GemmKernel(path, impl["template"], GemmSpec(**impl["spec"]), tuple(impl.get("options") or ()) or None,
                    build_key=impl["build_key"])
@@ -243,7 +243,7 @@ def _reverify_gemm(path: Path, k_impl, impl: dict) -> tuple[bool, str]:
 
 def _attention(path: Path, impl: dict):
     from fact_db.kernels.attention.kernel import AttentionKernel
-    from fact_db.composition.compose import Impl
+    from fact_db.kernels.impl import Impl
     k = AttentionKernel(path, impl["template"], build_key=impl["build_key"])
     return Impl("attention", impl.get("label", ""), k.as_op(), _record(impl))
 
@@ -259,7 +259,7 @@ def _reverify_attention(path: Path, k_impl, impl: dict) -> tuple[bool, str]:
 
 
 def _norm(path: Path, impl: dict):
-    from fact_db.composition.compose import Impl
+    from fact_db.kernels.impl import Impl
     from fact_db.kernels.norm.norm import NormKernel, NormWorkload
     k = NormKernel(path, NormWorkload(**impl["workload"]), build_key=impl["build_key"])
     return Impl("norm", impl.get("label", ""), k.as_op(), _record(impl))
@@ -273,7 +273,7 @@ def _reverify_norm(path: Path, k_impl, impl: dict) -> tuple[bool, str]:
 
 
 def _region(path: Path, impl: dict):
-    from fact_db.composition.compose import Impl
+    from fact_db.kernels.impl import Impl
     from fact_db.kernels.region.region_kernel import RegionKernel, RegionSpec
     k = RegionKernel(path, RegionSpec.from_dict(impl["region"]), build_key=impl["build_key"])
     return Impl("region", impl.get("label", ""), k.as_op(), _record(impl))
@@ -303,14 +303,15 @@ def load(directory, *, loader=None):
 
     import torch
 
-    from fact_db.composition.compose import ComposedModule, Impl, rewrite, signature_from_json
+    from fact_db.composition.compose import ComposedModule, rewrite, signature_from_json
+    from fact_db.kernels.impl import Impl
     directory = Path(directory)
     manifest = read_manifest(directory)
     files = manifest.get("files", {})
     program = torch.export.load(_checked(directory, files["program"], "the exported program"))
     fallback_ep = torch.export.load(_checked(directory, files["fallback"], "the eager fallback")) \
         if "fallback" in files else None
-    from fact_db.pipeline import device_info, toolchain_info
+    from fact_db.core.environment import device_info, toolchain_info
     dev = device_info(torch.device("cuda")) if torch.cuda.is_available() else {"gpu": None, "capability": None}
     tc = toolchain_info()
     notes = []

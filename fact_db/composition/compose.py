@@ -28,55 +28,15 @@ import functools
 import gc
 import math
 import warnings
-from dataclasses import dataclass, field
 
 import torch
 
 from fact_db.core.errors import FactError, first_line
-from fact_db.kernels.gemm.workload import policy_mode
-
-HALF_POLICIES = {"bf16": "bfloat16", "fp16": "float16"}
+from fact_db.core.policy import policy_mode, torch_dtype
 
 
 class ComposeError(FactError):
     """A region cannot be replaced in the exported program (a missing operand, a shape the op cannot take)."""
-
-
-@dataclass
-class Impl:
-    """How one region runs in the composed module."""
-
-    kind: str                  # eager | gemm | attention | sdpa | norm | region
-    label: str = ""            # what runs, for the report
-    op: object = None          # the torch op for gemm / attention
-    record: dict = field(default_factory=dict)  # what an artifact needs to load it again
-    note: str = ""
-    # A GEMM kernel that can take B's lo parts made once (kernel.GemmKernel.takes_b_lo): the op
-    # `(a, b, b_lo, bias, c, alpha, beta) -> d` and `split_lo(b) -> b_lo`. Where B is a weight,
-    # the rewrite splits it once into a buffer, and no call splits it again.
-    op_lo: object = None
-    split_lo: object = None
-
-    @classmethod
-    def eager(cls, note: str = "") -> Impl:
-        return cls("eager", "eager PyTorch", note=note)
-
-    @classmethod
-    def gemm_kernel(cls, kernel, label: str, record: dict) -> Impl:
-        """The Impl of a loaded kernel.GemmKernel (as tuned, or as an artifact loads it)."""
-        lo = kernel.takes_b_lo
-        return cls("gemm", label, kernel.as_op(), record, op_lo=kernel.as_op(b_lo=True) if lo else None,
-                   split_lo=kernel.split_lo if lo else None)
-
-    @property
-    def library(self) -> bool:
-        """The region runs a library path (cuBLAS, an SDPA backend), not a fact-db kernel."""
-        return self.kind == "sdpa" or bool(self.record.get("library"))
-
-    @property
-    def kernel(self) -> bool:
-        """The region runs a kernel fact-db built (CUTLASS, its own, or the agent's)."""
-        return self.kind != "eager" and not self.library
 
 
 def _fx_resolver(gm, program):
@@ -513,7 +473,8 @@ def describe(sig: tuple) -> str:
 
 
 def policy_dtype(policy: str):
-    return getattr(torch, HALF_POLICIES[policy]) if policy in HALF_POLICIES else None
+    """The torch dtype a half policy runs the model in; None for the float32 policies."""
+    return torch_dtype(policy)
 
 
 def cast_floats(tree, dtype):

@@ -219,7 +219,7 @@ def device_info(device=None) -> dict:
     import torch
 
     from fact_db.core.device import canonical_gpu
-    if device is not None and getattr(device, "type", str(device)) != "cuda" or not torch.cuda.is_available():
+    if (device is not None and getattr(device, "type", str(device)) != "cuda") or not torch.cuda.is_available():
         return {"name": "cpu", "gpu": None, "capability": None}
     idx = device.index if device is not None and device.index is not None else torch.cuda.current_device()
     name = torch.cuda.get_device_name(idx)

@@ -13,6 +13,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from fact_db.core.device import device
+from fact_db.core.policy import POLICIES
 from fact_db.discovery import aten, roofline
 from fact_db.discovery.match import GroupMatch, match_all, select
 from fact_db.discovery.rules import RuleSet, load_rules
@@ -309,9 +311,9 @@ def _skip_fraction(m) -> float:
 def analyse(graph: Graph, rules: RuleSet, *, arch: str = "sm90", gpu: str | None = None, policy: str = "fp32",
             trace_s: float = 0.0) -> Report:
     """Match `rules` on a traced graph and build the report."""
-    if policy not in roofline.POLICIES:
-        raise ValueError(f"unknown precision policy `{policy}`; use one of {', '.join(roofline.POLICIES)}")
-    dev = roofline.device(gpu, arch)
+    if policy not in POLICIES:
+        raise ValueError(f"unknown precision policy `{policy}`; use one of {', '.join(POLICIES)}")
+    dev = device(gpu, arch)
     t0 = time.perf_counter()
     matches, misses = match_all(rules, graph, arch)
     chosen, beaten = select(matches)
@@ -371,25 +373,3 @@ def discover(module, example_inputs, *, arch: str = "sm90", gpu: str | None = No
     t0 = time.perf_counter()
     graph = trace_module(module, example_inputs, name=type(module).__name__)
     return analyse(graph, rules, arch=arch, gpu=gpu, policy=policy, trace_s=time.perf_counter() - t0)
-
-
-def ask_registry(report: Report, registry) -> dict:
-    """Each GEMM-family region's REGISTRY answer from `registry`: `hit` (an exact, current
-    row: its measured time is kept in `measured_s`), `near (D)` (the nearest compatible
-    shape at distance D), `stale` (a row whose template or toolchain changed) or `miss`.
-    Attention and norm regions are looked up by their exact key (hit, stale or miss).
-    Returns the counts."""
-    from collections import Counter
-
-    from fact_db.realization.realize import plan, registry_answer, workload_of
-    arch = "sm90a" if report.arch.startswith("sm90") else report.arch
-    gpu = report.gpu.lower()
-    counts = Counter()
-    with registry.pinned():
-        for r, p in zip(report.regions, plan(report, report.policy)):
-            w = workload_of(r, p, report.graph, report.policy)[0]
-            r.registry, ms = registry_answer(registry, w, arch, gpu)
-            if ms:
-                r.measured_s = ms / 1e3
-            counts[r.registry.split(" ")[0]] += 1
-    return dict(counts)

@@ -5,7 +5,7 @@ can reach, so an estimate is a floor on time, not a prediction of it. Eager PyTo
 modelled as one kernel per compute node, each reading its inputs from and writing its
 output to HBM; a fused region reads its external inputs once and writes its output once.
 
->>> dev = DEVICES["h100"]
+>>> dev = fact_db.core.device.device("h100")
 >>> est = estimate(match, dev, policy="tf32")
 >>> est.fused_s < est.eager_s
 True
@@ -14,39 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fact_db.core.device import Device
 from fact_db.discovery import aten
-
-
-@dataclass(frozen=True)
-class Device:
-    name: str
-    arch: str
-    tflops: dict  # math mode -> peak TFLOP/s (dense)
-    bandwidth: float  # bytes/s, HBM copy
-    launch_s: float = 3e-6  # one kernel launch plus tail, as seen from eager PyTorch
-
-
-# H100 SXM: bf16 about 790 TFLOP/s, tf32 about 400, fp32 (no tensor cores) about 51, HBM
-# copy about 3 TB/s, measured; H200: same math, about 4.3 TB/s. A100 SXM 80GB: datasheet.
-DEVICES = {
-    "h100": Device("H100", "sm90", {"bf16": 790.0, "fp16": 790.0, "tf32": 400.0, "fp32": 51.0}, 3.0e12),
-    "h200": Device("H200", "sm90", {"bf16": 790.0, "fp16": 790.0, "tf32": 400.0, "fp32": 51.0}, 4.3e12),
-    "a100": Device("A100", "sm80", {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5}, 2.039e12),
-}
-DEFAULT_DEVICE = {"sm90": "h100", "sm90a": "h100", "sm80": "a100"}
-
-
-def device(gpu: str | None, arch: str = "sm90") -> Device:
-    """The roofline device for a GPU named as the registry keys it (`h200`) or as CUDA reports
-    it (`NVIDIA H200`, `NVIDIA H100 80GB HBM3`); an unknown or missing name takes the arch's
-    default."""
-    name = (gpu or "").lower()
-    for key, dev in DEVICES.items():
-        if key in name.split() or key == name or name.replace("nvidia", "").strip().startswith(key):
-            return dev
-    return DEVICES[DEFAULT_DEVICE.get(arch, "h100")]
-
-POLICIES = ("fp32", "tf32x3", "tf32", "bf16", "fp16")
 
 
 def matmul_tflops(dev: Device, policy: str, dtype: str | None) -> float:

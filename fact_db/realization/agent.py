@@ -35,6 +35,8 @@ import yaml
 
 from fact_db.core import paths
 from fact_db.core.errors import FactError, first_line
+from fact_db.core.device import build_arch
+from fact_db.realization.asks import Ask, asks, region_spec  # noqa: F401  (the agent's questions)
 from fact_db.realization.llm import LLM, LLMError
 from fact_db.kernels.region.region_kernel import ABI
 
@@ -59,10 +61,6 @@ REPLY_SCHEMA = {
     "additionalProperties": False,
 }
 
-# Elementwise ops a GEMM epilogue could take (what follows a GEMM region and makes it worth asking).
-POINTWISE = {"div", "mul", "add", "sub", "relu", "gelu", "silu", "sigmoid", "tanh", "erf", "clamp", "clamp_min",
-             "clamp_max", "hardtanh", "leaky_relu", "mish", "softplus", "exp", "neg", "abs", "hardswish", "hardsigmoid"}
-
 _ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
 
 
@@ -79,15 +77,6 @@ class Proposal:
 
     def as_dict(self) -> dict:
         return asdict(self)
-
-
-@dataclass
-class Ask:
-    """One question for the model: a region of the graph and why the rules do not cover it."""
-    node: str
-    why: str
-    ops: list  # dicts: name, op, shape, dtype, source
-    rule: str = ""  # for a matched region without a template
 
 
 SYSTEM = """You extend fact-db, a rule database that maps PyTorch ATen subgraphs to CUTLASS templates.
@@ -114,61 +103,6 @@ def _template_catalogue(rules) -> list:
             e["epilogues"].add("+".join(r.realize.get("epilogue") or []) or "none")
             e["params"].update((r.realize.get("params") or {}).keys())
     return [{"template": t, "epilogues": sorted(v["epilogues"]), "params": sorted(v["params"])} for t, v in sorted(out.items())]
-
-
-def _source_line(src: str | None) -> str:
-    if not src or ":" not in src:
-        return ""
-    f, _, line = src.rpartition(":")
-    try:
-        return Path(f).read_text().splitlines()[int(line) - 1].strip()
-    except (OSError, ValueError, IndexError):
-        return ""
-
-
-def asks(report, rules) -> list:
-    """The questions discovery leaves open: uncovered heavy ops (with the ops that consume
-    them, up to four deep), and matched regions whose template file does not exist."""
-    graph = report.graph
-    out = []
-    if graph is not None:
-        by_name = {n.name: n for n in graph.nodes}
-        for name, op, why in report.uncovered:
-            n = by_name.get(name)
-            chain, cur = [], n
-            while cur is not None and len(chain) < 5:
-                chain.append(cur)
-                calls = [u for u in cur.users if getattr(u, "is_call", False)]
-                cur = calls[0] if len(calls) == 1 else None
-            ops = [{"name": c.name, "op": c.op, "shape": list(c.shape or ()), "dtype": c.dtype, "source": c.source,
-                    "line": _source_line(c.source)} for c in chain]
-            out.append(Ask(name, why, ops))
-        # A matched GEMM region whose output goes on through ops no region covers: the
-        # neighbourhood a larger fusion could take (GEMM, then a division and a GELU).
-        covered = {n for r in report.regions for n in r.nodes}
-        asked = {a.node for a in out}
-        for r in report.regions:
-            n = by_name.get(r.output)
-            if n is None or not r.template.startswith("gemm"):
-                continue
-            chain, cur = [], n
-            while len(chain) < 4:
-                calls = [u for u in cur.users if getattr(u, "is_call", False)]
-                if len(calls) != 1 or calls[0].name in covered or calls[0].op.split(".")[1:2] not in ([w] for w in POINTWISE):
-                    break
-                cur = calls[0]
-                chain.append(cur)
-            if chain and r.output not in asked:
-                ops = [{"name": c.name, "op": c.op, "shape": list(c.shape or ()), "dtype": c.dtype, "source": c.source,
-                        "line": _source_line(c.source)} for c in [by_name[x] for x in r.nodes if x in by_name] + chain]
-                out.append(Ask(r.output, f"region {r.rule} is followed by {', '.join(c.op for c in chain)}, "
-                               "which no rule fuses into it", ops, r.rule))
-    have = {p.name.split(".")[0] for p in paths.templates_dir().glob("*.j2")}
-    for r in report.regions:
-        if r.template and r.template not in have:
-            out.append(Ask(r.output, f"rule {r.rule} names template {r.template}, which does not exist",
-                           [{"name": r.output, "op": r.rule, "shape": r.shape, "dtype": r.dtypes, "source": r.source}], r.rule))
-    return out
 
 
 EXCERPT_CHARS = 1200
@@ -224,22 +158,6 @@ def prompt(ask: Ask, report, rules, retriever=retrieve) -> list:
         "example_rule": _example_rule(),
     }
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": json.dumps(body, indent=1, default=str)}]
-
-
-def build_arch(arch: str) -> str:
-    """The arch a region kernel is compiled for (discovery says sm90; nvcc needs sm90a's features)."""
-    return "sm90a" if arch in ("sm90", "sm_90", "sm90a") else arch
-
-
-def region_spec(ask: Ask, report):
-    """(RegionSpec of the ask's ops, "") or (None, why a kernel cannot be asked for it)."""
-    from fact_db.kernels.region.region_kernel import RegionKernelError, RegionSpec
-    if report.graph is None:
-        return None, "no traced graph"
-    try:
-        return RegionSpec.from_graph(report.graph, [o["name"] for o in ask.ops], report.policy), ""
-    except RegionKernelError as e:
-        return None, f"no kernel can be asked for this region: {e}"
 
 
 def _example_rule() -> str:

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from fact_db.core.device import build_arch
 from fact_db.core.errors import first_line
 from fact_db.kernels.norm.norm import NormWorkload
-from fact_db.kernels.gemm.workload import POLICY_DTYPE, GemmWorkload
+from fact_db.core.policy import HALF_POLICIES, POLICY_DTYPE, policy_mode
+from fact_db.kernels.gemm.workload import GemmWorkload
 
 GEMM_TEMPLATES = {"gemm_sm90"}
 EPILOGUE_OF = {("none",): "none", ("bias",): "bias", ("bias", "relu"): "bias_relu", ("bias", "gelu"): "bias_gelu",
@@ -168,7 +170,6 @@ def norm_workload(region, graph, policy: str):
     that is not one value per channel, a dtype the template does not take)."""
     from math import prod
 
-    from fact_db.composition.compose import HALF_POLICIES
     from fact_db.kernels.norm.norm import ELEMENT, NormError, NormWorkload
     ops, attrs = region.operands, region.attrs
     if "x" not in ops or "weight" not in ops:
@@ -248,7 +249,7 @@ def gemm_impl(result, w: GemmWorkload, library: bool = True):
     (kernel.library_gemm_op: cuBLAS and the activation as one op, which is what was timed),
     or, with `library=False` (the dual GEMM, whose library path is two GEMMs), the model's
     own ops."""
-    from fact_db.composition.compose import Impl
+    from fact_db.kernels.impl import Impl
     from fact_db.kernels.gemm.kernel import GemmKernel, GemmSpec, library_gemm_op
     from fact_db.kernels.gemm.tune import _spec
     win = result.winner if result is not None else None
@@ -285,7 +286,6 @@ def choose_attention(w, *, trials: int = 4, reps: int = 20, device="cuda", timer
     from fact_db.kernels.attention.workload import backends_for, library_op, sdpa
     from fact_db.kernels.bench import time_cuda
     from fact_db.kernels.verify import bound_for, rel_err
-    from fact_db.kernels.gemm.workload import policy_mode
     scale = w.softmax_scale
     cands = [("explicit", "eager", lambda x: w.eager(x)),
              ("sdpa", "sdpa", lambda x: sdpa(x["q"], x["k"], x["v"], scale, w.causal))]
@@ -361,7 +361,7 @@ def tune_attention(w, *, arch: str = "sm90a", gpu: str | None = None, registry=N
 
 def _attention_impl(best, w=None):
     from fact_db.kernels.attention.workload import library_op
-    from fact_db.composition.compose import Impl
+    from fact_db.kernels.impl import Impl
     if best is not None and best["kind"] == "kernel":
         from fact_db.kernels.attention.kernel import AttentionKernel
         k = AttentionKernel(best["so"], best["template"], build_key=best["build_key"])
@@ -415,7 +415,7 @@ def _norm_impl(w, best):
     """The compose.Impl of a tuned norm region: its winner's kernel op, or eager."""
     from dataclasses import asdict
 
-    from fact_db.composition.compose import Impl
+    from fact_db.kernels.impl import Impl
     from fact_db.kernels.norm.norm import TEMPLATE, NormKernel
     if best is None:
         return Impl.eager("no norm candidate verified")
@@ -443,7 +443,7 @@ def realize_regions(report, policy: str, *, registry=None, arch: str = "sm90a", 
     """
     import time
 
-    from fact_db.composition.compose import Impl
+    from fact_db.kernels.impl import Impl
     from fact_db.kernels.gemm.tune import from_registry, tune
     t0 = time.perf_counter()
     planned = {id(p.region): p for p in plan(report, policy)}
@@ -559,8 +559,8 @@ def realize_region_kernels(report, realized: list, registry, *, gpu: str, arch: 
     `loader(row, spec) -> (Impl, note)` loads one (default: compiled in the worker, from the
     build cache when it is there, and registered as a custom op); returns what was added.
     """
-    from fact_db.realization.agent import asks, build_arch, region_spec
-    from fact_db.composition.compose import Impl
+    from fact_db.realization.asks import asks, region_spec
+    from fact_db.kernels.impl import Impl
     from fact_db.discovery.discover import Region
     from fact_db.discovery.roofline import Estimate
     if registry is None or report.graph is None:
@@ -625,7 +625,7 @@ def realize_region_kernels(report, realized: list, registry, *, gpu: str, arch: 
 def _load_region_kernel(row: dict, spec):
     """(Impl, how) for a registry row of region_kernels: its source compiled in the worker
     (a build-cache hit when it was built here before) and registered as a custom op."""
-    from fact_db.composition.compose import Impl
+    from fact_db.kernels.impl import Impl
     from fact_db.kernels.region.region_kernel import TEMPLATE, Pipeline, RegionKernel
     pipe = Pipeline(spec, arch=row["arch"], gpu=row["gpu"])
     try:
@@ -637,3 +637,24 @@ def _load_region_kernel(row: dict, spec):
               "registry_digest": row["digest"], "name": row["name"], "provenance": row["provenance"]}
     how = "built from the build cache" if handle.get("cached") else "compiled from its stored source"
     return Impl("region", f"llm kernel {row['name']}", k.as_op(), record), how
+
+
+def ask_registry(report, registry) -> dict:
+    """Each GEMM-family region's REGISTRY answer from `registry`: `hit` (an exact, current
+    row: its measured time is kept in `measured_s`), `near (D)` (the nearest compatible
+    shape at distance D), `stale` (a row whose template or toolchain changed) or `miss`.
+    Attention and norm regions are looked up by their exact key (hit, stale or miss).
+    Returns the counts."""
+    from collections import Counter
+
+    arch = build_arch(report.arch)
+    gpu = report.gpu.lower()
+    counts = Counter()
+    with registry.pinned():
+        for r, p in zip(report.regions, plan(report, report.policy)):
+            w = workload_of(r, p, report.graph, report.policy)[0]
+            r.registry, ms = registry_answer(registry, w, arch, gpu)
+            if ms:
+                r.measured_s = ms / 1e3
+            counts[r.registry.split(" ")[0]] += 1
+    return dict(counts)

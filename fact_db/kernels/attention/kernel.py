@@ -13,7 +13,7 @@ import ctypes
 import hashlib
 from pathlib import Path
 
-from fact_db.kernels.gemm.kernel import KernelError, _raw_stream, launch_status
+from fact_db.kernels.abi import KernelError, launch_status, raw_stream
 from fact_db.kernels.ops import factdb_op
 
 # The output dtype of each family, when it is not q's (fmha_fp32tc writes float32 for fp32 q).
@@ -83,7 +83,7 @@ class AttentionKernel:
         s = lambda t: t.stride()[:3]  # noqa: E731
         rc = self._launch(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
                           b, h, hkv, lq, lk, d, dv, *s(q), *s(k), *s(v), *s(out),
-                          scale, int(bool(causal)), ws.data_ptr(), _raw_stream(q.device))
+                          scale, int(bool(causal)), ws.data_ptr(), raw_stream(q.device))
         if rc != 0:
             what = launch_status(rc)
             raise KernelError(f"{self.template} attention kernel {self.path.parent.name} refused or failed the launch: "

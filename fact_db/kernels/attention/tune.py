@@ -126,7 +126,7 @@ def run_job(job: dict, cache: dict) -> dict:
     from fact_db.kernels.attention.workload import library_op
     from fact_db.kernels.bench import time_cuda
     from fact_db.kernels.verify import bound_for, rel_err
-    from fact_db.kernels.gemm.workload import policy_mode
+    from fact_db.core.policy import policy_mode
     w = AttentionWorkload(**job["workload"])
     scale = w.softmax_scale
     if job["cand"] == "eager":
@@ -201,7 +201,7 @@ def tune(w: AttentionWorkload, *, arch: str = "sm90a", gpu: str | None = None, m
     device's short name when None), so a winner timed on one GPU never serves another."""
     device_name = ""
     if registry is not None and gpu is None:
-        from fact_db.kernels.gemm.tune import current_gpu
+        from fact_db.kernels.abi import current_gpu
         gpu, device_name = current_gpu()
     if registry is not None and not force:
         hit = registry.attention_get(w, arch, gpu or "")

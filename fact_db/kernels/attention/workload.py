@@ -24,7 +24,7 @@ import math
 from dataclasses import asdict, dataclass, replace
 
 from fact_db.core.errors import FactError
-from fact_db.kernels.gemm.workload import DTYPE_ALIASES, POLICIES, POLICY_DTYPE, policy_mode
+from fact_db.core.policy import DTYPE_ALIASES, POLICIES, POLICY_DTYPE, policy_mode
 
 # SDPA backends fact-db can force, and the operand dtypes each accepts.
 BACKENDS = {

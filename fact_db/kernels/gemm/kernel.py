@@ -16,19 +16,8 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from fact_db.core.errors import FactError
+from fact_db.kernels.abi import KernelError, launch_status, raw_stream, torch_dtype
 from fact_db.kernels.ops import factdb_op
-
-CUTLASS_STATUS = {
-    0: "success", 1: "misaligned operand", 2: "invalid data type", 3: "invalid layout",
-    4: "invalid problem", 5: "not supported", 6: "workspace null", 7: "internal error",
-    8: "arch mismatch", 9: "insufficient driver", 10: "memory allocation", 11: "invalid (alignment or shape)",
-}
-
-
-class KernelError(FactError):
-    """A kernel could not be loaded, or refused or failed a launch."""
-
 
 @dataclass(frozen=True)
 class GemmSpec:
@@ -68,26 +57,6 @@ def _geometry(a, b, bias, c, b_lo) -> tuple:
             None if bias is None else (bias.shape, bias.stride(), bias.dtype),
             None if c is None else (c.shape, c.stride(), c.dtype),
             None if b_lo is None else (b_lo.shape, b_lo.stride(), b_lo.dtype, b_lo.device))
-
-
-def launch_status(rc: int, names: dict = CUTLASS_STATUS) -> str:
-    """A kernel launch's return code in words: a named status, `CUDA error N` (codes from
-    1000 up carry a cudaError_t), or `status N`."""
-    return names.get(rc, f"CUDA error {rc - 1000}" if rc >= 1000 else f"status {rc}")
-
-
-def _raw_stream(device) -> int:
-    """The current CUDA stream of `device` as a raw handle (Inductor's fast path where torch has it)."""
-    import torch
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    if raw is not None and device.index is not None:
-        return raw(device.index)
-    return torch.cuda.current_stream(device).cuda_stream
-
-
-def _torch_dtype(name: str):
-    import torch
-    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
 
 
 def operand_layout(t, logical_rows_dim: int = -2) -> tuple[str, int] | None:
@@ -183,7 +152,7 @@ class GemmKernel:
         b, ldb = self._prepare(b, self.spec.layout_b)
         k, n = b.shape
         lo = torch.empty((n, k), dtype=torch.float32, device=b.device)
-        rc = self._split(b.data_ptr(), lo.data_ptr(), n, k, ldb, 0, 1, _raw_stream(b.device))
+        rc = self._split(b.data_ptr(), lo.data_ptr(), n, k, ldb, 0, 1, raw_stream(b.device))
         if rc != 0:
             raise KernelError(f"{self.template} kernel {self.path.parent.name}: splitting B failed: "
                               f"{launch_status(rc)}")
@@ -208,7 +177,7 @@ class GemmKernel:
                 raise KernelError(f"b_lo must be B's lo parts from split_lo: a float32 {k_} x {n_} tensor laid "
                                   f"out K-major on {b.device}, got {tuple(b_lo.shape)} {b_lo.dtype} strides "
                                   f"{tuple(b_lo.stride())} on {b_lo.device}")
-        dt = _torch_dtype(spec.dtype)
+        dt = torch_dtype(spec.dtype)
         if a.dtype != dt or b.dtype != dt:
             raise KernelError(f"kernel takes {spec.dtype} operands, got {a.dtype} and {b.dtype}")
         if a.dim() not in (2, 3) or b.dim() not in (2, 3) or a.shape[-1] != b.shape[-2]:
@@ -237,7 +206,7 @@ class GemmKernel:
         batch = a.shape[0] if batched else 1
         a, lda = self._prepare(a, spec.layout_a)
         b, ldb = self._prepare(b, spec.layout_b)
-        out_dt = _torch_dtype(spec.out_dtype or spec.dtype)
+        out_dt = torch_dtype(spec.out_dtype or spec.dtype)
         shape = (batch, m, n) if batched else (m, n)
         if out is None:
             out = torch.empty(shape, dtype=out_dt, device=a.device)
@@ -274,7 +243,7 @@ class GemmKernel:
         rc = (self._launch_blo if plan.b_lo else self._launch)(
             a.data_ptr(), b.data_ptr(), *lo, c.data_ptr() if plan.c and c is not None else None,
             bias.data_ptr() if plan.bias and bias is not None else None, out.data_ptr(), *plan.ints,
-            alpha, beta, ws.data_ptr() if ws is not None else None, _raw_stream(dev),
+            alpha, beta, ws.data_ptr() if ws is not None else None, raw_stream(dev),
             *((self._opts,) if self._has_ex else ()))
         if rc != 0:
             what = launch_status(rc)
@@ -301,7 +270,7 @@ class GemmKernel:
         if b_lo and not self.takes_b_lo:
             raise KernelError(f"{self.template} kernel {self.path.parent.name} does not take B's lo parts")
         kernel = self
-        out_dt = _torch_dtype(self.spec.out_dtype or self.spec.dtype)
+        out_dt = torch_dtype(self.spec.out_dtype or self.spec.dtype)
 
         def fake(a, b):
             if a.dim() == 3 or b.dim() == 3:

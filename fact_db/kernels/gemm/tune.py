@@ -28,12 +28,14 @@ from dataclasses import asdict, dataclass, field
 from fact_db.kernels import build as build_mod, template
 from fact_db.core import toolchain
 from fact_db.core.errors import FactError
-from fact_db.store.registry import canonical_gpu, config_hash
-from fact_db.kernels.gemm.workload import ELEMENT_BYTES, GemmWorkload
+from fact_db.store.registry import config_hash
+from fact_db.core.device import DEVICES, EPILOGUE_SMEM, device
+from fact_db.core.policy import ELEMENT_BYTES
+from fact_db.kernels.abi import current_gpu  # noqa: F401  (tune() and the CLI ask it)
+from fact_db.kernels.gemm.workload import GemmWorkload
 
-SM90 = {"sms": 132, "smem": 227 * 1024, "epilogue_smem": 32 * 1024}
-PEAK_TFLOPS = {"h100": {"bf16": 790.0, "tf32": 400.0, "fp32": 51.0}, "h200": {"bf16": 790.0, "tf32": 400.0, "fp32": 51.0}}
-BANDWIDTH = {"h100": 3.0e12, "h200": 4.3e12}
+# The sm90 limits candidates are pruned by (the device table's H100/H200 entry).
+SM90 = {"sms": DEVICES["h100"].sms, "smem": DEVICES["h100"].smem, "epilogue_smem": EPILOGUE_SMEM}
 
 # The rule a GEMM workload belongs to, by epilogue (and, for `none`, by shape).
 RULE_FOR_EPILOGUE = {"bias": "gemm-bias", "bias_relu": "gemm-bias-relu", "bias_gelu": "gemm-bias-gelu",
@@ -158,7 +160,8 @@ def predict_ms(w: GemmWorkload, tm: int, tn: int, schedule: str, scheduler: str,
     """A rough time for ranking: the policy's math peak, scaled by wave quantization, padding
     waste and the tile's arithmetic intensity, or the memory floor if that is larger, plus
     any pass before the kernel (fp32tc `presplit`'s)."""
-    peaks = PEAK_TFLOPS.get(gpu, PEAK_TFLOPS["h100"])
+    dev = device(gpu)
+    peaks = dev.tflops
     peak = peaks["bf16"] if w.dtype != "float32" else peaks["tf32"]
     split3 = w.policy in ("tf32x3", "fp32")
     flops = w.flops * (3 if split3 else 1)
@@ -176,7 +179,7 @@ def predict_ms(w: GemmWorkload, tm: int, tn: int, schedule: str, scheduler: str,
     if tmpl == "gemm_fp32tc_sm90" and transform != "presplit":
         tile_eff *= 0.85  # the in-mainloop transform shares shared memory's bandwidth with the wgmma
     t_math = flops * waste / (peak * 1e12 * util * tile_eff)
-    bw = BANDWIDTH.get(gpu, 3.0e12)
+    bw = dev.bandwidth
     nbytes = w.min_bytes
     if tmpl == "gemm_tf32x3_sm90":  # the split pass reads A and B once and writes them twice
         nbytes += 3 * 4 * (w.m * w.k + w.k * w.n) * w.batch
@@ -396,19 +399,6 @@ def rule_space(rule: str, rules=None) -> tuple[dict, list[str]]:
     except KeyError:
         return (dict(rules.get("gemm").realize.get("params", {})),
                 [f"no rule '{rule}': using the default GEMM parameter space"])
-
-
-def current_gpu() -> tuple[str, str]:
-    """(canonical short name, full device name) of the current CUDA device; TuneError if none."""
-    import torch
-    if not torch.cuda.is_available():
-        raise TuneError("no CUDA GPU is visible: `tune` and `realize` time kernels on a GPU; use --compile-only "
-                        "to render and build them here")
-    name = torch.cuda.get_device_name()
-    major, minor = torch.cuda.get_device_capability()
-    if (major, minor) != (9, 0):
-        raise TuneError(f"{name} is sm_{major}{minor}: fact-db tunes sm90a (H100, H200) kernels; supported arch: sm90a")
-    return canonical_gpu(name), name
 
 
 def _spec(w: GemmWorkload, c: Candidate) -> dict:

@@ -8,19 +8,13 @@ float64 reference, and the eager PyTorch implementation under the same policy.
 """
 from __future__ import annotations
 
-import contextlib
 import re
 from dataclasses import asdict, dataclass, replace
 
 from fact_db.core.errors import FactError
+from fact_db.core.policy import DTYPE_ALIASES, ELEMENT_BYTES, POLICIES, POLICY_DTYPE, policy_mode
 
-POLICIES = ("fp32", "tf32x3", "tf32", "bf16", "fp16")
 EPILOGUES = ("none", "bias", "bias_relu", "bias_gelu", "bias_gelu_tanh", "bias_silu", "residual")
-POLICY_DTYPE = {"fp32": "float32", "tf32x3": "float32", "tf32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "f32": "float32", "float32": "float32",
-                 "fp16": "float16", "half": "float16", "f16": "float16", "float16": "float16",
-                 "bf16": "bfloat16", "bfloat16": "bfloat16"}
-ELEMENT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
 class WorkloadError(FactError):
@@ -184,21 +178,3 @@ def activation(epilogue: str):
     import torch.nn.functional as F
     return {"bias": lambda t: t, "bias_relu": F.relu, "bias_gelu": F.gelu,
             "bias_gelu_tanh": lambda t: F.gelu(t, approximate="tanh"), "bias_silu": F.silu}.get(epilogue)
-
-
-@contextlib.contextmanager
-def policy_mode(policy: str):
-    """torch's matmul precision set for `policy` (fp32 and tf32x3: IEEE fp32; tf32: TF32).
-    Flags that already match are only read: a composed module enters this on every call."""
-    import torch
-    mm, dnn = torch.backends.cuda.matmul, torch.backends.cudnn
-    old = (mm.allow_tf32, dnn.allow_tf32)
-    tf32 = policy == "tf32"
-    if old == (tf32, tf32):
-        yield
-        return
-    mm.allow_tf32 = dnn.allow_tf32 = tf32
-    try:
-        yield
-    finally:
-        mm.allow_tf32, dnn.allow_tf32 = old

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from fact_db.core.errors import FactError
-from fact_db.kernels.gemm.kernel import _raw_stream, launch_status
+from fact_db.kernels.abi import launch_status, raw_stream
 from fact_db.kernels.ops import factdb_op
 
 TEMPLATE = "add_norm"
@@ -224,7 +224,7 @@ class NormKernel:
         s = (torch.empty_like(x2) if sum_out is None else sum_out.view(-1, w.width)) if w.write_sum else None
         ptr = lambda t: t.data_ptr() if t is not None else None  # noqa: E731
         rc = self._launch(ptr(x2), ptr(r2), ptr(wt), ptr(b), ptr(y), ptr(s), x2.shape[0], w.width, w.eps,
-                          _raw_stream(x.device))
+                          raw_stream(x.device))
         if rc != 0:
             what = launch_status(rc, STATUS)
             raise NormError(f"norm kernel {self.path.parent.name} refused or failed the launch: {what} "

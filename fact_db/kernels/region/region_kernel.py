@@ -44,12 +44,13 @@ import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from fact_db.core.policy import POLICY_DTYPE
+from fact_db.kernels.abi import KernelError, launch_status, raw_stream
 from fact_db.core.errors import FactError
 from fact_db.kernels.ops import factdb_op
 
 ENTRY = "fact_region_launch"
 TEMPLATE = "llm_region"  # the build cache's name for these sources (no template file: the model wrote it)
-POLICY_DTYPE = {"fp32": "float32", "tf32": "float32", "tf32x3": "float32", "bf16": "bfloat16", "fp16": "float16"}
 C_TYPE = {"float32": "float", "bfloat16": "__nv_bfloat16", "float16": "__half"}
 
 ABI = """extern "C" int fact_region_launch(
@@ -214,7 +215,7 @@ class RegionSpec:
     def digest(self, arch: str, gpu: str) -> str:
         """The registry key: the ops with their constant arguments, the input shapes, dtype,
         policy, arch and GPU (node names do not count: the same region elsewhere is the same key)."""
-        from fact_db.store.registry import canonical_gpu
+        from fact_db.core.device import canonical_gpu
         rename = {x["name"]: f"in{i}" for i, x in enumerate(self.inputs)}
         rename.update({o["name"]: f"op{i}" for i, o in enumerate(self.ops)})
 
@@ -312,7 +313,6 @@ class RegionKernel:
     """A built region kernel: `k(inputs, out)` launches it on tensors in ABI order."""
 
     def __init__(self, path: str | Path, spec: RegionSpec, build_key: str = ""):
-        from fact_db.kernels.gemm.kernel import KernelError
         self.path, self.spec, self.build_key = Path(path), spec, build_key
         self._op = None
         try:
@@ -326,7 +326,6 @@ class RegionKernel:
         self._fn.restype = ctypes.c_int
 
     def __call__(self, inputs: list, out):
-        from fact_db.kernels.gemm.kernel import KernelError, _raw_stream, launch_status
         n = len(inputs)
         i64 = ctypes.c_int64
         shapes = [(i64 * max(t.dim(), 1))(*t.shape) for t in inputs]
@@ -336,7 +335,7 @@ class RegionKernel:
         st = (ctypes.POINTER(i64) * n)(*[ctypes.cast(s, ctypes.POINTER(i64)) for s in strides])
         ranks = (ctypes.c_int * n)(*[t.dim() for t in inputs])
         oshape = (i64 * max(out.dim(), 1))(*out.shape)
-        rc = self._fn(ptrs, sp, st, ranks, n, out.data_ptr(), oshape, out.dim(), _raw_stream(out.device))
+        rc = self._fn(ptrs, sp, st, ranks, n, out.data_ptr(), oshape, out.dim(), raw_stream(out.device))
         if rc != 0:
             what = launch_status(rc, {})
             raise KernelError(f"region kernel {self.path.parent.name} refused or failed the launch: {what}")
@@ -360,7 +359,6 @@ class RegionKernel:
             return self._op
         import torch
 
-        from fact_db.kernels.gemm.kernel import KernelError
         kernel, spec = self, self.spec
         shapes = [list(x["shape"]) for x in spec.inputs]
         out_shape, out_dt = list(spec.out_shape), getattr(torch, spec.dtype)

@@ -1,0 +1,90 @@
+"""The kernel-family protocol: what the realizer, the worker and the artifact loader need of a
+family of kernels (GEMM, attention, norms, the agent's region kernels; convolutions next).
+
+Each family is a module `fact_db/kernels/<family>/family.py` that provides the names below;
+`fact_db.kernels.families` lists them, and is the one place that imports every family, so no
+stage switches on family types itself. Families never import each other or the registry
+class: what they need of a registry is the object passed in.
+
+    NAME        the family's name: the registry family and its Impl kind ("gemm")
+    IMPLS       the Impl kinds it loads from an artifact ("attention", "sdpa")
+    JOBS        the worker job kinds it runs ("cutlass", "eager")
+
+    workload(region, graph, policy) -> (workload, note) | None
+        the family's workload for a discovered region, (None, why) where the region is the
+        family's but cannot be realized, None where it is not the family's
+    owns(workload) -> bool
+    answer(registry, workload, arch, gpu) -> (state, measured ms)
+        what the registry holds: hit, near (D), stale or miss
+    prebuild(workloads, ctx)
+        compile every candidate of these workloads in one parallel batch (before tuning)
+    realize(workload, ctx) -> Outcome
+        registry first, then tuning (unless ctx.over_budget()), into how the region runs
+    run_job(job, cache) -> dict
+        verify and time one candidate in the worker process
+    load(path, record) -> Impl
+        a built library at `path` as the Impl an artifact recorded
+    reverify(path, impl, record) -> (ok, why)
+        the family's own check of a rebuilt library, in this process
+    library(record) -> Impl | None
+        a library path (cuBLAS, an SDPA backend) an artifact recorded, or None
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+
+@dataclass
+class Context:
+    """What realizing a workload may use: where, with what budget, and the test hooks.
+
+    `hooks` replaces GPU steps on the CPU in tests: "runner" (the GEMM tuner's jobs),
+    "attention" (`w -> (rows, best)`), "norm" (`w -> (trials, best, how)`), "norm_impl"
+    (`(w, best) -> Impl`)."""
+
+    arch: str = "sm90a"
+    gpu: str | None = None
+    registry: Any = None
+    max_candidates: int = 24
+    gpus: list | None = None
+    force: bool = False
+    progress: bool = False
+    over_budget: Callable[[], bool] = lambda: False
+    hooks: dict = field(default_factory=dict)
+
+    @property
+    def gpu_name(self) -> str:
+        return self.gpu or "h100"
+
+
+@dataclass
+class Outcome:
+    """How a realized workload runs, and what was measured on the way."""
+
+    impl: Any                      # kernels.impl.Impl
+    how: str = "tuned"             # registry | tuned | eager | skipped
+    eager_ms: float | None = None
+    ms: float | None = None
+    err: float | None = None
+    eager_err: float | None = None
+    notes: list = field(default_factory=list)
+    tune: Any = None               # the family's own result (the GEMM tuner's TuneResult)
+
+
+class Family(Protocol):
+    """A family module, as the stages see it (see the module docstring)."""
+
+    NAME: str
+    IMPLS: tuple
+    JOBS: tuple
+
+    def workload(self, region, graph, policy: str): ...
+    def owns(self, workload) -> bool: ...
+    def answer(self, registry, workload, arch: str, gpu: str) -> tuple: ...
+    def prebuild(self, workloads: list, ctx: Context) -> None: ...
+    def realize(self, workload, ctx: Context) -> Outcome: ...
+    def run_job(self, job: dict, cache: dict) -> dict: ...
+    def load(self, path, record: dict): ...
+    def reverify(self, path, impl, record: dict) -> tuple: ...
+    def library(self, record: dict): ...
