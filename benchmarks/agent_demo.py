@@ -6,7 +6,7 @@ loopback answers after the gemm-bias-relu rule is removed from a copy of the shi
           against float64 and stored in a fresh registry; a second run makes no call.
   kernel: it proposes a CUDA source for a Linear -> ReLU region (by default
           tests/data/agent/linear_relu_tiled.cu at 262144x16 -> 64, a memory-bound GEMM where
-          fusing the ReLU saves a pass over the output; the region ABI of fact_db/kernels/region/region_kernel.py);
+          fusing the ReLU saves a pass over the output; the region ABI of fact_db/kernels/region/);
           the source policy is checked, nvcc builds it in the worker subprocess, the worker
           verifies it against the region's ATen ops in float64 and times it against eager;
           a winner is stored (region_kernels, provenance llm, with its source) and a second run

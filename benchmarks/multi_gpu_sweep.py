@@ -48,7 +48,7 @@ def sweep(policy: str, n: int, gpus: list[int], reg_mod, tune_mod, workload) -> 
 
 
 def same_candidate_on_each_gpu(so: str, tmpl: str, spec: dict, options, workload, gpus: list[int]) -> dict:
-    from fact_db.kernels.worker import WorkerPool
+    from fact_db.kernels.pool import WorkerPool
     out = {}
     for g in gpus:
         job = {"id": 0, "kind": "cutlass", "so": so, "template": tmpl, "spec": spec, "options": options,
@@ -62,7 +62,7 @@ def same_candidate_on_each_gpu(so: str, tmpl: str, spec: dict, options, workload
 
 
 def fault_isolation(gpus: list[int]) -> dict:
-    from fact_db.kernels.worker import WorkerPool
+    from fact_db.kernels.pool import WorkerPool
     from fact_db.kernels.gemm.workload import GemmWorkload
     data = HERE.parent / "tests" / "data" / "broken_gemm.cu"
     so = Path(tempfile.mkdtemp()) / "fault.so"
@@ -106,7 +106,7 @@ def main() -> int:
     # Both pools started before anything is timed: each GPU's worker imports torch and makes its
     # CUDA context once per process (tune shares the pool across calls), so the comparison is of
     # verification and timing spread over GPUs, not of start-up.
-    from fact_db.kernels.worker import shared_pool
+    from fact_db.kernels.pool import shared_pool
     t0 = time.perf_counter()
     shared_pool([0], 120.0).warm()
     shared_pool(gpus, 120.0).warm()
@@ -131,7 +131,7 @@ def main() -> int:
             win = min(kernels, key=lambda t: t.time_ms)
             c = win.candidate
             doc["checks"]["same_candidate"] = {"label": c.label, **same_candidate_on_each_gpu(
-                win.so, c.template, tune_mod._spec(w, c), list(c.options) if c.options else None, w, gpus)}
+                win.so, c.template, tune_mod.spec_of(w, c), list(c.options) if c.options else None, w, gpus)}
     doc["checks"]["fault_isolation"] = fault_isolation(gpus)
     pinned = all(t["gpu"] in {str(g) for g in gpus} for s in doc["sweeps"] for t in s["all_gpus"]["trials"]
                  if t["status"] != "compile_error")

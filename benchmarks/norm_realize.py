@@ -26,8 +26,8 @@ sys.path.insert(0, str(ROOT))
 
 from _provenance import commit  # noqa: E402  (benchmarks/ is on sys.path)
 
-from fact_db.kernels.norm import norm  # noqa: E402
-from fact_db.kernels.norm.norm import NormWorkload  # noqa: E402
+from fact_db.kernels.norm import kernel as norm_kernel, tune as norm_tune, workload as norm_workload  # noqa: E402
+from fact_db.kernels.norm.workload import NormWorkload  # noqa: E402
 
 MINGPT_ROWS, LLAMA_ROWS = 128 * 512, 16 * 1024
 
@@ -67,9 +67,9 @@ def main() -> int:
     gpu, device_name = current_gpu()
     limit = args.candidates or (6 if args.quick else 12)
     ws = workloads(args.quick)
-    cands = {w: norm.candidates(w, limit) for w in ws}
+    cands = {w: norm_tune.candidates(w, limit) for w in ws}
     t0 = time.perf_counter()
-    sources = [(w, c, build.Source(norm.TEMPLATE, norm.render(w, c), "sm90a")) for w in ws for c in cands[w]]
+    sources = [(w, c, build.Source(norm_workload.TEMPLATE, norm_tune.render(w, c), "sm90a")) for w in ws for c in cands[w]]
     res = build.build([s for _, _, s in sources], jobs=args.jobs, progress=False)
     built = {(w, c): b for (w, c, _), b in zip(sources, res)}
     compile_s = time.perf_counter() - t0
@@ -79,7 +79,7 @@ def main() -> int:
     out = Path(args.out) if args.out else ROOT / "benchmarks" / "results" / f"{gpu}-{date}-norm.json"
     rows = []
     for w in ws:
-        trials = norm.tune_norm(w, cands[w], built={c: built[(w, c)] for c in cands[w]},
+        trials = norm_tune.tune_norm(w, cands[w], built={c: built[(w, c)] for c in cands[w]},
                                 in_process=args.in_process, progress=False)
         eager = next((t for t in trials if t.label == "eager"), None)
         best = next((t for t in trials if t.status == "ok" and t.label != "eager"), None)

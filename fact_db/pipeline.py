@@ -559,7 +559,8 @@ def _variant_factory(model_p, policy: str, registry, realized, info, split_weigh
             return None, "no registry to look the new shapes up in"
         from fact_db.composition.compose import cast_floats, policy_dtype, rewrite
         from fact_db.discovery.discover import discover
-        from fact_db.realization.realize import gemm_impl, plan
+        from fact_db.kernels.gemm.family import impl_of as gemm_impl
+        from fact_db.realization.realize import plan
         from fact_db.kernels.gemm.tune import from_registry
         dt = policy_dtype(policy)
         xs = cast_floats(tuple(args), dt) if dt else tuple(args)

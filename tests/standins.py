@@ -3,7 +3,7 @@
 A stand-in op has the exact signature and semantics of a kernel op -- GEMM family
 (`(a, b, bias, c, alpha, beta) -> epilogue(alpha * a @ b + beta * c + bias)`, see
 fact_db/kernels/gemm/kernel.py), attention (`(q, k, v, scale, causal) -> o`) or residual add + norm
-(`(x, r, weight, bias) -> (y, s)`, see fact_db/kernels/norm/norm.py) -- and counts its calls, so a
+(`(x, r, weight, bias) -> (y, s)`, see fact_db/kernels/norm/) -- and counts its calls, so a
 test can check both that the composed module computes the model's function and that the
 kernel op really ran.
 """
@@ -100,7 +100,7 @@ def attention_op():
 
 def norm_op(kind: str = "layernorm", eps: float = 1e-5):
     """torch.ops.factdb_test.norm_<kind>_<eps>(x, r, weight, bias) -> (y, s): a stand-in for an
-    add_norm kernel op (fact_db/kernels/norm/norm.py), y = norm(x + r), s = x + r (empty without r), counted."""
+    add_norm kernel op (fact_db/kernels/norm/), y = norm(x + r), s = x + r (empty without r), counted."""
     name = f"norm_{kind}_{format(eps, 'g').replace('.', 'p').replace('-', 'm')}"
     if name in _OPS:
         return _OPS[name]
@@ -125,7 +125,7 @@ def norm_op(kind: str = "layernorm", eps: float = 1e-5):
 
 def region_op(spec):
     """torch.ops.factdb_test.region_<hash>([inputs]) -> out: a stand-in for an agent's region
-    kernel (fact_db/kernels/region/region_kernel.py), the RegionSpec's own ops at its dtype, counted."""
+    kernel (fact_db/kernels/region/), the RegionSpec's own ops at its dtype, counted."""
     import hashlib
     import json
     key = "region_" + hashlib.sha256(json.dumps(spec.as_dict(), sort_keys=True).encode()).hexdigest()[:12]

@@ -1,4 +1,4 @@
-"""Kernel proposals through the real pipeline (fact_db/kernels/region/region_kernel.py), against the loopback
+"""Kernel proposals through the real pipeline (fact_db/kernels/region/), against the loopback
 chat-completions server: the source policy, a compile in the worker subprocess (real nvcc where
 marked), verification and timing (injected through the pipeline's `runner`, as the tuner's
 tests inject the GPU steps, or "needs a GPU" where none is present), and the registry row with
@@ -16,7 +16,8 @@ from fact_db.realization.agent import Agent
 from fact_db.realization.asks import asks, region_spec
 from fact_db.discovery.discover import discover
 from fact_db.realization.llm import LLM, Config
-from fact_db.kernels.region.region_kernel import ABI, RegionSpec, check_source
+from fact_db.kernels.region.source import ABI, check_source
+from fact_db.kernels.region.spec import RegionSpec
 from fact_db.store.registry import Registry
 from fact_db.discovery.rules import load_rules
 from agent_env import LinearRelu, without_relu_rule
@@ -391,7 +392,8 @@ def test_a_region_kernel_for_other_shapes_is_not_used(env):
 def test_the_region_kernel_op_on_the_gpu_eager_compiled_and_graphed(env, source):
     """The real kernels (tests/data/agent/linear_relu_<source>.cu) compiled in the worker, as a
     custom op: the module's answer, under torch.compile(fullgraph=True), in a CUDA graph."""
-    from fact_db.kernels.region.region_kernel import Pipeline, RegionKernel
+    from fact_db.kernels.region.pipeline import Pipeline
+    from fact_db.kernels.region.kernel import RegionKernel
     rules = load_rules()
     m = LinearRelu().cuda()
     x = torch.randn(8, 64, device="cuda")

@@ -183,8 +183,9 @@ def test_run_job_reports_a_kernel_that_refuses_the_launch(monkeypatch):
 
 
 def test_realize_maps_a_kernel_winner_to_its_op(monkeypatch):
+    from fact_db.kernels.attention import family
     from fact_db.kernels.attention import kernel as attention_kernel
-    from fact_db.realization import realize
+    from fact_db.kernels.family import Context
     w = W()
     trials = [at.AttnTrial("sdpa-flash", "library", "ok", 2.0, 0.01),
               at.AttnTrial("fmha q128 k64 hd64 coop", "kernel", "ok", 1.0, 0.01, template="fmha_sm90",
@@ -200,10 +201,10 @@ def test_realize_maps_a_kernel_winner_to_its_op(monkeypatch):
         def as_op(self):
             return "the-op"
     monkeypatch.setattr(attention_kernel, "AttentionKernel", K)
-    rows, best = realize.tune_attention(w)
+    rows, best = family.tune_rows(w, Context())
     assert best["label"] == "fmha q128 k64 hd64 coop" and best["so"] == "/x/kernel.so"
     assert [r["kind"] for r in rows] == ["attention", "kernel", "eager", "note"]
-    impl = realize._attention_impl(best)
+    impl = family.impl_of(best)
     assert impl.kind == "attention" and impl.op == "the-op"
     assert impl.record["op"] == "factdb::attn_test" and impl.record["build_key"] == "bk"
     assert "/x/" not in impl.record["op"]

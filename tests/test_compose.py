@@ -313,6 +313,22 @@ def _optimize(tmp_path, **kw):
     return model, x, fast
 
 
+def test_fact_db_optimize_is_the_function_on_every_read_and_call(tmp_path):
+    """`fact_db.optimize` was the function on its first read and the module of that name after
+    it, so the README's own call failed the second time. Now every read is the function, and
+    two calls in a row both return a composed module."""
+    import fact_db
+    first, second = fact_db.optimize, fact_db.optimize
+    assert first is second and callable(first) and first.__module__ == "fact_db.pipeline"
+    model = _mingpt()
+    x = torch.rand(2, 16, 64)
+    for run in (1, 2):
+        fast = fact_db.optimize(model, (x,), policy="fp32", realizer=standin_realizer(), timer=lambda fn, xs: 1.0,
+                                peers=(), out=tmp_path / f"art{run}", progress=False)
+        assert torch.allclose(fast(x), model(x), atol=1e-5) and fast.report.verification.ok
+    assert callable(fact_db.optimize) and callable(fact_db.discover) and callable(fact_db.plan)
+
+
 def test_optimize_end_to_end_with_stand_ins(tmp_path):
     model, x, fast = _optimize(tmp_path)
     r = fast.report
@@ -394,9 +410,9 @@ def test_artifact_kernels_run_eager_without_an_sm90_gpu(tmp_path):
 
 def _norm_realizer(kernel_files: Path | None = None):
     """The stand-in realizer with the LayerNorm regions realized too, as realize does
-    (fact_db.realization.realize.norm_workload); `kernel_files`: a directory whose kernel.so / kernel.cu
+    (fact_db.kernels.norm.family.workload); `kernel_files`: a directory whose kernel.so / kernel.cu
     the norm regions claim as their built library, so the artifact saves them."""
-    from fact_db.realization.realize import norm_workload
+    from fact_db.kernels.norm.family import workload as norm_workload
 
     def realize(disc, policy):
         out = standin_realizer()(disc, policy)
@@ -739,7 +755,7 @@ def test_a_scale_that_does_not_commute_with_the_activation_stays_eager(form, rul
 def _library_realizer():
     from types import SimpleNamespace
 
-    from fact_db.realization.realize import gemm_impl
+    from fact_db.kernels.gemm.family import impl_of as gemm_impl
 
     def realize(disc, policy):
         out = []

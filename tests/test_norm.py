@@ -6,8 +6,10 @@ import re
 import pytest
 import torch
 
-from fact_db.kernels.norm import norm
-from fact_db.kernels.norm.norm import NormCandidate, NormError, NormWorkload
+from fact_db.kernels.norm import family as norm_family
+from fact_db.kernels.norm import tune as norm_tune
+from fact_db.kernels.norm.tune import NormCandidate
+from fact_db.kernels.norm.workload import NormError, NormWorkload
 
 
 def test_reference_matches_eager_in_float64_and_keeps_the_sum_rounding():
@@ -54,10 +56,10 @@ def test_key_string_names_every_field():
                                          ("float32", 4096), ("float16", 100)])
 def test_candidates_are_valid_and_distinct(dtype, width):
     w = NormWorkload("layernorm", 1024, width, residual=True, dtype=dtype)
-    cands = norm.candidates(w)
+    cands = norm_tune.candidates(w)
     assert cands and len(set(cands)) == len(cands) and len(cands) <= 12
     for c in cands:
-        assert norm.valid(w, c)
+        assert norm_tune.valid(w, c)
         assert width % c.vec == 0
         assert 64 <= c.threads * c.rows_per_cta <= 512
     size = 4 if dtype == "float32" else 2
@@ -66,22 +68,22 @@ def test_candidates_are_valid_and_distinct(dtype, width):
 
 def test_valid_refuses_what_the_template_static_asserts():
     w = NormWorkload("layernorm", 64, 768)
-    assert not norm.valid(w, NormCandidate(48, 4, 1))    # not a power of two below 32, not a multiple of 32
-    assert not norm.valid(w, NormCandidate(32, 8, 1))    # 32-byte fp32 vectors
-    assert not norm.valid(w, NormCandidate(512, 4, 4))   # 2048 threads
-    assert not norm.valid(w, NormCandidate(1, 1, 1))     # 768 values in one thread's registers
-    assert norm.valid(w, NormCandidate(64, 4, 2))
+    assert not norm_tune.valid(w, NormCandidate(48, 4, 1))    # not a power of two below 32, not a multiple of 32
+    assert not norm_tune.valid(w, NormCandidate(32, 8, 1))    # 32-byte fp32 vectors
+    assert not norm_tune.valid(w, NormCandidate(512, 4, 4))   # 2048 threads
+    assert not norm_tune.valid(w, NormCandidate(1, 1, 1))     # 768 values in one thread's registers
+    assert norm_tune.valid(w, NormCandidate(64, 4, 2))
 
 
 def test_render_sets_the_parameters_and_exports_the_c_abi():
     w = NormWorkload("layernorm", 128, 768, residual=True, write_sum=True, dtype="bfloat16", policy="bf16")
-    src = norm.render(w, NormCandidate(32, 8, 4))
+    src = norm_tune.render(w, NormCandidate(32, 8, 4))
     assert 'extern "C"' in src and re.search(r"\bint fact_add_norm_launch\(", src)
     assert "using T = __nv_bfloat16;" in src
     for line in ("kWidth = 768;", "kThreads = 32;", "kVec = 8;", "kRows = 4;", "kResidual = true;",
                  "kWriteSum = true;", "kLayerNorm = true;", "kBias = true;"):
         assert line in src, line
-    src2 = norm.render(NormWorkload("rmsnorm", 8, 4096), NormCandidate(256, 4, 1))
+    src2 = norm_tune.render(NormWorkload("rmsnorm", 8, 4096), NormCandidate(256, 4, 1))
     assert "kLayerNorm = false;" in src2 and "kResidual = false;" in src2 and "kBias = false;" in src2
 
 
@@ -134,29 +136,29 @@ def test_registry_round_trip_of_a_norm_winner_and_stale_source():
     from fact_db.store.registry import Registry
     w = NormWorkload("layernorm", 65536, 768, residual=True, write_sum=True, policy="fp32")
     c = NormCandidate(64, 4, 2)
-    trials = [norm.NormTrial("t64v4r2", "ok", 0.05, 1e-7, candidate=c),
-              norm.NormTrial("eager", "ok", 0.08, 2e-7),
-              norm.NormTrial("t32v4r1", "verify_failed", error="y error 1 > bound")]
+    trials = [norm_tune.NormTrial("t64v4r2", "ok", 0.05, 1e-7, candidate=c),
+              norm_tune.NormTrial("eager", "ok", 0.08, 2e-7),
+              norm_tune.NormTrial("t32v4r1", "verify_failed", error="y error 1 > bound")]
     with Registry.open("memory") as reg:
-        assert norm.from_registry(w, reg, gpu="h100") is None
-        best = norm.record(w, trials, reg, gpu="h100", device_name="NVIDIA H100")
+        assert norm_tune.from_registry(w, reg, gpu="h100") is None
+        best = norm_tune.record(w, trials, reg, gpu="h100", device_name="NVIDIA H100")
         assert best.label == "t64v4r2"
-        got = norm.from_registry(w, reg, gpu="h100")
+        got = norm_tune.from_registry(w, reg, gpu="h100")
         assert got.candidate == c and got.time_ms == 0.05
         row = reg.norm_get(w, "sm90a", "h100")
         assert row["eager_ms"] == 0.08 and row["template"] == "add_norm"
         # another key (no sum output) is another row
-        assert norm.from_registry(NormWorkload("layernorm", 65536, 768, residual=True, policy="fp32"), reg,
+        assert norm_tune.from_registry(NormWorkload("layernorm", 65536, 768, residual=True, policy="fp32"), reg,
                                   gpu="h100") is None
         # eager winning is recorded as eager
         w2 = NormWorkload("rmsnorm", 8, 64)
-        norm.record(w2, [norm.NormTrial("eager", "ok", 0.01, 0.0)], reg, gpu="h100")
-        assert norm.from_registry(w2, reg, gpu="h100").candidate is None
+        norm_tune.record(w2, [norm_tune.NormTrial("eager", "ok", 0.01, 0.0)], reg, gpu="h100")
+        assert norm_tune.from_registry(w2, reg, gpu="h100").candidate is None
         # a changed template source makes the kernel row stale
         with reg.db.begin() as conn:
             import sqlalchemy as sa
             conn.execute(sa.text("UPDATE norm_kernels SET source_hash = 'old' WHERE kind = 'layernorm'"))
-        assert norm.from_registry(w, reg, gpu="h100") is None
+        assert norm_tune.from_registry(w, reg, gpu="h100") is None
 
 
 _NORM_CALLS = []
@@ -213,47 +215,44 @@ class _Norms(torch.nn.Module):
 
 def _norm_trials(w):
     c = NormCandidate(32, 4, 1)
-    kernel = norm.NormTrial("t32v4r1", "ok", 0.02, 1e-7, 1e-7, candidate=c, so="/x/kernel.so", build_key="bk")
-    return [kernel, norm.NormTrial("eager", "ok", 0.05, 1e-7, 1e-7)], kernel, "tuned"
+    kernel = norm_tune.NormTrial("t32v4r1", "ok", 0.02, 1e-7, 1e-7, candidate=c, so="/x/kernel.so", build_key="bk")
+    return [kernel, norm_tune.NormTrial("eager", "ok", 0.05, 1e-7, 1e-7)], kernel, "tuned"
 
 
 def _standin_norm_impl(w, best):
     """realize's own Impl for an eager winner or none; a stand-in op for a kernel winner."""
     import standins
     from fact_db.kernels.impl import Impl
-    from fact_db.realization.realize import _norm_impl
     if best is None or best.candidate is None:
-        return _norm_impl(w, best)
+        return norm_family.impl_of(w, best)
     return Impl("norm", f"stand-in {best.label}", standins.norm_op(w.kind, w.eps),
                 {"standin": f"norm:{w.kind}:{w.eps!r}", "workload": w.as_dict(), "template": "add_norm"})
 
 
 def test_norm_regions_get_workloads_from_what_discovery_kept():
-    from fact_db.realization.realize import norm_workload
     rep = _analyse(_Norms(), torch.randn(2, 8, 64), torch.randn(2, 8, 64))
     by_rule = {r.rule: r for r in rep.regions}
     assert set(by_rule) == {"layernorm", "add-layernorm", "rmsnorm"}
-    got = {rule: norm_workload(r, rep.graph, "fp32") for rule, r in by_rule.items()}
+    got = {rule: norm_family.workload(r, rep.graph, "fp32") for rule, r in by_rule.items()}
     assert got["layernorm"] == (NormWorkload("layernorm", 16, 64, eps=1e-5), "")
     assert got["add-layernorm"] == (NormWorkload("layernorm", 16, 64, residual=True, write_sum=True, eps=1e-6), "")
     assert got["rmsnorm"] == (NormWorkload("rmsnorm", 16, 64, eps=1e-6, has_bias=False), "")
     # a half policy runs the model in that dtype, so its norms are keyed in it
-    assert norm_workload(by_rule["layernorm"], rep.graph, "bf16")[0].dtype == "bfloat16"
+    assert norm_family.workload(by_rule["layernorm"], rep.graph, "bf16")[0].dtype == "bfloat16"
 
 
 def test_a_norm_without_weight_or_constant_eps_stays_eager_with_the_reason():
-    from fact_db.realization.realize import norm_workload
 
     class NoAffine(torch.nn.Module):
         def forward(self, x):
             return torch.nn.functional.layer_norm(x, (x.shape[-1],))
     rep = _analyse(NoAffine(), torch.randn(4, 32))
     [r] = rep.regions
-    w, why = norm_workload(r, rep.graph, "fp32")
+    w, why = norm_family.workload(r, rep.graph, "fp32")
     assert w is None and "weightless" in why
     r.attrs["eps"] = "eps"
     r.operands["weight"] = r.operands["x"]
-    assert norm_workload(r, rep.graph, "fp32") == (None, "the norm's eps is not a constant")
+    assert norm_family.workload(r, rep.graph, "fp32") == (None, "the norm's eps is not a constant")
 
 
 def test_realize_regions_tunes_norm_regions_and_the_composed_model_computes_the_model():
@@ -279,13 +278,13 @@ def test_realize_regions_tunes_norm_regions_and_the_composed_model_computes_the_
 
 
 def test_norm_regions_ask_the_registry_and_a_spent_budget_skips_what_it_has_not():
-    from fact_db.realization.realize import norm_workload, realize_regions
+    from fact_db.realization.realize import realize_regions
     from fact_db.store.registry import Registry
     rep = _analyse(_Norms(), torch.randn(2, 8, 64), torch.randn(2, 8, 64))
     r_ln = next(r for r in rep.regions if r.rule == "layernorm")
-    w_ln = norm_workload(r_ln, rep.graph, "fp32")[0]
+    w_ln = norm_family.workload(r_ln, rep.graph, "fp32")[0]
     with Registry.open("memory") as reg:
-        norm.record(w_ln, [norm.NormTrial("eager", "ok", 0.01, 1e-7)], reg, gpu="h100")
+        norm_tune.record(w_ln, [norm_tune.NormTrial("eager", "ok", 0.01, 1e-7)], reg, gpu="h100")
         out = realize_regions(rep, "fp32", registry=reg, gpu="h100", plan_only=True, progress=False)
         assert {z.region.rule: z.registry for z in out} == {"layernorm": "hit", "add-layernorm": "miss",
                                                             "rmsnorm": "miss"}
@@ -301,21 +300,19 @@ def test_norm_regions_ask_the_registry_and_a_spent_budget_skips_what_it_has_not(
 
 
 def test_norm_impl_is_eager_when_eager_wins_or_nothing_verified():
-    from fact_db.realization.realize import _norm_impl
     w = NormWorkload("layernorm", 16, 64)
-    assert _norm_impl(w, None).kind == "eager" and "no norm candidate verified" in _norm_impl(w, None).note
-    e = _norm_impl(w, norm.NormTrial("eager", "ok", 0.01, 1e-7))
+    assert norm_family.impl_of(w, None).kind == "eager" and "no norm candidate verified" in norm_family.impl_of(w, None).note
+    e = norm_family.impl_of(w, norm_tune.NormTrial("eager", "ok", 0.01, 1e-7))
     assert e.kind == "eager" and "0.010 ms" in e.note
 
 
 def test_discovery_asks_the_registry_about_norm_regions_and_shows_the_measured_time():
     from fact_db.realization.realize import ask_registry
-    from fact_db.realization.realize import norm_workload
     from fact_db.store.registry import Registry
     rep = _analyse(_Norms(), torch.randn(2, 8, 64), torch.randn(2, 8, 64))
     r_ln = next(r for r in rep.regions if r.rule == "layernorm")
     with Registry.open("memory") as reg:
-        norm.record(norm_workload(r_ln, rep.graph, "fp32")[0], [norm.NormTrial("t32v4r1", "ok", 0.004, 1e-7,
+        norm_tune.record(norm_family.workload(r_ln, rep.graph, "fp32")[0], [norm_tune.NormTrial("t32v4r1", "ok", 0.004, 1e-7,
                     candidate=NormCandidate(32, 4, 1))], reg, gpu=rep.gpu)
         counts = ask_registry(rep, reg)
     assert counts == {"hit": 1, "miss": 2}

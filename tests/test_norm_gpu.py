@@ -9,8 +9,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fact_db.kernels.norm import norm
-from fact_db.kernels.norm.norm import NormCandidate, NormKernel, NormWorkload
+from fact_db.kernels.norm import tune as norm_tune
+from fact_db.kernels.norm import workload as norm_workload
+from fact_db.kernels.norm.tune import NormCandidate
+from fact_db.kernels.norm.kernel import NormKernel
+from fact_db.kernels.norm.workload import NormWorkload
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -33,7 +36,7 @@ def built():
     srcs, keys = [], []
     for w, cands in CASES:
         for c in cands:
-            srcs.append(build.Source(norm.TEMPLATE, norm.render(w, c), "sm90a"))
+            srcs.append(build.Source(norm_workload.TEMPLATE, norm_tune.render(w, c), "sm90a"))
             keys.append((w, c))
     res = build.build(srcs, jobs=16, progress=False)
     for b in res:
@@ -46,7 +49,7 @@ def test_candidates_verify_against_float64(built, i):
     w, cands = CASES[i]
     for c in cands:
         k = NormKernel(built[(w, c)].path, w, built[(w, c)].key)
-        ok, err, eager_err, reason = norm.verify(norm._runner(w, k), w, trials=4)
+        ok, err, eager_err, reason = norm_tune.verify(norm_tune._runner(w, k), w, trials=4)
         assert ok, f"{c.label}: {reason}"
         if w.dtype == "float32":
             assert err < 1e-6, err
@@ -64,7 +67,7 @@ def test_wrong_width_is_refused(built):
     w, cands = CASES[0]
     k = NormKernel(built[(w, cands[0])].path, w)
     x = torch.randn(4, 512, device="cuda")
-    with pytest.raises(norm.NormError, match="768"):
+    with pytest.raises(norm_workload.NormError, match="768"):
         k(x, x, torch.ones(512, device="cuda"), torch.zeros(512, device="cuda"))
 
 
@@ -87,7 +90,7 @@ def test_op_under_torch_compile_and_named_from_the_build_key(built, tmp_path):
 
 def test_tune_norm_has_eager_and_picks_a_verified_winner(built):
     w, cands = CASES[0]
-    trials = norm.tune_norm(w, cands, built={c: built[(w, c)] for c in cands}, progress=False)
+    trials = norm_tune.tune_norm(w, cands, built={c: built[(w, c)] for c in cands}, progress=False)
     labels = {t.label for t in trials}
     assert "eager" in labels and {c.label for c in cands} <= labels
     assert trials[0].status == "ok" and trials[0].time_ms > 0

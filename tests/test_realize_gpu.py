@@ -150,7 +150,7 @@ def test_custom_op_under_compile_and_cuda_graph():
 
 
 def test_worker_survives_a_faulting_and_a_hanging_kernel(tmp_path):
-    from fact_db.kernels.worker import WorkerPool
+    from fact_db.kernels.pool import WorkerPool
     sos = {}
     for name, flags in (("fault", []), ("hang", ["-DFACT_HANG"])):
         so = tmp_path / f"{name}.so"

@@ -123,7 +123,7 @@ def test_foreign_file_is_a_one_line_error(tmp_path):
 
 
 def _region_row(path, policy="fp32", gpu="h100"):
-    from fact_db.kernels.region.region_kernel import RegionSpec
+    from fact_db.kernels.region.spec import RegionSpec
     spec = RegionSpec(inputs=[{"name": "x", "kind": "input", "shape": [8, 64], "dtype": "float32"}],
                       ops=[{"name": "relu", "op": "aten.relu", "overload": "default", "args": [{"ref": "x"}],
                             "arg_names": ["self"]}], output="relu", out_shape=[8, 64], policy=policy,

@@ -21,7 +21,7 @@ from fact_db.cli.main import cli
 from fact_db.store.registry import Registry
 from fact_db.kernels.gemm.tune import candidates, kernel_layouts, rule_for, tune
 from fact_db.kernels.verify import bound_for, verify
-from fact_db.kernels.worker import WorkerPool
+from fact_db.kernels.pool import WorkerPool
 from fact_db.kernels.gemm.workload import GemmWorkload, WorkloadError, parse_shape
 
 SPACE = {"tile_m": [64, 128, 256], "tile_n": [64, 128, 256], "tile_k": [32, 64], "cluster_m": [1, 2],
@@ -440,13 +440,13 @@ def test_warm_pool_starts_every_worker_once_and_keeps_it(tmp_path):
 
 
 def test_shared_pool_is_one_pool_per_gpus_and_limit():
-    from fact_db.kernels import worker
+    from fact_db.kernels import pool as worker_pool
     try:
-        a, b = worker.shared_pool([0, 1], 30.0), worker.shared_pool([0, 1], 30.0)
-        assert a is b and worker.shared_pool([0], 30.0) is not a and worker.shared_pool([0, 1], 60.0) is not a
+        a, b = worker_pool.shared_pool([0, 1], 30.0), worker_pool.shared_pool([0, 1], 30.0)
+        assert a is b and worker_pool.shared_pool([0], 30.0) is not a and worker_pool.shared_pool([0, 1], 60.0) is not a
     finally:
-        worker.close_shared()
-    assert worker._SHARED == {}
+        worker_pool.close_shared()
+    assert worker_pool._SHARED == {}
 
 
 # --------------------------------------------------------------------------------------

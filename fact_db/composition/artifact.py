@@ -31,9 +31,11 @@ import types
 from datetime import datetime, timezone
 from pathlib import Path
 
+from fact_db.composition.report import clean, write_all
 from fact_db.core import paths
 from fact_db.core.errors import FactError, first_line
-from fact_db.composition.report import clean, write_all
+from fact_db.kernels import families
+from fact_db.kernels.impl import Impl
 
 FORMAT = 1
 
@@ -100,7 +102,7 @@ def save(directory: Path, fast, discovery, report, *, module=None, example_input
         for z in report.regions:
             entry = _region_entry(z)
             impl = entry["impl"]
-            if impl["kind"] in KERNEL_KINDS and impl.get("so"):  # a kernel: its library and source
+            if families.for_impl(impl["kind"]) is not None and impl.get("so"):  # a kernel: its library and source
                 so = Path(impl["so"])
                 key = impl["build_key"]
                 kdir = tmp / "kernels" / key
@@ -174,10 +176,8 @@ def _kernel_impl(directory: Path, entry: dict, gpu_now, cap_now, tc_now, made_on
     or norm): its saved library where it was built on this GPU with this toolchain and its
     hash matches; else rebuilt from its saved source (or its library kept) and verified again
     against float64 here; else eager."""
-    from fact_db.kernels.impl import Impl
     impl = entry["impl"]
-    kind = impl["kind"]
-    make, reverify = KERNEL_KINDS[kind]
+    fam = families.for_impl(impl["kind"])
     label = impl.get("label", "")
     if cap_now != "9.0":
         return Impl.eager(f"no sm90 GPU here ({gpu_now or 'none'})"), f"eager: no sm90 GPU here ({gpu_now or 'none'})"
@@ -187,7 +187,7 @@ def _kernel_impl(directory: Path, entry: dict, gpu_now, cap_now, tc_now, made_on
     src_ok = src is not None and src.is_file() and _sha(src) == impl.get("source_sha256")
     same = gpu_now == made_on.get("gpu") and all(tc_now.get(k) == made_with.get(k) for k in ("cutlass", "nvcc"))
     if so_ok and same:
-        return make(so, impl), "loaded"
+        return fam.load(so, impl), "loaded"
     why = ("built on " + str(made_on.get("gpu")) + " with nvcc " + str(made_with.get("nvcc"))) if not same else \
         "its library is missing or was changed"
     path = None
@@ -205,91 +205,14 @@ def _kernel_impl(directory: Path, entry: dict, gpu_now, cap_now, tc_now, made_on
         path, how = so, "kept its library"
     if path is None:
         return Impl.eager(f"{why}; {how}"), f"eager: {why}; {how}"
-    k_impl = make(path, impl)
+    k_impl = fam.load(path, impl)
     try:
-        ok, err = reverify(path, k_impl, impl)
+        ok, err = fam.reverify(path, k_impl, impl)
     except (KeyError, TypeError) as e:  # a manifest without what re-verification needs (an older format)
         ok, err = False, f"the manifest lacks the workload to verify it with ({e})"
     if not ok:
         return Impl.eager(f"{why}; {how}; re-verification failed: {err}"), f"eager: {why}; {how}; re-verification failed: {err}"
     return k_impl, f"{how} and re-verified ({why}){'; ' + label if label else ''}"
-
-
-def _record(impl: dict) -> dict:
-    return {x: impl[x] for x in impl if x not in ("kind", "label", "note")}
-
-
-def _gemm(path: Path, impl: dict):
-    from fact_db.kernels.impl import Impl
-    from fact_db.kernels.gemm.kernel import GemmKernel, GemmSpec
-    k = GemmKernel(path, impl["template"], GemmSpec(**impl["spec"]), tuple(impl.get("options") or ()) or None,
-                   build_key=impl["build_key"])
-    return Impl.gemm_kernel(k, impl.get("label", ""), _record(impl))
-
-
-def _reverify_gemm(path: Path, k_impl, impl: dict) -> tuple[bool, str]:
-    from fact_db.kernels.verify import verify
-    from fact_db.kernels.gemm.workload import GemmWorkload
-    key = impl.get("registry_key") or {}
-    w = GemmWorkload(key["m"], key["n"], key["k"], key.get("batch", 1), policy=key["policy"],
-                     layout_a=key["layout_a"], layout_b=key["layout_b"], epilogue=key["epilogue"])
-    op = k_impl.op
-
-    def run(inputs, out):
-        out.copy_(op(inputs["a"], inputs["b"], inputs.get("bias"), inputs.get("c"), 1.0, 1.0 if "c" in inputs else 0.0))
-    v = verify(run, w)
-    return v.ok, v.reason
-
-
-def _attention(path: Path, impl: dict):
-    from fact_db.kernels.attention.kernel import AttentionKernel
-    from fact_db.kernels.impl import Impl
-    k = AttentionKernel(path, impl["template"], build_key=impl["build_key"])
-    return Impl("attention", impl.get("label", ""), k.as_op(), _record(impl))
-
-
-def _reverify_attention(path: Path, k_impl, impl: dict) -> tuple[bool, str]:
-    """The attention tuner's own check (float64 reference, causal mask included), in this process."""
-    from fact_db.kernels.attention.workload import AttentionWorkload
-    from fact_db.kernels.attention.tune import AttnCandidate, job_for, run_job
-    c = AttnCandidate(impl.get("label", ""), "kernel", template=impl["template"], so=str(path),
-                      build_key=impl["build_key"])
-    res = run_job(job_for(c, AttentionWorkload(**impl["workload"]), reps=1), {})
-    return res.get("status") == "ok", res.get("error", "")
-
-
-def _norm(path: Path, impl: dict):
-    from fact_db.kernels.impl import Impl
-    from fact_db.kernels.norm.norm import NormKernel, NormWorkload
-    k = NormKernel(path, NormWorkload(**impl["workload"]), build_key=impl["build_key"])
-    return Impl("norm", impl.get("label", ""), k.as_op(), _record(impl))
-
-
-def _reverify_norm(path: Path, k_impl, impl: dict) -> tuple[bool, str]:
-    """fact_db.kernels.norm.norm's check (float64 reference, y and the sum), in this process."""
-    from fact_db.kernels.norm.norm import NormWorkload, evaluate_one
-    res = evaluate_one(NormWorkload(**impl["workload"]), str(path), reps=1)
-    return res.get("status") == "ok", res.get("error", "")
-
-
-def _region(path: Path, impl: dict):
-    from fact_db.kernels.impl import Impl
-    from fact_db.kernels.region.region_kernel import RegionKernel, RegionSpec
-    k = RegionKernel(path, RegionSpec.from_dict(impl["region"]), build_key=impl["build_key"])
-    return Impl("region", impl.get("label", ""), k.as_op(), _record(impl))
-
-
-def _reverify_region(path: Path, k_impl, impl: dict) -> tuple[bool, str]:
-    """The agent pipeline's own check (region_kernel.run_job: the region's float64 reference),
-    in this process."""
-    from fact_db.kernels.region.region_kernel import run_job
-    res = run_job({"id": 0, "so": str(path), "region": impl["region"], "trials": 5, "reps": 1})
-    return res.get("status") == "ok", res.get("error", "")
-
-
-# kind -> (load the library at a path as an Impl, verify that Impl again on this GPU)
-KERNEL_KINDS = {"gemm": (_gemm, _reverify_gemm), "attention": (_attention, _reverify_attention),
-                "norm": (_norm, _reverify_norm), "region": (_region, _reverify_region)}
 
 
 def load(directory, *, loader=None):
@@ -304,7 +227,6 @@ def load(directory, *, loader=None):
     import torch
 
     from fact_db.composition.compose import ComposedModule, rewrite, signature_from_json
-    from fact_db.kernels.impl import Impl
     directory = Path(directory)
     manifest = read_manifest(directory)
     files = manifest.get("files", {})
@@ -327,17 +249,13 @@ def load(directory, *, loader=None):
         what = "loaded"
         if impl is None:
             kind = rec.get("kind")
+            fam = families.for_impl(kind)
+            lib = fam.library(rec) if fam is not None else None
             if kind == "eager":
                 impl, what = Impl.eager(rec.get("note", "")), "eager"
-            elif kind == "sdpa":
-                impl = Impl("sdpa", rec.get("label", ""), None, {"library": "sdpa"})
-            elif kind == "gemm" and rec.get("library") == "cublas":
-                from fact_db.kernels.gemm.kernel import library_gemm_op
-                impl = Impl("gemm", rec.get("label", ""), library_gemm_op(rec["spec"]["epilogue"]), rec)
-            elif kind == "attention" and str(rec.get("library", "")).startswith("sdpa-"):
-                from fact_db.kernels.attention.workload import library_op
-                impl = Impl("attention", rec.get("label", ""), library_op(rec["library"].split("-", 1)[1]), rec)
-            elif kind in KERNEL_KINDS and rec.get("template"):
+            elif lib is not None:
+                impl = lib
+            elif fam is not None and rec.get("template"):
                 impl, what = _kernel_impl(directory, entry, dev.get("gpu"), dev.get("capability"), tc,
                                           manifest.get("device") or {}, manifest.get("toolchain") or {})
             else:

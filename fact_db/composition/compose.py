@@ -11,7 +11,7 @@ op `(q, k, v, scale, causal) -> o` in SDPA's layout: a CUTLASS kernel or an SDPA
 forced, see fact_db/kernels/attention/workload.py), `sdpa` (`aten.scaled_dot_product_attention` itself,
 PyTorch choosing the backend), `norm` (add_norm's op `(x, r, weight, bias) -> (y, sum)`) or
 `region` (a region kernel the agent proposed and the registry holds: `op([inputs]) -> out`,
-see fact_db/kernels/region/region_kernel.py). Operands come from discovery (`Region.operands`), never
+see fact_db/kernels/region/). Operands come from discovery (`Region.operands`), never
 re-derived here.
 
 `ComposedModule` guards its inputs: a call whose tensor shapes or dtypes differ from the
@@ -334,7 +334,7 @@ def _norm_nodes(gm, g, shapes, r, impl, fx, index: int):
 
 
 def _region_nodes(gm, g, shapes, r, impl, fx, index: int):
-    """A region kernel (fact_db/kernels/region/region_kernel.py, the agent's): `impl.op([inputs...]) -> out`,
+    """A region kernel (fact_db/kernels/region/, the agent's): `impl.op([inputs...]) -> out`,
     its inputs in the ABI order its RegionSpec records (`impl.record["region"]`)."""
     spec = impl.record.get("region") or {}
     names = [x["name"] for x in spec.get("inputs", [])]

@@ -11,7 +11,7 @@ A reply is JSON (REPLY_SCHEMA) holding one proposal:
                  own directory), the rule must pass rules.schema.json and `rules validate`
                  beside the shipped rules, its fixture must pass `rules test`, and it must match
                  the user's region. Then `realize(region)` (injected; default: none) decides.
-  kind "kernel": `source` (C++/CUDA exporting the region ABI of fact_db/kernels/region/region_kernel.py) and
+  kind "kernel": `source` (C++/CUDA exporting the region ABI of fact_db/kernels/region/) and
                  `name`. The source policy is checked first (only CUDA/C++ standard, cutlass/ and
                  cute/ headers; no OS calls); then it is compiled in the worker subprocess under a
                  time limit, verified against the region's ATen ops in float64, timed against
@@ -38,7 +38,7 @@ from fact_db.core.errors import FactError, first_line
 from fact_db.core.device import build_arch
 from fact_db.realization.asks import Ask, asks, region_spec  # noqa: F401  (the agent's questions)
 from fact_db.realization.llm import LLM, LLMError
-from fact_db.kernels.region.region_kernel import ABI
+from fact_db.kernels.region.source import ABI
 
 OUTCOMES = ("accepted", "malformed", "schema-invalid", "refused", "no match", "fixture failed", "compile error",
             "wrong result", "slower than eager", "timeout", "no reply", "needs a GPU", "no toolchain")
@@ -180,8 +180,8 @@ class Agent:
     whether it won ("accepted") or why not; default: accepted without realization (rules only).
     kernel_hooks: dict with compile(source, name) -> handle, verify(handle) -> bool or (bool, why),
     bench(handle) -> (kernel_s, eager_s), store(handle, source) -> None. Each may raise
-    TimeoutError (or region_kernel.NeedsGPU / NoToolchain). Without them, the real pipeline
-    (region_kernel.Pipeline: worker-subprocess compile, float64 verify, bench against eager,
+    TimeoutError (or region.pipeline.NeedsGPU / NoToolchain). Without them, the real pipeline
+    (region.pipeline.Pipeline: worker-subprocess compile, float64 verify, bench against eager,
     `registry` row) runs, its worker jobs through `runner(jobs) -> results` when one is given
     (as in the tuner's tests). `registry`: where accepted kernels go and where a region's
     kernel is looked up before any call (default: Registry.open(); False: none).
@@ -332,7 +332,8 @@ class Agent:
 
     # -- kernel proposals -------------------------------------------------------------------
     def _kernel(self, ask, reply, report) -> Proposal:
-        from fact_db.kernels.region.region_kernel import NeedsGPU, NoToolchain, Pipeline, check_source
+        from fact_db.kernels.region.pipeline import NeedsGPU, NoToolchain, Pipeline
+        from fact_db.kernels.region.source import check_source
         name = reply["name"]
         why = check_source(reply["source"])
         if why:

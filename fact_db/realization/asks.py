@@ -89,7 +89,7 @@ def asks(report, rules) -> list:
 
 def region_spec(ask: Ask, report):
     """(RegionSpec of the ask's ops, "") or (None, why a kernel cannot be asked for it)."""
-    from fact_db.kernels.region.region_kernel import RegionKernelError, RegionSpec
+    from fact_db.kernels.region.spec import RegionKernelError, RegionSpec
     if report.graph is None:
         return None, "no traced graph"
     try:

@@ -5,7 +5,7 @@ into a workload, and tune it (registry first).
 
 `plan` maps GEMM-family regions to workloads; `realize_regions` (what `optimize` runs)
 also realizes attention regions (fact_db/kernels/attention/tune.py) and LayerNorm / RMSNorm
-regions, with the residual add before them where the graph has one (fact_db/kernels/norm/norm.py).
+regions, with the residual add before them where the graph has one (fact_db/kernels/norm/).
 Other templates (GEMM + softmax, the sm80 fused kernels) stay eager, with a note.
 """
 from __future__ import annotations
@@ -13,15 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from fact_db.core.device import build_arch
-from fact_db.core.errors import first_line
-from fact_db.kernels.norm.norm import NormWorkload
-from fact_db.core.policy import HALF_POLICIES, POLICY_DTYPE, policy_mode
+from fact_db.kernels import families
+from fact_db.kernels.family import Context
+from fact_db.kernels.gemm import family as gemm_family
 from fact_db.kernels.gemm.workload import GemmWorkload
-
-GEMM_TEMPLATES = {"gemm_sm90"}
-EPILOGUE_OF = {("none",): "none", ("bias",): "bias", ("bias", "relu"): "bias_relu", ("bias", "gelu"): "bias_gelu",
-               ("bias", "gelu_tanh"): "bias_gelu_tanh", ("bias", "silu"): "bias_silu",
-               ("bias", "residual"): "residual"}
+from fact_db.kernels.region import family as region_family
+from fact_db.kernels.impl import Impl
 
 
 @dataclass
@@ -38,42 +35,7 @@ def plan(report, policy: str) -> list[Planned]:
     The epilogue and operand layouts come from the region, as discovery read them."""
     out = []
     for r in report.regions:
-        if r.template.startswith("dual_gemm") and r.operands and not r.composable:
-            # On Hopper: one GEMM over the concatenated gate and up weights (x read once, one
-            # launch); SiLU and the product stay in PyTorch, in place in its output. Held N x K
-            # (K-major) for a Linear's weights, and for K x N ones under the float32 policies.
-            p = r.problem
-            kmajor = r.attrs.get("b_layout") == "nk" or POLICY_DTYPE[policy] == "float32"
-            w = GemmWorkload(p["M"], 2 * p["N"], p["K"], 1, policy=policy, layout_a="row",
-                             layout_b="col" if kmajor else "row", epilogue="none", rule="gemm")
-            out.append(Planned(r, w, "one GEMM over the concatenated gate and up weights; SiLU and the product "
-                                     "in PyTorch, in place in its output"))
-            continue
-        if r.template not in GEMM_TEMPLATES:
-            out.append(Planned(r, None, f"template {r.template}: not realized yet (stage 2 covers the GEMM family)"))
-            continue
-        # A constant scale is the kernel's alpha (discovery read it into attrs), not an epilogue of its own.
-        epi = EPILOGUE_OF.get(tuple(e for e in r.epilogue or [] if e != "scale") or ("none",))
-        p = r.problem
-        la, lb = r.layouts.get("a", "row"), r.layouts.get("b", "row")
-        if epi is None or la not in ("row", "col") or lb not in ("row", "col"):
-            out.append(Planned(r, None, f"epilogue or layout not supported by the GEMM templates ({la}, {lb})"))
-            continue
-        # Projections of one input (gemm-horizontal) are one plain GEMM over their concatenated
-        # weights: keyed as that GEMM (the rule its epilogue implies), so the registry's rows
-        # for the shape serve it and what is tuned for it serves them.
-        rule = "gemm" if r.attrs.get("members") else r.rule
-        note = ""
-        if lb == "row" and r.attrs.get("b_weight") and POLICY_DTYPE[policy] == "float32" and p.get("batch", 1) == 1:
-            # A K x N weight (GPT-2's Conv1D, `x @ W`): the float32 kernels read B K-major (TF32
-            # MMAs, the lo parts made once), so composition holds the weight transposed once.
-            lb, note = "col", "the K x N weight is held transposed (N x K) once, for the K-major kernels"
-        try:
-            w = GemmWorkload(p["M"], p["N"], p["K"], p.get("batch", 1), policy=policy, layout_a=la, layout_b=lb,
-                             epilogue=epi, rule=rule)
-        except Exception as e:  # noqa: BLE001  (a workload the templates cannot express: say why)
-            out.append(Planned(r, None, str(e)))
-            continue
+        w, note = gemm_family.plan_region(r, policy)
         out.append(Planned(r, w, note))
     return out
 
@@ -140,292 +102,23 @@ class Realized:
                 "workload": self.workload.as_dict() if self.workload is not None else None}
 
 
-def attention_workload(region, graph, policy: str):
-    """The AttentionWorkload of an attention region (None, note when it has none)."""
-    from fact_db.kernels.attention.workload import AttentionError, AttentionWorkload
-    ops, attrs = region.operands, region.attrs
-    try:
-        q = graph[ops["q"]].shape
-        k = graph[ops["k"]].shape if "k" in ops else tuple(graph[ops["kt"]].shape[:-2]) + tuple(
-            reversed(graph[ops["kt"]].shape[-2:]))
-        v = graph[ops["v"]].shape
-    except (KeyError, TypeError):
-        return None, "attention operands unknown"
-    if q is None or k is None or v is None or len(q) != 4 or len(k) != 4 or len(v) != 4:
-        return None, "attention on tensors that are not [batch, heads, length, dim]"
-    try:
-        w = AttentionWorkload(q[0], q[1], k[1], q[2], k[2], q[3], v[3], causal=bool(attrs.get("causal")),
-                              scale=attrs.get("scale"), policy=policy, rule=region.rule)
-    except AttentionError as e:
-        return None, str(e)
-    return w, ""
-
-
-NORM_TEMPLATES = {"add_norm", "layernorm", "rmsnorm"}
-
-
-def norm_workload(region, graph, policy: str):
-    """The NormWorkload of a LayerNorm / RMSNorm region, with or without the residual add
-    before it (None, note when the region has none: an eps that is not a constant, a weight
-    that is not one value per channel, a dtype the template does not take)."""
-    from math import prod
-
-    from fact_db.kernels.norm.norm import ELEMENT, NormError, NormWorkload
-    ops, attrs = region.operands, region.attrs
-    if "x" not in ops or "weight" not in ops:
-        return None, "norm operands unknown (no input or no weight: a weightless norm stays eager)"
-    eps = attrs.get("eps")
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
-        return None, "the norm's eps is not a constant"
-    try:
-        x, wt = graph[ops["x"]], graph[ops["weight"]]
-    except (KeyError, TypeError):
-        return None, "norm operand shapes unknown"
-    if not x.shape or wt.shape != (x.shape[-1],):
-        return None, f"norm over {x.shape} with a weight of shape {wt.shape}: one weight per channel needed"
-    # bf16/fp16 policies run the whole model in that dtype (compose.run_at_policy), whatever it was traced in.
-    dtype = HALF_POLICIES.get(policy, x.dtype)
-    if dtype not in ELEMENT:
-        return None, f"norm on {dtype}: the add_norm template takes {', '.join(ELEMENT)}"
-    if "res" in ops:
-        try:
-            if graph[ops["res"]].shape != x.shape:
-                return None, "the residual's shape differs from the input's"
-        except (KeyError, TypeError):
-            return None, "the residual's shape is unknown"
-    kind = attrs.get("kind") or ("rmsnorm" if region.template == "rmsnorm" else "layernorm")
-    try:
-        w = NormWorkload(kind, rows=prod(x.shape[:-1]), width=x.shape[-1], residual="res" in ops,
-                         write_sum="res" in ops and bool(attrs.get("sum")), eps=float(eps), dtype=dtype,
-                         policy=policy, has_bias="bias" in ops)
-    except NormError as e:
-        return None, str(e)
-    return w, ""
-
-
 def workload_of(region, planned: Planned, graph, policy: str):
-    """(workload, note) of a region: the plan's GEMM workload, else its attention or norm
-    workload, else None with the reason it has none."""
+    """(workload, note) of a region: the plan's GEMM workload, else the workload of the family
+    that claims it (kernels.families), else None with the reason it has none."""
     if planned.workload is not None:
         return planned.workload, planned.note
-    if region.template.startswith("fmha"):
-        return attention_workload(region, graph, policy)
-    if region.template in NORM_TEMPLATES:
-        return norm_workload(region, graph, policy)
-    return None, planned.note
+    w, note = families.workload_of(region, graph, policy)
+    return w, (note or planned.note if w is None else note)
 
 
 def registry_answer(registry, w, arch: str, gpu: str) -> tuple[str, float | None]:
-    """(state, measured ms) of the registry's answer for workload `w`. A GEMM workload: hit
-    (an exact, current row, with its time), near (D) (the nearest compatible shape at distance
-    D), stale (its template or toolchain changed) or miss. An attention or norm workload, keyed
-    exactly: hit with the winner's time, stale (a norm kernel whose template changed since it
-    was tuned) or miss."""
-    from fact_db.kernels.attention.workload import AttentionWorkload
-    if registry is None or w is None:
+    """(state, measured ms) of the registry's answer for workload `w`, from its family: hit (an
+    exact, current row, with its time), near (D) (GEMM: the nearest compatible shape at
+    distance D), stale (tuned in another environment, or its template changed) or miss."""
+    fam = families.of(w) if w is not None else None
+    if registry is None or fam is None:
         return "miss", None
-    if isinstance(w, GemmWorkload):
-        hit = registry.lookup(w.key(arch, gpu))
-        if hit is None:
-            return "miss", None
-        if hit.stale:
-            return "stale", None
-        return ("hit", hit.record.time_ms or None) if hit.exact else (f"near ({hit.distance:.2f})", None)
-    if isinstance(w, NormWorkload):
-        from fact_db.kernels.norm.norm import from_registry
-        if registry.norm_get(w, arch, gpu) is None:
-            return "miss", None
-        hit = from_registry(w, registry, arch, gpu)
-        return ("hit", hit.time_ms) if hit is not None else ("stale", None)
-    if isinstance(w, AttentionWorkload):
-        hit = registry.attention_get(w, arch, gpu)
-        return ("hit", hit.time_ms) if hit is not None else ("miss", None)
-    return "miss", None
-
-
-def gemm_impl(result, w: GemmWorkload, library: bool = True):
-    """The compose.Impl of a tuned GEMM region: its winner's kernel op; where the library
-    (the tuner's `eager` candidate) won, the library path with a kernel op's signature
-    (kernel.library_gemm_op: cuBLAS and the activation as one op, which is what was timed),
-    or, with `library=False` (the dual GEMM, whose library path is two GEMMs), the model's
-    own ops."""
-    from fact_db.kernels.impl import Impl
-    from fact_db.kernels.gemm.kernel import GemmKernel, GemmSpec, library_gemm_op
-    from fact_db.kernels.gemm.tune import _spec
-    win = result.winner if result is not None else None
-    if win is None:
-        return Impl.eager("no candidate verified")
-    c = win.candidate
-    if c.template == "eager":
-        t = f" ({win.time_ms:.3f} ms)" if win.time_ms else ""
-        if not library:
-            return Impl.eager(f"eager is the fastest verified candidate{t}")
-        act = {"none": "", "bias": "", "residual": " + residual add"}.get(w.epilogue, f" + {w.epilogue[5:]}")
-        return Impl("gemm", f"library: cuBLAS {'addmm' if w.epilogue != 'none' else 'matmul'}{act}",
-                    library_gemm_op(w.epilogue), {"library": "cublas", "spec": {"epilogue": w.epilogue}},
-                    note=f"the library is the fastest verified candidate{t}")
-    spec = _spec(w, c)
-    k = GemmKernel(win.so, c.template, GemmSpec(**spec), c.options, build_key=win.build_key)
-    key = w.key(result.arch, result.gpu)
-    return Impl.gemm_kernel(k, c.label, {
-        "template": c.template, "spec": spec, "options": list(c.options or ()), "build_key": win.build_key,
-        "so": str(win.so), "config": c.config, "registry_key": key.as_dict(), "registry_digest": key.digest(),
-        "op": f"factdb::{k.op_name}"})
-
-
-def choose_attention(w, *, trials: int = 4, reps: int = 20, device="cuda", timer=None):
-    """Verify and time the attention candidates the library offers at `w`'s policy: the
-    explicit form (the model's own ops), PyTorch's SDPA dispatch, and each SDPA backend that
-    accepts the dtype. Returns (rows, best): rows are dicts (label, impl kind, ok, ms, err,
-    eager_err, note), best the fastest verified row. In-process: library code only.
-    """
-    import os
-
-    import torch
-
-    from fact_db.kernels.attention.workload import backends_for, library_op, sdpa
-    from fact_db.kernels.bench import time_cuda
-    from fact_db.kernels.verify import bound_for, rel_err
-    scale = w.softmax_scale
-    cands = [("explicit", "eager", lambda x: w.eager(x)),
-             ("sdpa", "sdpa", lambda x: sdpa(x["q"], x["k"], x["v"], scale, w.causal))]
-    for b in backends_for(w.dtype):
-        cands.append((f"sdpa-{b}", "attention", (lambda op: lambda x: op(x["q"], x["k"], x["v"], scale, w.causal))(
-            library_op(b))))
-    timer = timer or (lambda fn, sets: time_cuda(fn, sets, reps=reps, device=device).median_ms)
-    inputs = []
-    for t in range(trials):
-        gen = torch.Generator(device=device)
-        gen.manual_seed(int.from_bytes(os.urandom(8), "little") & ((1 << 62) - 1))
-        inputs.append(w.make_inputs("randn" if t % 2 == 0 else "rand", device=device, generator=gen))
-    refs = [w.reference(x) for x in inputs]
-    eager_errs = [rel_err(w.eager(x), r) for x, r in zip(inputs, refs)]
-    tf32_errs = [rel_err(w.eager(x, policy="tf32"), r) for x, r in zip(inputs, refs)] if w.policy == "tf32x3" \
-        else [0.0] * trials
-    rows = []
-    for label, kind, fn in cands:
-        row = {"label": label, "kind": kind, "ok": True, "ms": None, "err": 0.0, "eager_err": max(eager_errs), "note": ""}
-        try:
-            with policy_mode(w.policy):
-                for t, (x, r) in enumerate(zip(inputs, refs)):
-                    err = rel_err(fn(x), r)
-                    bound = bound_for(w.policy, "randn" if t % 2 == 0 else "rand", eager_errs[t], tf32_errs[t])
-                    row["err"] = max(row["err"], err) if err == err else float("nan")
-                    if not err <= bound:
-                        row["ok"], row["note"] = False, f"error {err:.3g} > bound {bound:.3g}"
-                        break
-                if row["ok"]:
-                    row["ms"] = timer(fn, inputs[:3])
-        except RuntimeError as e:  # a backend that does not take this problem says so at the call
-            row["ok"], row["note"] = False, f"not available: {first_line(e, 160)}"
-        rows.append(row)
-    ok = [r for r in rows if r["ok"] and r["ms"] is not None]
-    return rows, (min(ok, key=lambda r: r["ms"]) if ok else None)
-
-
-def tune_attention(w, *, arch: str = "sm90a", gpu: str | None = None, registry=None, max_candidates: int = 8,
-                   gpus=None, force: bool = False, progress: bool = False):
-    """The attention tuner (fact_db/kernels/attention/tune.py: SDPA backends and family kernels, run in
-    the worker subprocess, registry first) with its result in choose_attention's (rows, best)
-    form; a kernel winner carries its built library (a registry hit is rebuilt from its config,
-    from the build cache when it is there)."""
-    from fact_db.kernels.attention import tune as attention_tune
-    res = attention_tune.tune(w, arch=arch, gpu=gpu, registry=registry, max_candidates=max_candidates, gpus=gpus,
-                              force=force, progress=progress)
-    kinds = {"eager": "eager", "library": "attention", "kernel": "kernel"}
-    rows = []
-    for t in res.trials:
-        kind = kinds.get(t.kind, t.kind)
-        if t.label == "sdpa":
-            kind = "sdpa"
-        rows.append({"label": t.label, "kind": kind, "ok": t.status == "ok", "ms": t.time_ms, "err": t.err or 0.0,
-                     "eager_err": t.eager_err, "note": t.error or ("" if t.status == "ok" else t.status),
-                     "template": t.template, "config": t.config, "so": t.so, "build_key": t.build_key})
-    best = res.best
-    best_row = next((r for r in rows if best is not None and r["label"] == best.label), None)
-    if best_row is not None and best_row["kind"] == "kernel" and not best_row["so"]:
-        fam = next((f for f in attention_tune.families() if f.TEMPLATE == best_row["template"]), None)
-        if fam is not None:
-            from fact_db.kernels import build
-            [b] = build.build([fam.source(w, best_row["config"])], progress=progress)
-            if b.ok:
-                best_row["so"], best_row["build_key"] = str(b.path), b.key
-        if not best_row["so"]:
-            best_row = None
-    if best_row is not None:
-        best_row["from_registry"] = "registry hit" in res.notes
-    rows += [{"label": n.split(":", 1)[0], "kind": "note", "ok": False, "ms": None, "err": 0.0, "eager_err": None,
-              "note": n} for n in res.notes if n != "registry hit"]
-    return rows, best_row
-
-
-def _attention_impl(best, w=None):
-    from fact_db.kernels.attention.workload import library_op
-    from fact_db.kernels.impl import Impl
-    if best is not None and best["kind"] == "kernel":
-        from fact_db.kernels.attention.kernel import AttentionKernel
-        k = AttentionKernel(best["so"], best["template"], build_key=best["build_key"])
-        return Impl("attention", best["label"], k.as_op(), {
-            "template": best["template"], "config": best["config"], "build_key": best["build_key"],
-            "so": str(best["so"]), "op": f"factdb::{k.op_name}",
-            "workload": w.as_dict() if w is not None else None})
-    if best is None or best["kind"] == "eager":
-        return Impl.eager("the explicit form is the fastest verified candidate" if best else "no candidate verified")
-    if best["kind"] == "sdpa":
-        return Impl("sdpa", "scaled_dot_product_attention (PyTorch's backend choice)", None, {"library": "sdpa"})
-    backend = best["label"].split("-", 1)[1]
-    return Impl("attention", f"SDPA {backend} backend", library_op(backend),
-                {"library": best["label"], "op": f"factdb::sdpa_{backend}"})
-
-
-def tune_norm_region(w, *, arch: str = "sm90a", registry=None, gpu: str = "", gpus=None, force: bool = False,
-                     tune: bool = True, progress: bool = False):
-    """(trials, best, how) for norm workload `w`: the registry's winner first (a kernel's library
-    from the build cache, built again when it is not there), else fact_db.kernels.norm.norm.tune_norm
-    (every candidate and eager verified against float64 and timed in the worker; the winner
-    written to `registry`). `best` is a NormTrial (candidate None: eager won) or None; `how`
-    is "registry", "tuned", or "skipped" where `tune` is off and the registry has nothing usable."""
-    from fact_db.kernels.norm import norm
-    if registry is not None and not force:
-        hit = norm.from_registry(w, registry, arch, gpu)
-        if hit is not None:
-            if hit.candidate is None:
-                return [hit], hit, "registry"
-            b = norm.build_candidates(w, [hit.candidate], arch=arch, progress=progress)[hit.candidate]
-            if b.ok:
-                hit.so, hit.build_key = str(b.path), b.key
-                return [hit], hit, "registry"
-    if not tune:
-        return [], None, "skipped"
-    trials = norm.tune_norm(w, arch=arch, registry=registry, gpu=gpu, gpus=gpus, progress=progress)
-    return trials, next((t for t in trials if t.status == "ok"), None), "tuned"
-
-
-def _prebuild_norms(workloads: list, arch: str, progress: bool) -> None:
-    """Every norm region's candidates compiled in one parallel batch (the tuner then finds
-    them in the build cache); a failed build is recorded by the tuner, not here."""
-    from fact_db.kernels import build
-    from fact_db.kernels.norm.norm import TEMPLATE, candidates, render
-    sources = [build.Source(TEMPLATE, render(w, c), arch) for w in dict.fromkeys(workloads) for c in candidates(w)]
-    if sources:
-        build.build(sources, progress=progress)
-
-
-def _norm_impl(w, best):
-    """The compose.Impl of a tuned norm region: its winner's kernel op, or eager."""
-    from dataclasses import asdict
-
-    from fact_db.kernels.impl import Impl
-    from fact_db.kernels.norm.norm import TEMPLATE, NormKernel
-    if best is None:
-        return Impl.eager("no norm candidate verified")
-    if best.candidate is None:
-        return Impl.eager(f"eager is the fastest verified candidate ({best.time_ms:.3f} ms)" if best.time_ms else
-                          "eager is the fastest verified candidate")
-    k = NormKernel(best.so, w, build_key=best.build_key)
-    return Impl("norm", f"{TEMPLATE} {best.label}", k.as_op(), {
-        "template": TEMPLATE, "config": asdict(best.candidate), "workload": w.as_dict(), "build_key": best.build_key,
-        "so": str(best.so), "registry_key": w.key(), "op": f"factdb::{k.op_name}"})
+    return fam.answer(registry, w, arch, gpu)
 
 
 def realize_regions(report, policy: str, *, registry=None, arch: str = "sm90a", gpu: str | None = None,
@@ -443,11 +136,13 @@ def realize_regions(report, policy: str, *, registry=None, arch: str = "sm90a", 
     """
     import time
 
-    from fact_db.kernels.impl import Impl
-    from fact_db.kernels.gemm.tune import from_registry, tune
     t0 = time.perf_counter()
+    hooks = {k: v for k, v in (("runner", runner), ("attention", attention_chooser), ("norm", norm_chooser),
+                               ("norm_impl", norm_impl)) if v is not None}
+    ctx = Context(arch=arch, gpu=gpu, registry=registry, max_candidates=max_candidates, gpus=gpus, force=force,
+                  progress=progress, hooks=hooks,
+                  over_budget=lambda: budget_s is not None and time.perf_counter() - t0 > budget_s)
     planned = {id(p.region): p for p in plan(report, policy)}
-    gpu_name = gpu or "h100"
     out: list[Realized] = []
     for i, r in enumerate(report.regions):
         w, note = workload_of(r, planned[id(r)], report.graph, policy)
@@ -455,19 +150,13 @@ def realize_regions(report, policy: str, *, registry=None, arch: str = "sm90a", 
         if r.composable:
             rz.notes.append(f"not composable: {r.composable}")
         else:
-            rz.registry = registry_answer(registry, rz.workload, arch, gpu_name)[0]
+            rz.registry = registry_answer(registry, rz.workload, arch, ctx.gpu_name)[0]
         out.append(rz)
     order = sorted(out, key=lambda z: -z.region.estimate.gain_s)
     if not plan_only and runner is None and budget_s is None:
-        # Every region's candidates compile in one parallel batch, not region by region.
-        from fact_db.kernels.gemm.tune import prebuild
-        gemms = list(dict.fromkeys(z.workload for z in order if isinstance(z.workload, GemmWorkload)
-                                   and not z.region.composable))
-        prebuild(gemms, arch=arch, gpu=gpu_name, registry=registry, max_candidates=max_candidates, force=force,
-                 progress=progress)
-        if norm_chooser is None:
-            _prebuild_norms([z.workload for z in order if isinstance(z.workload, NormWorkload)
-                             and not z.region.composable], arch, progress)
+        # Each family's candidates compile in one parallel batch, not region by region.
+        for fam in families.FAMILIES:
+            fam.prebuild([z.workload for z in order if fam.owns(z.workload) and not z.region.composable], ctx)
     done: dict = {}
     for rz in order:
         w = rz.workload
@@ -480,64 +169,11 @@ def realize_regions(report, policy: str, *, registry=None, arch: str = "sm90a", 
             rz.impl, rz.how, rz.tune = src.impl, src.how, src.tune
             rz.eager_ms, rz.ms, rz.err, rz.eager_err = src.eager_ms, src.ms, src.err, src.eager_err
             rz.notes.append(f"same workload as region {src.index + 1}: realized once")
-        elif isinstance(w, GemmWorkload):
-            over = budget_s is not None and time.perf_counter() - t0 > budget_s
-            res = None
-            if over:
-                res = from_registry(w, registry, arch=arch, gpu=gpu_name) if registry is not None else None
-                rz.how = "registry" if res else "skipped"
-                if res is None:
-                    rz.notes.append("skipped: the tuning budget was spent; eager serves it")
-            else:
-                res = tune(w, arch=arch, gpu=gpu, registry=registry, max_candidates=max_candidates, gpus=gpus,
-                           runner=runner, force=force, progress=progress)
-                rz.how = "registry" if res.from_registry else "tuned"
-            if res is not None:
-                rz.tune = res
-                rz.impl = gemm_impl(res, w, library=not (rz.region.template or "").startswith("dual_gemm"))
-                rz.notes += res.notes
-                if res.eager:
-                    rz.eager_ms, rz.eager_err = res.eager.time_ms, res.eager.err
-                if res.winner:
-                    rz.ms, rz.err = res.winner.time_ms, res.winner.err
-            done[w] = rz
-        elif isinstance(w, NormWorkload):
-            over = budget_s is not None and time.perf_counter() - t0 > budget_s
-            if over:  # what the registry has, nothing tuned
-                trials, best, rz.how = tune_norm_region(w, arch=arch, registry=registry, gpu=gpu_name,
-                                                        tune=False, progress=progress)
-            else:
-                chooser = norm_chooser or (lambda w: tune_norm_region(
-                    w, arch=arch, registry=registry, gpu=gpu_name, gpus=gpus, force=force, progress=progress))
-                trials, best, rz.how = chooser(w)
-            if rz.how == "skipped":
-                rz.notes.append("skipped: the tuning budget was spent; eager serves it")
-            else:
-                rz.impl = (norm_impl or _norm_impl)(w, best)
-                eager = next((t for t in trials if t.label == "eager" and t.status == "ok"), None)
-                if eager is not None:
-                    rz.eager_ms, rz.eager_err = eager.time_ms, eager.err
-                if best is not None:
-                    rz.ms, rz.err = best.time_ms, best.err
-                rz.notes += [f"{t.label}: {'%.3f ms' % t.time_ms if t.time_ms else t.error or t.status}"
-                             for t in trials]
-            done[w] = rz
-        elif budget_s is not None and time.perf_counter() - t0 > budget_s:
-            rz.how = "skipped"
-            rz.notes.append("skipped: the tuning budget was spent; the model's own attention serves it")
-        else:  # attention: the library candidates, timed here
-            chooser = attention_chooser or (lambda w: tune_attention(
-                w, arch=arch, gpu=gpu_name, registry=registry, max_candidates=min(max_candidates, 8), gpus=gpus, force=force,
-                progress=progress))
-            rows, best = chooser(w)
-            explicit = next((x for x in rows if x["label"] == "explicit"), None)
-            rz.impl = _attention_impl(best, w)
-            rz.how = "registry" if best and best.get("from_registry") else "tuned"
-            rz.eager_ms = explicit["ms"] if explicit else None
-            rz.eager_err = explicit["err"] if explicit else None
-            if best:
-                rz.ms, rz.err = best["ms"], best["err"]
-            rz.notes += [f"{x['label']}: {'%.3f ms' % x['ms'] if x['ms'] else x['note'] or 'failed'}" for x in rows]
+        else:
+            got = families.of(w).realize(w, rz.region, ctx)
+            rz.impl, rz.how, rz.tune = got.impl, got.how, got.tune
+            rz.eager_ms, rz.ms, rz.err, rz.eager_err = got.eager_ms, got.ms, got.err, got.eager_err
+            rz.notes += got.notes
             done[w] = rz
         if on_result is not None:
             on_result(rz)
@@ -560,7 +196,6 @@ def realize_region_kernels(report, realized: list, registry, *, gpu: str, arch: 
     build cache when it is there, and registered as a custom op); returns what was added.
     """
     from fact_db.realization.asks import asks, region_spec
-    from fact_db.kernels.impl import Impl
     from fact_db.discovery.discover import Region
     from fact_db.discovery.roofline import Estimate
     if registry is None or report.graph is None:
@@ -596,7 +231,7 @@ def realize_region_kernels(report, realized: list, registry, *, gpu: str, arch: 
                                    f"{now:.3f} ms, stay")
                 continue
         try:
-            impl, how = (loader or _load_region_kernel)(row, spec)
+            impl, how = (loader or region_family.load_row)(row, spec)
         except Exception as e:  # noqa: BLE001  (a kernel that will not build or load leaves its region eager)
             for z in over:
                 z.notes.append(f"{label}: not loaded ({e})")
@@ -620,23 +255,6 @@ def realize_region_kernels(report, realized: list, registry, *, gpu: str, arch: 
         added.append(z)
     realized.extend(added)
     return added
-
-
-def _load_region_kernel(row: dict, spec):
-    """(Impl, how) for a registry row of region_kernels: its source compiled in the worker
-    (a build-cache hit when it was built here before) and registered as a custom op."""
-    from fact_db.kernels.impl import Impl
-    from fact_db.kernels.region.region_kernel import TEMPLATE, Pipeline, RegionKernel
-    pipe = Pipeline(spec, arch=row["arch"], gpu=row["gpu"])
-    try:
-        handle = pipe.compile(row["source"], row["name"])
-    finally:
-        pipe.close()
-    k = RegionKernel(handle["so"], spec, build_key=handle.get("build_key", ""))
-    record = {"template": TEMPLATE, "so": str(k.path), "build_key": k.build_key, "region": spec.as_dict(),
-              "registry_digest": row["digest"], "name": row["name"], "provenance": row["provenance"]}
-    how = "built from the build cache" if handle.get("cached") else "compiled from its stored source"
-    return Impl("region", f"llm kernel {row['name']}", k.as_op(), record), how
 
 
 def ask_registry(report, registry) -> dict:

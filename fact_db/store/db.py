@@ -217,7 +217,7 @@ def _m002_attention(conn: sa.Connection) -> None:
 
 
 def _m003_norms(conn: sa.Connection) -> None:
-    # Tuned norm kernels (fact_db/kernels/norm/norm.py): one row per workload key (kind, rows, width,
+    # Tuned norm kernels (fact_db/kernels/norm/): one row per workload key (kind, rows, width,
     # residual, write_sum, bias, eps, dtype, policy) on one arch and GPU: the winner (a
     # template build or eager) with every trial. Numbered 3: migration 2 is attention's.
     md = sa.MetaData()
@@ -239,7 +239,7 @@ def _m003_norms(conn: sa.Connection) -> None:
 
 
 def _m004_region_kernels(conn: sa.Connection) -> None:
-    # Kernels the language model wrote for a region no rule covers (fact_db/kernels/region/region_kernel.py),
+    # Kernels the language model wrote for a region no rule covers (fact_db/kernels/region/),
     # accepted only after they compiled, verified against float64 and beat eager: one row per
     # region key (its ops, constants and input shapes, dtype, policy, arch, GPU), with the
     # source itself (the only copy: no template renders it again) and provenance `llm`.

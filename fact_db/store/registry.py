@@ -1247,7 +1247,7 @@ class Registry:
         return len(rows)
 
     # ----------------------------------------------------------------------------------
-    # norm rows (fact_db/kernels/norm/norm.py): one per workload key, the winner and its trials
+    # norm rows (fact_db/kernels/norm/): one per workload key, the winner and its trials
     @staticmethod
     def norm_digest(w, arch: str, gpu: str = "") -> str:
         k = w.key()
@@ -1290,7 +1290,7 @@ class Registry:
             conn.execute(sa.text(f"INSERT INTO norm_kernels ({cols}) VALUES ({vals})"), row)
 
 
-    # region kernels (fact_db/kernels/region/region_kernel.py): what the language model wrote for a region no
+    # region kernels (fact_db/kernels/region/): what the language model wrote for a region no
     # rule covers, stored only after it compiled, verified and beat eager; provenance `llm`
     def region_put(self, spec, arch: str, gpu: str, *, name: str, source: str, build_key: str = "",
                    time_ms: float | None = None, eager_ms: float | None = None, rel_err: float | None = None,

@@ -182,9 +182,9 @@ def run_job(job: dict, cache: dict) -> dict:
 def evaluate(w: AttentionWorkload, cands: list[AttnCandidate], *, pool=None, gpus=None, trials: int = 4,
              reps: int = 20) -> list[AttnTrial]:
     """Run every built candidate in the worker pool; a trial per candidate."""
-    from fact_db.kernels import worker
+    from fact_db.kernels import pool as worker_pool
     runnable = [c for c in cands if c.kind != "kernel" or c.so]
-    pool = pool or worker.shared_pool(gpus)
+    pool = pool or worker_pool.shared_pool(gpus)
     jobs = [{**job_for(c, w, trials, reps), "id": i} for i, c in enumerate(runnable)]
     out = []
     for c, r in zip(runnable, pool.run(jobs)):

@@ -401,7 +401,7 @@ def rule_space(rule: str, rules=None) -> tuple[dict, list[str]]:
                 [f"no rule '{rule}': using the default GEMM parameter space"])
 
 
-def _spec(w: GemmWorkload, c: Candidate) -> dict:
+def spec_of(w: GemmWorkload, c: Candidate) -> dict:
     """What the worker's GemmKernel expects: the layouts the kernel was built for (the wrapper
     copies an operand held in another layout)."""
     la, lb = kernel_layouts(w, c.template)
@@ -462,7 +462,7 @@ def evaluate(w: GemmWorkload, cands: list[Candidate], *, gpus: list[int] | None 
     jobs_ = []
     for i, (c, b) in enumerate(runnable):
         jobs_.append({"id": i, "kind": "eager" if c.template == "eager" else "cutlass",
-                      "so": str(b.path) if b else "", "template": c.template, "spec": _spec(w, c),
+                      "so": str(b.path) if b else "", "template": c.template, "spec": spec_of(w, c),
                       "options": list(c.options) if c.options else None, "workload": w.as_dict(),
                       "trials": trials, "reps": reps})
     t0 = time.perf_counter()
@@ -568,7 +568,7 @@ def prebuild(workloads: list[GemmWorkload], *, arch: str = "sm90a", gpu: str = "
 def _run_jobs(jobs: list[dict], runner, gpus, timeout: float, progress: bool) -> list[dict]:
     if runner is not None:
         return runner(jobs)
-    from fact_db.kernels.worker import shared_pool
+    from fact_db.kernels.pool import shared_pool
     bar = None
     if progress:
         from tqdm import tqdm

@@ -1,126 +1,17 @@
-"""Norms: LayerNorm and RMSNorm over the last dimension, with the residual add before them fused in.
+"""Tune a norm workload: the add_norm template's candidate parameters, verification of each
+candidate (and eager) against the float64 reference, and timing, in the worker or in this
+process; the winner written to the registry.
 
-The workload (`NormWorkload`: kind, rows, width, residual, write_sum, eps, dtype, policy),
-its float64 reference and eager form, the kernel (`NormKernel`: a `kernels_cpp/add_norm.cu.j2`
-build loaded through ctypes, `as_op()` a torch custom op named from the build key with a fake
-implementation), the template's candidate parameters, and verification + timing of candidates
-(eager always among them) in a worker or in this process.
-
->>> w = NormWorkload("layernorm", rows=128 * 512, width=768, residual=True, write_sum=True,
-...                  dtype="float32", policy="fp32")
 >>> cands = candidates(w)                     # [NormCandidate(...), ...]; eager is added by tune_norm
 >>> res = tune_norm(w, cands)                 # builds, verifies against float64, times; best first
 """
 from __future__ import annotations
 
-import ctypes
-import hashlib
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import asdict, dataclass
 
-from fact_db.core.errors import FactError
-from fact_db.kernels.abi import launch_status, raw_stream
-from fact_db.kernels.ops import factdb_op
+from fact_db.kernels.norm.kernel import NormKernel
+from fact_db.kernels.norm.workload import ABS_TOL, ELEMENT, ERR_FLOOR, TEMPLATE, TOLERANCE_FACTOR, NormWorkload
 
-TEMPLATE = "add_norm"
-ELEMENT = {"float32": "float", "bfloat16": "__nv_bfloat16", "float16": "__half"}
-KINDS = ("layernorm", "rmsnorm")
-# bf16/fp16 policies also need KernelBench's tolerance; fp32: the norm stays in fp32 arithmetic.
-ABS_TOL = {"bfloat16": 1e-2, "float16": 1e-2}
-TOLERANCE_FACTOR = 4.0
-ERR_FLOOR = 1e-7
-
-
-class NormError(FactError):
-    """A norm workload, candidate or kernel is invalid or failed."""
-
-
-def _torch_dtype(name: str):
-    import torch
-    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
-
-
-@dataclass(frozen=True)
-class NormWorkload:
-    """`y = norm(x + r)` over the last dim of [rows, width]; `s = x + r` returned too when write_sum."""
-
-    kind: str                 # layernorm | rmsnorm
-    rows: int
-    width: int
-    residual: bool = False
-    write_sum: bool = False
-    eps: float = 1e-5
-    dtype: str = "float32"
-    policy: str = "fp32"
-    has_bias: bool = True     # layernorm only (nn.LayerNorm(bias=False) has none)
-
-    def __post_init__(self):
-        if self.kind not in KINDS:
-            raise NormError(f"norm kind '{self.kind}' is not one of {', '.join(KINDS)}")
-        if self.dtype not in ELEMENT:
-            raise NormError(f"norm dtype '{self.dtype}' is not one of {', '.join(ELEMENT)}")
-        if self.rows < 0 or self.width <= 0:
-            raise NormError(f"norm shape rows={self.rows} width={self.width}: rows >= 0 and width > 0 needed")
-        if self.write_sum and not self.residual:
-            raise NormError("write_sum needs residual=True (without a residual add there is no sum to write)")
-
-    def key(self) -> dict:
-        """The registry key's fields (one row per distinct key)."""
-        d = asdict(self)
-        d["has_bias"] = self.has_bias and self.kind == "layernorm"
-        return d
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-    def key_string(self) -> str:
-        k = self.key()
-        return (f"{k['kind']}:{k['rows']}x{k['width']}:res={int(k['residual'])}:sum={int(k['write_sum'])}"
-                f":bias={int(k['has_bias'])}:eps={k['eps']:g}:{k['dtype']}:{k['policy']}")
-
-    # ------------------------------------------------------------------------------------
-    def make_inputs(self, dist: str = "randn", device: str = "cuda", generator=None) -> dict:
-        """Fresh inputs: x, r (residual), weight, bias. `rand` all-positive, `randn` zero-mean."""
-        import torch
-        dt = _torch_dtype(self.dtype)
-        draw = torch.rand if dist == "rand" else torch.randn
-        mk = lambda *shape: draw(*shape, device=device, generator=generator).to(dt)  # noqa: E731
-        inp = {"x": mk(self.rows, self.width)}
-        if self.residual:
-            inp["r"] = mk(self.rows, self.width)
-        inp["weight"] = (1.0 + 0.5 * draw(self.width, device=device, generator=generator)).to(dt)
-        if self.kind == "layernorm" and self.has_bias:
-            inp["bias"] = mk(self.width)
-        return inp
-
-    def reference(self, inputs: dict) -> tuple:
-        """(y, s) in float64; s is the sum rounded to the dtype as eager rounds it (None without residual)."""
-        import torch
-        x = inputs["x"]
-        s = (x + inputs["r"]) if self.residual else x  # eager's rounding of the sum is part of the function
-        s64 = s.to(torch.float64)
-        w = inputs["weight"].to(torch.float64)
-        if self.kind == "layernorm":
-            b = inputs.get("bias")
-            y = torch.nn.functional.layer_norm(s64, (self.width,), w, None if b is None else b.to(torch.float64),
-                                               self.eps)
-        else:
-            y = s64 * torch.rsqrt(s64.pow(2).mean(-1, keepdim=True) + self.eps) * w
-        return y, (s64 if self.write_sum else None)
-
-    def eager(self, inputs: dict) -> tuple:
-        """What PyTorch runs unfused: `x + r` then `layer_norm` / `rms_norm`."""
-        import torch
-        x = inputs["x"]
-        s = x + inputs["r"] if self.residual else x
-        if self.kind == "layernorm":
-            y = torch.nn.functional.layer_norm(s, (self.width,), inputs["weight"], inputs.get("bias"), self.eps)
-        else:
-            y = torch.nn.functional.rms_norm(s, (self.width,), inputs["weight"], self.eps)
-        return y, (s if self.write_sum else None)
-
-
-# ----------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class NormCandidate:
     """The template's tunable parameters for one workload."""
@@ -184,83 +75,6 @@ def candidates(w: NormWorkload, limit: int = 12) -> list[NormCandidate]:
     return sorted(uniq, key=score)[:limit]
 
 
-# ----------------------------------------------------------------------------------------
-STATUS = {1: "misaligned operand", 4: "invalid problem (n differs from the kernel's width, or a pointer missing)"}
-
-
-class NormKernel:
-    """A loaded add_norm build. `k(x, r, weight, bias)` -> (y, s or None)."""
-
-    def __init__(self, path: str | Path, workload: NormWorkload, build_key: str = ""):
-        self.path = Path(path)
-        self.workload = workload
-        self.build_key = build_key
-        try:
-            self._lib = ctypes.CDLL(str(self.path))
-        except OSError as e:
-            raise NormError(f"cannot load norm kernel {self.path}: {e} (built for another GPU arch?)") from None
-        vp, i64 = ctypes.c_void_p, ctypes.c_int64
-        self._launch = self._lib.fact_add_norm_launch
-        self._launch.argtypes = [vp] * 6 + [i64, i64, ctypes.c_float, vp]
-        self._launch.restype = ctypes.c_int
-        self._op = None
-
-    def __call__(self, x, r=None, weight=None, bias=None, out=None, sum_out=None):
-        import torch
-        w = self.workload
-        dt = _torch_dtype(w.dtype)
-        if x.shape[-1] != w.width or x.dtype != dt:
-            raise NormError(f"norm kernel takes {w.dtype} [..., {w.width}], got {x.dtype} {tuple(x.shape)}")
-        if w.residual and (r is None or r.shape != x.shape or r.dtype != dt):
-            raise NormError(f"this norm kernel adds a residual: pass r of shape {tuple(x.shape)} and dtype {w.dtype}")
-        shape = x.shape
-        x2 = x.contiguous().view(-1, w.width)
-        r2 = r.contiguous().view(-1, w.width) if w.residual else None
-        wt = weight.to(dt).contiguous()
-        b = bias.to(dt).contiguous() if (bias is not None and w.kind == "layernorm" and w.has_bias) else None
-        if w.kind == "layernorm" and w.has_bias and b is None:
-            raise NormError("this LayerNorm kernel adds a bias: pass bias")
-        y = torch.empty_like(x2) if out is None else out.view(-1, w.width)
-        s = (torch.empty_like(x2) if sum_out is None else sum_out.view(-1, w.width)) if w.write_sum else None
-        ptr = lambda t: t.data_ptr() if t is not None else None  # noqa: E731
-        rc = self._launch(ptr(x2), ptr(r2), ptr(wt), ptr(b), ptr(y), ptr(s), x2.shape[0], w.width, w.eps,
-                          raw_stream(x.device))
-        if rc != 0:
-            what = launch_status(rc, STATUS)
-            raise NormError(f"norm kernel {self.path.parent.name} refused or failed the launch: {what} "
-                            f"(rows={x2.shape[0]} width={w.width})")
-        return y.view(shape), (s.view(shape) if s is not None else None)
-
-    @property
-    def op_name(self) -> str:
-        """`n_<hash>` of the build key (or the library's bytes) and the workload, never the path."""
-        ident = self.build_key or hashlib.sha256(self.path.read_bytes()).hexdigest()
-        w = self.workload
-        h = hashlib.sha256(f"{ident}|{TEMPLATE}|{w.kind}|{w.width}|{w.residual}|{w.write_sum}|{w.has_bias}|"
-                           f"{w.eps!r}|{w.dtype}".encode()).hexdigest()[:12]
-        return f"n_{h}"
-
-    def as_op(self):
-        """`torch.ops.factdb.<op_name>(x, r, weight, bias) -> (y, s)`; s is an empty tensor when
-        the kernel does not write the sum. Has a fake implementation for torch.compile/export."""
-        if self._op is not None:
-            return self._op
-        import torch
-        kernel, w = self, self.workload
-
-        def run(x, r, weight, bias):
-            y, s = kernel(x, r, weight, bias)
-            return y, (s if s is not None else x.new_empty(0))
-
-        def fake(x, r, weight, bias):
-            return torch.empty_like(x), (torch.empty_like(x) if w.write_sum else x.new_empty(0))
-
-        self._op = factdb_op(self.op_name, "(Tensor x, Tensor? r, Tensor weight, Tensor? bias) -> (Tensor, Tensor)",
-                             run, fake)
-        return self._op
-
-
-# ----------------------------------------------------------------------------------------
 def build_candidates(w: NormWorkload, cands: list[NormCandidate], arch: str = "sm90a", jobs: int | None = None,
                      progress: bool = True) -> dict:
     """{candidate: Built} for every candidate, compiled in parallel (cached builds return at once)."""
@@ -400,7 +214,7 @@ def tune_norm(w: NormWorkload, cands: list[NormCandidate] | None = None, *, arch
     if in_process:
         results = [evaluate_one(w, str(b.path) if b else None) for _, _, b in jobs_list]
     else:
-        from fact_db.kernels.worker import shared_pool
+        from fact_db.kernels.pool import shared_pool
         pool = shared_pool(gpus)
         payload = [{"id": i, "kind": "norm", "so": str(b.path) if b else "", "workload": asdict(w)}
                    for i, (_, _, b) in enumerate(jobs_list)]

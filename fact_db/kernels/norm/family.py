@@ -1,0 +1,169 @@
+"""The norm family (fact_db.kernels.family): LayerNorm and RMSNorm over the last dimension,
+with the residual add before them fused in; eager always among the candidates.
+
+    >>> w, note = workload(region, graph, "fp32")      # a NormWorkload from a norm region
+    >>> out = realize(w, region, Context(registry=reg))
+"""
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from fact_db.core.policy import HALF_POLICIES
+from fact_db.kernels.family import Context, Outcome
+from fact_db.kernels.impl import Impl, stored
+from fact_db.kernels.norm.workload import ELEMENT, TEMPLATE, NormError, NormWorkload
+
+NAME = "norm"
+IMPLS = ("norm",)
+JOBS = ("norm",)
+TEMPLATES = {"add_norm", "layernorm", "rmsnorm"}
+
+
+def workload(region, graph, policy: str):
+    """The NormWorkload of a LayerNorm / RMSNorm region, with or without the residual add
+    before it ((None, why) when the region has none: an eps that is not a constant, a weight
+    that is not one value per channel, a dtype the template does not take); None for a region
+    of another family."""
+    from math import prod
+    if region.template not in TEMPLATES:
+        return None
+    ops, attrs = region.operands, region.attrs
+    if "x" not in ops or "weight" not in ops:
+        return None, "norm operands unknown (no input or no weight: a weightless norm stays eager)"
+    eps = attrs.get("eps")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        return None, "the norm's eps is not a constant"
+    try:
+        x, wt = graph[ops["x"]], graph[ops["weight"]]
+    except (KeyError, TypeError):
+        return None, "norm operand shapes unknown"
+    if not x.shape or wt.shape != (x.shape[-1],):
+        return None, f"norm over {x.shape} with a weight of shape {wt.shape}: one weight per channel needed"
+    # bf16/fp16 policies run the whole model in that dtype (compose.run_at_policy), whatever it was traced in.
+    dtype = HALF_POLICIES.get(policy, x.dtype)
+    if dtype not in ELEMENT:
+        return None, f"norm on {dtype}: the add_norm template takes {', '.join(ELEMENT)}"
+    if "res" in ops:
+        try:
+            if graph[ops["res"]].shape != x.shape:
+                return None, "the residual's shape differs from the input's"
+        except (KeyError, TypeError):
+            return None, "the residual's shape is unknown"
+    kind = attrs.get("kind") or ("rmsnorm" if region.template == "rmsnorm" else "layernorm")
+    try:
+        w = NormWorkload(kind, rows=prod(x.shape[:-1]), width=x.shape[-1], residual="res" in ops,
+                         write_sum="res" in ops and bool(attrs.get("sum")), eps=float(eps), dtype=dtype,
+                         policy=policy, has_bias="bias" in ops)
+    except NormError as e:
+        return None, str(e)
+    return w, ""
+
+
+def owns(w) -> bool:
+    return isinstance(w, NormWorkload)
+
+
+def answer(registry, w: NormWorkload, arch: str, gpu: str) -> tuple[str, float | None]:
+    """hit with the winner's time, stale (another environment, or its template changed), or miss."""
+    from fact_db.kernels.norm.tune import from_registry
+    if registry.norm_get(w, arch, gpu) is None:
+        return "miss", None
+    hit = from_registry(w, registry, arch, gpu)
+    return ("hit", hit.time_ms) if hit is not None else ("stale", None)
+
+
+def prebuild(workloads: list, ctx: Context) -> None:
+    """Every norm region's candidates compiled in one parallel batch (the tuner then finds them
+    in the build cache); a failed build is recorded by the tuner, not here."""
+    if "norm" in ctx.hooks:
+        return
+    from fact_db.kernels import build
+    from fact_db.kernels.norm.tune import candidates, render
+    sources = [build.Source(TEMPLATE, render(w, c), ctx.arch) for w in dict.fromkeys(workloads) for c in candidates(w)]
+    if sources:
+        build.build(sources, progress=ctx.progress)
+
+
+def tune_region(w: NormWorkload, ctx: Context, tune: bool = True):
+    """(trials, best, how) for norm workload `w`: the registry's winner first (a kernel's library
+    from the build cache, built again when it is not there), else tune.tune_norm (every
+    candidate and eager verified against float64 and timed in the worker; the winner written
+    to the registry). `best` is a NormTrial (candidate None: eager won) or None; `how` is
+    "registry", "tuned", or "skipped" where `tune` is off and the registry has nothing usable."""
+    from fact_db.kernels.norm import tune as norm_tune
+    if ctx.registry is not None and not ctx.force:
+        hit = norm_tune.from_registry(w, ctx.registry, ctx.arch, ctx.gpu_name)
+        if hit is not None:
+            if hit.candidate is None:
+                return [hit], hit, "registry"
+            b = norm_tune.build_candidates(w, [hit.candidate], arch=ctx.arch, progress=ctx.progress)[hit.candidate]
+            if b.ok:
+                hit.so, hit.build_key = str(b.path), b.key
+                return [hit], hit, "registry"
+    if not tune:
+        return [], None, "skipped"
+    trials = norm_tune.tune_norm(w, arch=ctx.arch, registry=ctx.registry, gpu=ctx.gpu_name, gpus=ctx.gpus,
+                                 progress=ctx.progress)
+    return trials, next((t for t in trials if t.status == "ok"), None), "tuned"
+
+
+def impl_of(w: NormWorkload, best) -> Impl:
+    """The Impl of a tuned norm region: its winner's kernel op, or eager."""
+    from fact_db.kernels.norm.kernel import NormKernel
+    if best is None:
+        return Impl.eager("no norm candidate verified")
+    if best.candidate is None:
+        return Impl.eager(f"eager is the fastest verified candidate ({best.time_ms:.3f} ms)" if best.time_ms else
+                          "eager is the fastest verified candidate")
+    k = NormKernel(best.so, w, build_key=best.build_key)
+    return Impl("norm", f"{TEMPLATE} {best.label}", k.as_op(), {
+        "template": TEMPLATE, "config": asdict(best.candidate), "workload": w.as_dict(), "build_key": best.build_key,
+        "so": str(best.so), "registry_key": w.key_fields(), "op": f"factdb::{k.op_name}"})
+
+
+def realize(w: NormWorkload, region, ctx: Context) -> Outcome:
+    if ctx.over_budget():  # what the registry has, nothing tuned
+        trials, best, how = tune_region(w, ctx, tune=False)
+    else:
+        chooser = ctx.hooks.get("norm") or (lambda w: tune_region(w, ctx))
+        trials, best, how = chooser(w)
+    if how == "skipped":
+        return Outcome(Impl.eager(), how, notes=["skipped: the tuning budget was spent; eager serves it"])
+    out = Outcome((ctx.hooks.get("norm_impl") or impl_of)(w, best), how)
+    eager = next((t for t in trials if t.label == "eager" and t.status == "ok"), None)
+    if eager is not None:
+        out.eager_ms, out.eager_err = eager.time_ms, eager.err
+    if best is not None:
+        out.ms, out.err = best.time_ms, best.err
+    out.notes += [f"{t.label}: {'%.3f ms' % t.time_ms if t.time_ms else t.error or t.status}" for t in trials]
+    return out
+
+
+def run_job(job: dict, cache: dict) -> dict:
+    """A norm candidate (`so` set) or eager (`so` empty), verified and timed in the worker."""
+    import os
+
+    from fact_db.kernels.norm.tune import evaluate_one
+    res = evaluate_one(NormWorkload(**job["workload"]), job.get("so") or None, job.get("trials", 4),
+                       job.get("reps", 30))
+    return {"id": job["id"], "gpu": os.environ.get("CUDA_VISIBLE_DEVICES", ""), **res}
+
+
+# ------------------------------------------------------------------------------------------
+# From an artifact.
+
+def load(path, record: dict) -> Impl:
+    from fact_db.kernels.norm.kernel import NormKernel
+    k = NormKernel(path, NormWorkload(**record["workload"]), build_key=record["build_key"])
+    return Impl("norm", record.get("label", ""), k.as_op(), stored(record))
+
+
+def reverify(path, impl: Impl, record: dict) -> tuple[bool, str]:
+    """The norm tuner's check (float64 reference, y and the sum), in this process."""
+    from fact_db.kernels.norm.tune import evaluate_one
+    res = evaluate_one(NormWorkload(**record["workload"]), str(path), reps=1)
+    return res.get("status") == "ok", res.get("error", "")
+
+
+def library(record: dict) -> Impl | None:
+    return None
