@@ -1,0 +1,106 @@
+"""The docs hold to the results JSON: every generated table matches what
+benchmarks/tables.py makes of benchmarks/results/*.json, a block edited by hand fails, and the
+README stays a short user's document that links every page in docs/. No torch, no GPU."""
+import importlib.util
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+README = ROOT / "README.md"
+DOCS = sorted((ROOT / "docs").glob("*.md"))
+
+
+def _tables():
+    spec = importlib.util.spec_from_file_location("docs_tables", ROOT / "benchmarks" / "tables.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_generated_tables_match_the_json():
+    """`python benchmarks/tables.py --check`, as CI and a contributor run it."""
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "tables.py"), "--check"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert r.returncode == 0, r.stderr + r.stdout
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/kernels.md"])
+def test_a_block_edited_by_hand_fails_the_check(tmp_path, capsys, doc):
+    tables = _tables()
+    copy = tmp_path / doc
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(ROOT / doc, copy)
+    argv = ["--check", "--root", str(tmp_path), "--results", str(RESULTS), str(copy)]
+    assert tables.main(argv) == 0, capsys.readouterr().err  # the copy as committed passes
+
+    text = copy.read_text()
+    m = re.search(r"<!-- table:([\w-]+) -->\n(.*?)<!-- /table:", text, re.S)
+    assert m, f"{doc} has no generated table"
+    name = m.group(1)
+    row = next(line for line in m.group(2).splitlines() if line.startswith("| ") and re.search(r"\d\.\d", line))
+    edited = re.sub(r"(\d)\.(\d)", lambda d: f"{d.group(1)}.{(int(d.group(2)) + 1) % 10}", row, count=1)
+    assert edited != row
+    copy.write_text(text.replace(row, edited, 1))
+
+    capsys.readouterr()
+    assert tables.main(argv) == 1
+    err = capsys.readouterr().err
+    assert f"table {name} is stale" in err and str(copy) in err
+
+    assert tables.main(["--root", str(tmp_path), "--results", str(RESULTS), str(copy)]) == 0  # rewrite
+    assert copy.read_text() == (ROOT / doc).read_text()
+
+
+def test_an_unknown_or_unclosed_block_fails(tmp_path, capsys):
+    tables = _tables()
+    md = tmp_path / "x.md"
+    md.write_text("<!-- table:no-such-table -->\n<!-- /table:no-such-table -->\n")
+    assert tables.main(["--check", "--root", str(tmp_path), "--results", str(RESULTS), str(md)]) == 1
+    assert "unknown table 'no-such-table'" in capsys.readouterr().err
+    md.write_text("<!-- table:e2e -->\n| stale |\n")
+    assert tables.main(["--check", "--root", str(tmp_path), "--results", str(RESULTS), str(md)]) == 1
+    assert "do not pair up" in capsys.readouterr().err
+
+
+def test_every_table_is_shown_somewhere_and_every_row_names_gpu_date_and_json():
+    tables = _tables()
+    text = "\n".join(p.read_text() for p in [README, *DOCS])
+    for name, spec in tables.TABLES.items():
+        assert f"<!-- table:{name} -->" in text, f"table {name} is defined but no doc shows it"
+        headers = [h for h, _ in spec["columns"]]
+        assert headers[-3:] in (["GPU", "date", "JSON"], ["machine", "date", "JSON"]), name
+        for row in tables.rows_for(name, RESULTS):
+            assert row["gpu"] and row["gpu"] != "–" and re.match(r"\d{4}-\d{2}-\d{2}", row["date"]), (name, row)
+
+
+def test_readme_is_short_and_links_every_docs_page():
+    lines = README.read_text().splitlines()
+    assert len(lines) <= 250, f"README.md has {len(lines)} lines; move detail to docs/"
+    text = README.read_text()
+    assert DOCS, "docs/ is empty"
+    for page in DOCS:
+        assert f"](docs/{page.name})" in text, f"README.md does not link docs/{page.name}"
+
+
+def _anchors(md: Path) -> set:
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces as hyphens."""
+    heads = re.findall(r"^#+ (.+)$", md.read_text(), re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in heads}
+
+
+def test_local_links_and_anchors_resolve():
+    for md in [README, *DOCS]:
+        for target in re.findall(r"\]\(([^)\s]+)\)", md.read_text()):
+            if re.match(r"[a-z]+:", target):
+                continue
+            file, _, anchor = target.partition("#")
+            path = (md.parent / file).resolve() if file else md
+            assert path.exists(), f"{md.relative_to(ROOT)} links {target}, which does not exist"
+            if anchor and path.suffix == ".md":
+                assert anchor in _anchors(path), f"{md.relative_to(ROOT)} links {target}: no such heading"
