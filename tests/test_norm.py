@@ -49,7 +49,7 @@ def test_key_string_names_every_field():
     w = NormWorkload("rmsnorm", 65536, 4096, residual=True, write_sum=True, eps=1e-6, dtype="bfloat16",
                      policy="bf16")
     assert w.key_string() == "rmsnorm:65536x4096:res=1:sum=1:bias=0:eps=1e-06:bfloat16:bf16"
-    assert w.key()["has_bias"] is False  # RMSNorm has no bias whatever the field says
+    assert w.key_fields()["has_bias"] is False  # RMSNorm has no bias whatever the field says
 
 
 @pytest.mark.parametrize("dtype,width", [("float32", 768), ("bfloat16", 768), ("bfloat16", 4096),

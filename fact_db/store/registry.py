@@ -1250,7 +1250,7 @@ class Registry:
     # norm rows (fact_db/kernels/norm/): one per workload key, the winner and its trials
     @staticmethod
     def norm_digest(w, arch: str, gpu: str = "") -> str:
-        k = w.key()
+        k = w.key_fields()
         key = (arch, canonical_gpu(gpu) if gpu else "", k["kind"], k["rows"], k["width"], bool(k["residual"]),
                bool(k["write_sum"]), bool(k["has_bias"]), float(k["eps"]), k["dtype"], k["policy"])
         return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:32]
@@ -1270,7 +1270,7 @@ class Registry:
     def norm_put(self, w, arch: str, best, trials, gpu: str = "", device_name: str = "",
                  source_hash: str = "") -> None:
         """Store (replace) the winner `best` (a NormTrial) for `w`, with every trial."""
-        k = w.key()
+        k = w.key_fields()
         eager = next((t for t in trials if t.label == "eager"), None)
         cfg = dataclasses.asdict(best.candidate) if best.candidate is not None else {}
         row = {"digest": self.norm_digest(w, arch, gpu), "arch": arch, "gpu": canonical_gpu(gpu) if gpu else "",

@@ -47,7 +47,8 @@ def plan_region(region, policy: str) -> tuple[GemmWorkload | None, str]:
         return w, ("one GEMM over the concatenated gate and up weights; SiLU and the product in PyTorch, in place "
                    "in its output")
     if r.template not in TEMPLATES:
-        return None, f"template {r.template}: no kernel family realizes it yet"
+        return None, (f"template {r.template}: not realized yet by the GEMM family (`factdb realize` tunes GEMMs; "
+                      "`factdb optimize` realizes every family)")
     # A constant scale is the kernel's alpha (discovery read it into attrs), not an epilogue of its own.
     epi = EPILOGUE_OF.get(tuple(e for e in r.epilogue or [] if e != "scale") or ("none",))
     p = r.problem
