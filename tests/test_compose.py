@@ -319,7 +319,7 @@ def test_fact_db_optimize_is_the_function_on_every_read_and_call(tmp_path):
     two calls in a row both return a composed module."""
     import fact_db
     first, second = fact_db.optimize, fact_db.optimize
-    assert first is second and callable(first) and first.__module__ == "fact_db.pipeline"
+    assert first is second and callable(first) and first.__module__ == "fact_db.pipeline.run"
     model = _mingpt()
     x = torch.rand(2, 16, 64)
     for run in (1, 2):
@@ -610,7 +610,8 @@ def test_measure_times_every_peer_and_the_composed_module_compiled(tmp_path):
     """The benchmark stage on CPU with an injected timer: which variants run, in what order,
     each with its error against float64; torch.compile of the composed module works."""
     model, x, fast = _optimize(tmp_path, bench=False)
-    from fact_db.pipeline import like_drawer, measure
+    from fact_db.pipeline.measure import measure
+    from fact_db.pipeline.run import like_drawer
     ref = _mingpt().double()
     ref.load_state_dict(model.state_dict())
     variants = measure(model, model, fast, "fp32", like_drawer((x,)), ref, peers=("compile",),
@@ -625,7 +626,8 @@ def test_measure_interleaves_the_uncompiled_variants_and_keeps_each_rounds_media
     """Eager and fact-db are timed round-robin, BENCH_ROUNDS times each, so a drift of the
     GPU's clocks hits both; a compiled peer is timed once, right after its compile. A
     variant's time is the median of its rounds, and the rounds are kept."""
-    from fact_db import pipeline as opt
+    from fact_db.pipeline import measure as opt
+    from fact_db.pipeline.run import like_drawer
     model, x, fast = _optimize(tmp_path, bench=False)
     ref = _mingpt().double()
     ref.load_state_dict(model.state_dict())
@@ -636,7 +638,7 @@ def test_measure_interleaves_the_uncompiled_variants_and_keeps_each_rounds_media
         calls.append(fn)
         return 1.0 + len(calls)  # every timing later than the one before: a drifting clock
 
-    variants = opt.measure(model, model, fast, "fp32", opt.like_drawer((x,)), ref, peers=("compile",),
+    variants = opt.measure(model, model, fast, "fp32", like_drawer((x,)), ref, peers=("compile",),
                            timer=timer, progress=False)
     by = {v.name: v for v in variants}
     assert len(calls) == 2 + 2 * opt.BENCH_ROUNDS  # two compiled variants once, eager and fact-db per round
@@ -657,7 +659,7 @@ def test_the_cuda_graph_is_kept_only_where_it_is_faster(block):
     """choose_graph keeps the graph on a launch-bound model and turns it off where copying
     inputs in and outputs out costs more than the launches it saves, or where the two are
     within the margin (timings injected)."""
-    from fact_db.pipeline import choose_graph
+    from fact_db.pipeline.measure import choose_graph
     model, x, disc = block
     gm, _ = rewrite(disc.graph.program, disc.regions, {})
     draw = lambda t: ((torch.rand_like(x),), "like")  # noqa: E731
@@ -673,7 +675,7 @@ def test_the_cuda_graph_is_kept_only_where_it_is_faster(block):
 def test_eager_is_returned_where_it_times_faster(block):
     """keep_faster_than_eager: a composed module slower than eager runs eager for its
     signature (and says so); a faster one is kept (timings injected)."""
-    from fact_db.pipeline import keep_faster_than_eager
+    from fact_db.pipeline.measure import keep_faster_than_eager
     model, x, disc = block
     impls = standin_impls(disc)
     gm, _ = rewrite(disc.graph.program, disc.regions, impls)

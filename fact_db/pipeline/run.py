@@ -1,0 +1,272 @@
+"""Optimize: the three stages on one model -- discover, realize (registry first), compose --
+then verify the composed model end to end, measure it against its peers, report, and save
+an artifact.
+
+    >>> fast = fact_db.optimize(model, (x,), policy="fp32")     # a module called like `model`
+    >>> fast.report.speedup, fast.artifact                      # measured, same process
+    >>> plan(model, (x,))                                       # no GPU: what would be done
+
+`optimize_problem(spec, ...)` does the same for anything `factdb discover` takes.
+
+Precision policies apply to the whole model (DESIGN.md): `bf16`/`fp16` run it in that
+dtype, exactly as `model.to(dtype)` with inputs cast at entry and the output cast back,
+which is also the eager baseline at that policy; `tf32` turns TF32 on for the eager
+parts; `fp32`/`tf32x3` keep float32. Speedups are reported against eager at the same
+policy, against eager fp32 (KernelBench's convention) and against torch.compile, all
+timed in this process.
+"""
+from __future__ import annotations
+
+import copy
+import os
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+from fact_db.core.environment import device_info, toolchain_info
+from fact_db.core.policy import POLICIES
+from fact_db.pipeline.measure import PEERS, choose_graph, keep_faster_than_eager, measure
+from fact_db.pipeline.results import OptimizeError, OptimizeReport
+from fact_db.pipeline.variants import variant_factory
+
+
+@contextmanager
+def stage(name: str, report: OptimizeReport | None, progress: bool):
+    t0 = time.perf_counter()
+    if progress:
+        print(f"[{name}] ...", file=sys.stderr, flush=True)
+    yield
+    dt = time.perf_counter() - t0
+    if report is not None:
+        report.stages_s[name] = round(dt, 3)
+    if progress:
+        print(f"[{name}] done in {dt:.1f} s", file=sys.stderr, flush=True)
+
+
+def _device_of(module, inputs):
+    import torch
+    for p in list(module.parameters())[:1] + list(module.buffers())[:1]:
+        return p.device
+    for x in inputs:
+        if isinstance(x, torch.Tensor):
+            return x.device
+    return torch.device("cpu")
+
+
+def _on_gpu(inputs) -> bool:
+    import torch
+    return torch.cuda.is_available() and any(isinstance(x, torch.Tensor) and x.is_cuda for x in inputs)
+
+
+def at_policy(module, policy: str):
+    """The model as `policy` runs it: a copy in bf16/fp16 for the half policies, else itself."""
+    from fact_db.composition.compose import policy_dtype
+    dt = policy_dtype(policy)
+    return copy.deepcopy(module).to(dt) if dt is not None else module
+
+
+def like_drawer(example_inputs, make_inputs=None):
+    """draw(t) -> (inputs, dist): even trials drawn like the problem's inputs (`make_inputs()`,
+    or the example inputs' own distribution: `rand` if all values are non-negative, else
+    `randn`), odd trials zero-mean; a fresh seed every time. Integer inputs are kept."""
+    import torch
+
+    def fresh(x, dist):
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+            return x
+        if dist == "like":
+            f = torch.rand_like if bool((x >= 0).all()) else torch.randn_like
+            return f(x)
+        return torch.randn_like(x)
+
+    def draw(t):
+        torch.manual_seed(int.from_bytes(os.urandom(8), "little") & ((1 << 62) - 1))
+        dist = "like" if t % 2 == 0 else "randn"
+        if dist == "like" and make_inputs is not None:
+            dev = next((x.device for x in example_inputs if isinstance(x, torch.Tensor)), None)
+            xs = [x.to(dev) if isinstance(x, torch.Tensor) and dev is not None else x for x in make_inputs()]
+            return tuple(xs), dist
+        return tuple(fresh(x, dist) for x in example_inputs), dist
+    return draw
+
+
+def _check_gpu(device) -> dict:
+    import torch
+    info = device_info(device)
+    if info["gpu"] is None:
+        raise OptimizeError("no CUDA GPU holds the model: optimize realizes and times kernels on an H100/H200; "
+                            "move the model and its inputs to the GPU, or use fact_db.pipeline.plan() (`factdb "
+                            "optimize` prints the plan on a machine without a GPU)")
+    if info["capability"] != "9.0":
+        raise OptimizeError(f"{info['name']} is sm_{info['capability'].replace('.', '')}: fact-db realizes sm90a "
+                            "(H100, H200) kernels")
+    del torch
+    return info
+
+
+def plan(module, example_inputs, *, policy: str = "fp32", registry=None, gpu: str = "h100", name: str | None = None,
+         rules=None):
+    """What optimize would do, without a GPU: discovery, then per region its workload, what
+    the registry has for it (hit / near / stale / miss) and the roofline estimate. Returns
+    an OptimizeReport with `plan_only` set; nothing is tuned or run. `rules`: the RuleSet to
+    discover with (default: the shipped rules)."""
+    from fact_db.discovery.discover import discover
+    from fact_db.realization.realize import realize_regions
+    if policy not in POLICIES:
+        raise OptimizeError(f"unknown policy '{policy}': use one of {', '.join(POLICIES)}")
+    report = OptimizeReport(name or type(module).__name__, policy, {"name": "none", "gpu": gpu, "capability": None},
+                            toolchain_info(), [], plan_only=True)
+    with stage("discover", report, False):
+        disc = discover(module, example_inputs, arch="sm90", gpu=gpu, policy=policy, rules=rules)
+    report.regions = realize_regions(disc, policy, registry=registry, gpu=gpu, plan_only=True, progress=False)
+    report.notes.append(f"plan only: estimated eager time {disc.eager_s * 1e3:.3f} ms on {disc.gpu} (roofline floor)")
+    report.discovery = disc
+    return report
+
+
+def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max_candidates: int = 24,
+             budget: float | None = None, gpus: list[int] | None = None, out: str | Path | None = None,
+             bench: bool = True, peers=PEERS, trials: int = 5, make_inputs=None, name: str | None = None,
+             progress: bool = True, force: bool = False, save: bool = True, realizer=None, timer=None,
+             cuda_graph: bool = True, rules=None, region_kernels=None, split_weights: bool = True):
+    """Optimize `module` for `example_inputs` under `policy`; returns the composed module
+    (an nn.Module called like `module`) with `.report` (OptimizeReport) and `.artifact`.
+
+    `budget` is minutes of tuning; regions left when it is spent use what the registry has,
+    else eager (the report lists them). `make_inputs()` draws fresh inputs like the
+    problem's (default: like `example_inputs`). `realizer(discovery, policy)` and
+    `timer(fn, input_sets) -> ms` replace GPU realization and timing (tests on CPU).
+    `cuda_graph`: the composed module replays itself as a CUDA graph for the signature it was
+    optimized for (one launch per call; checked bitwise against the graph run op by op on
+    its first call, and off with a note if that fails). `rules`: the RuleSet to discover with
+    (default: the shipped rules; `--llm` adds the rules the agent accepted).
+    `region_kernels`: the agent's kernels the registry holds for regions no rule covers are
+    composed in (realize.realize_region_kernels, no model call); False leaves them out, a
+    callable `(row, spec) -> (Impl, note)` replaces their loader (tests on the CPU).
+    `split_weights`: kernels that split B into hi and lo parts before the kernel (the fp32 and
+    tf32x3 policies' `presplit`) get each weight's lo parts split once and held (one more copy
+    of those weights, counted in the report's held memory); False splits them per call.
+    """
+    import torch
+
+    from fact_db.composition.compose import ComposedModule, rewrite, run_at_policy, signature
+    from fact_db.discovery.discover import discover
+    from fact_db.realization.realize import realize_region_kernels, realize_regions
+    from fact_db.kernels.verify import verify_model
+    if policy not in POLICIES:
+        raise OptimizeError(f"unknown policy '{policy}': use one of {', '.join(POLICIES)}")
+    inputs = tuple(example_inputs) if isinstance(example_inputs, (list, tuple)) else (example_inputs,)
+    name = name or type(module).__name__
+    device = _device_of(module, inputs)
+    info = device_info(device) if realizer is not None else _check_gpu(device)
+    report = OptimizeReport(name, policy, info, toolchain_info(), [])
+    module.eval()
+    model_p = at_policy(module, policy)
+    from fact_db.composition.compose import cast_floats, policy_dtype
+    inputs_p = cast_floats(inputs, policy_dtype(policy)) if policy_dtype(policy) else inputs
+
+    with stage("discover", report, progress):
+        disc = discover(model_p, inputs_p, arch="sm90", gpu=info["gpu"] or "h100", policy=policy, rules=rules)
+    if disc.partial:
+        raise OptimizeError(f"only part of {name} could be traced ({disc.note}); optimize needs the whole model")
+    with stage("realize", report, progress):
+        if realizer is not None:
+            realized = realizer(disc, policy)
+        else:
+            realized = realize_regions(disc, policy, registry=registry, gpu=info["gpu"],
+                                       max_candidates=max_candidates, gpus=gpus, force=force, progress=progress,
+                                       budget_s=budget * 60 if budget is not None else None)
+        added = []
+        if region_kernels is not False:  # the agent's accepted kernels the registry holds; no model call
+            added = realize_region_kernels(disc, realized, registry, gpu=info["gpu"] or "h100", rules=rules,
+                                           loader=region_kernels or None)
+        report.regions = realized
+    with stage("compose", report, progress):
+        derived: dict = {}  # the weights composition makes, shared with compositions for other shapes
+        gm, notes = rewrite(disc.graph.program, disc.regions + [z.region for z in added],
+                            {z.index: z.impl for z in realized}, split_weights=split_weights, derived=derived)
+        report.notes += notes
+        fast = ComposedModule(gm, model_p, policy=policy, optimized_for=signature(inputs), name=name,
+                              regions=[(z.region.rule, z.impl) for z in realized],
+                              variants=variant_factory(model_p, policy, registry, realized, info, split_weights,
+                                                        derived),
+                              also_for=[signature(inputs_p)] if inputs_p is not inputs else [],
+                              cuda_graph=cuda_graph, split_weights=split_weights)
+    draw = like_drawer(inputs, make_inputs)
+    with stage("verify", report, progress):
+        ref_model = copy.deepcopy(module).to(torch.float64)
+        verdict = verify_model(
+            lambda *x: fast(*x), lambda *x: run_at_policy(model_p, policy, x), lambda *x: ref_model(*x), draw, policy,
+            trials=trials, eager_tf32=(lambda *x: run_at_policy(module, "tf32", x)) if policy == "tf32x3" else None,
+            out_dtype={"bf16": "bfloat16", "fp16": "float16"}.get(policy, "float32"))
+        report.verification = verdict
+        if getattr(fast, "graph_note", ""):
+            report.notes.append(fast.graph_note)
+        rounded = next((t.rounding for t in verdict.trials if t.rounding), "") if verdict.ok else ""
+        if rounded:
+            report.notes.append(rounded)
+        if not verdict.ok:
+            report.notes.append(f"end-to-end verification failed ({verdict.reason}): the returned module runs "
+                                f"eager PyTorch under the {policy} policy")
+            fast = ComposedModule(model_p, model_p, policy=policy, optimized_for=signature(inputs), name=name,
+                                  regions=[], variants=None,
+                                  also_for=[signature(inputs_p)] if inputs_p is not inputs else [])
+    if verdict.ok and _on_gpu(inputs):
+        if getattr(fast, "cuda_graph", False):
+            report.notes.append(choose_graph(fast, policy, draw, timer))
+        note = keep_faster_than_eager(fast, model_p, policy, draw, timer)
+        if note:
+            report.notes.append(note)
+    if bench:
+        with stage("benchmark", report, progress):
+            report.variants = measure(module, model_p, fast, policy, draw, ref_model, peers=peers, timer=timer,
+                                      progress=progress, composed_ok=verdict.ok)
+            held = report.variant("fact-db")
+            if held is not None and held.held_mib:
+                report.notes.append(
+                    f"fact-db's module holds {held.held_mib:.1f} MiB between calls beyond the model's parameters "
+                    "(weights it concatenated or transposed" + (" or split into TF32 parts" if split_weights else "") +
+                    (", its CUDA graph's pool" if held.held_mib > fast.held_mib(graphs=False) else "") +
+                    "), counted in its peak memory")
+    del ref_model
+    fast.report = report
+    fast.artifact = None
+    if save:
+        from fact_db.composition.artifact import default_dir, save as save_artifact
+        with stage("save", report, progress):
+            fast.artifact = save_artifact(Path(out) if out else default_dir(name, policy), fast, disc, report,
+                                          module=model_p, example_inputs=inputs_p)
+    return fast
+
+
+def optimize_problem(spec: str, **kw):
+    """`optimize` on a KernelBench-format file or import spec (what `factdb discover` takes):
+    the model is built on the GPU with a fixed seed, and fresh inputs come from its
+    `get_inputs()`."""
+    import torch
+
+    from fact_db.discovery.sandbox import time_limit
+    from fact_db.discovery.trace import load_problem
+    if not torch.cuda.is_available() and kw.get("realizer") is None:
+        raise OptimizeError("no CUDA GPU is visible: use plan_problem() (`factdb optimize` prints the plan)")
+    dev = torch.device("cuda") if kw.get("realizer") is None else torch.device("cpu")
+    with time_limit(spec, kw.pop("build_timeout_s", None)):  # the file's code runs here: bounded in time
+        problem = load_problem(spec)
+        torch.manual_seed(0)
+        with torch.device(dev):
+            model = problem.make_model()
+            inputs = problem.make_inputs()
+
+    def make_inputs():
+        with torch.device(dev):
+            return problem.make_inputs()
+    return optimize(model, inputs, make_inputs=make_inputs, name=kw.pop("name", None) or problem.name, **kw)
+
+
+def plan_problem(spec: str, **kw):
+    """`plan` on a problem file or spec: built and traced on the meta device."""
+    from fact_db.discovery.trace import build_on_meta, load_problem
+    problem = load_problem(spec)
+    model, inputs, _ = build_on_meta(problem)
+    return plan(model, inputs, name=kw.pop("name", None) or problem.name, **kw)
