@@ -157,7 +157,8 @@ def show(digest, db_url, as_json):
         line("  " + LABELS[f], getattr(rec.env, f) or "?")
     line("template", f"{rec.template or '-'} (hash {rec.template_hash or '?'}"
                      + (f", now {now_hash or 'none'})" if rec.template_hash != now_hash else ", current)"))
-    line("usable here", "yes" if not why else f"no, stale: {why}")
+    line("usable here", ("yes" if not why else f"no, stale: {why}")
+         + ("" if cur.env.has_gpu else " (no GPU here: only CUTLASS and nvcc were compared)"))
     skip = {"digest", "family", "template", "template_hash", "source", *rec.key.FIELDS, *FIELDS}
     for name, value in rec.as_dict().items():
         if name in skip:
