@@ -103,13 +103,14 @@ def kernel_part(args, reg, tmp) -> list:
             props = Agent(llm, registry=reg, retriever=None, compile_timeout=args.compile_timeout).run(rep, rs)
         finally:
             srv.close()
-        rows = reg.region_kernels()
+        rows = list(reg.rows("region"))
         runs.append({"part": "kernel", "run": i + 1, "source": args.source, "shape": [args.m, args.k, args.n],
                      "requests": len(srv.requests),
                      **llm.usage.as_dict(), "proposals": [p.as_dict() for p in props],
-                     "registry": [{k: r[k] for k in ("digest", "name", "ops", "provenance", "status", "time_ms",
-                                                      "eager_ms", "rel_err", "eager_rel_err", "device_name")}
-                                  for r in rows],
+                     "registry": [{"digest": r.digest, "name": r.label, "ops": r.key.summary,
+                                   "provenance": r.provenance, "status": r.status, "time_ms": r.time_ms,
+                                   "eager_ms": r.baseline_ms, "rel_err": r.rel_err, "eager_rel_err": r.baseline_rel_err,
+                                   "device_name": r.device_name} for r in rows],
                      "wall_s": round(time.perf_counter() - t0, 1)})
         print(json.dumps(runs[-1], indent=1, default=str))
     if torch.cuda.is_available():

@@ -5,16 +5,17 @@ Writes benchmarks/results/registry-<date>.json with the machine, date and commit
 - `fill`: generating the rows (fact_db.store.registry.synthetic_rows) and bulk-inserting them.
 - `lookup_ms`: Registry.lookup in one process, half on keys present (exact) and half on
   shapes moved within their divisibility class (nearest), plus a third set on a GPU with
-  no rows (miss); `nearest_all_stale` (not in `per_call`) times lookups under a toolchain
-  that makes every row stale. `per_call` opens and closes a connection per lookup (the default, so
-  other processes can use the file in between); `pinned` reuses one (Registry.pinned()).
+  no rows (miss); `nearest_all_stale` (not in `per_call`) times lookups under an environment
+  (another nvcc) that makes every row stale. `per_call` opens and closes a connection per
+  lookup (the default, so other processes can use the file in between); `pinned` reuses one
+  (Registry.pinned()).
   Target: per-call median at most 50 ms.
 - `process_s`: a fresh Python process that opens the registry and does one lookup, wall
   time, twice: importing fact_db.store.registry on its own (what `factdb query` needs from the
   registry; target at most 1 s), and through `import fact_db` as it stands (whose
   __init__ imports discovery and torch).
 - `cli_s`: `factdb registry list --gpu l4 --json`, a whole CLI call, wall time.
-- `write_ms`: put_kernel and add_trials per call (each its own transaction and
+- `write_ms`: put and add_trials per call (each its own transaction and
   connection), import of 1,000 JSONL rows, export of every row, a revalidate pass.
 
     python benchmarks/registry_speed.py [--rows 100000] [--lookups 150] [--out PATH]
@@ -36,18 +37,18 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
+from _provenance import commit, machine  # noqa: E402  (benchmarks/ is on sys.path)
+
 from fact_db.store.registry import (
+    SYNTHETIC_ENV,
     KernelKey,
     Registry,
     TrialRecord,
     synthetic_records,
     synthetic_rows,
 )
-from fact_db.core.toolchain import Toolchain
 
-from _provenance import commit, machine  # noqa: E402  (benchmarks/ is on sys.path)
-
-TC = Toolchain("4.2.0.0", "13.0.88", "0.1.0")   # synthetic_rows' toolchain: every row is current
+ENV = SYNTHETIC_ENV   # synthetic_rows' environment (no GPU named: CUTLASS and nvcc count): every row is current
 TH = {"gemm_sm90": "synthetic", "gemm_sm80": "synthetic"}
 
 REGISTRY_ONLY = f"""
@@ -57,10 +58,9 @@ pkg = types.ModuleType("fact_db"); pkg.__path__ = [{str(ROOT / 'fact_db')!r}]; p
 sys.modules["fact_db"] = pkg
 """
 OPEN_LOOKUP = """
-from fact_db.store.registry import Registry, KernelKey
-from fact_db.core.toolchain import Toolchain
+from fact_db.store.registry import Registry, KernelKey, SYNTHETIC_ENV
 reg = Registry.open(sys.argv[1], seed=False)
-hit = reg.lookup(KernelKey(**__import__("json").loads(sys.argv[2])), toolchain=Toolchain("4.2.0.0", "13.0.88", "0.1.0"),
+hit = reg.lookup(KernelKey(**__import__("json").loads(sys.argv[2])), env=SYNTHETIC_ENV,
                  template_hashes={"gemm_sm90": "synthetic", "gemm_sm80": "synthetic"})
 reg.close()
 print(time.perf_counter() - t0, hit is not None, "torch" in sys.modules)
@@ -110,7 +110,7 @@ def main(argv=None) -> int:
 
     # -- lookups ----------------------------------------------------------------------
     step = max(1, len(rows) // args.lookups)
-    sample = [KernelKey(**{f: r[f] for f in KernelKey.FIELDS}) for r in rows[::step][: args.lookups]]
+    sample = [KernelKey(**json.loads(r["key"])) for r in rows[::step][: args.lookups]]
     exact = sample[: len(sample) // 2]
     near = [k.with_(m=k.m + 128) for k in sample[len(sample) // 2:]]   # +128 keeps M's divisibility class
     miss = [k.with_(gpu="l4") for k in sample[: len(sample) // 3]]
@@ -120,22 +120,22 @@ def main(argv=None) -> int:
         ts = []
         for k in keys:
             s = time.perf_counter()
-            hit = reg.lookup(k, toolchain=TC, template_hashes=TH)
+            hit = reg.lookup(k, env=ENV, template_hashes=TH)
             ts.append(time.perf_counter() - s)
             outcomes["none" if hit is None else "exact" if hit.exact else "nearest"] += 1
         kinds[name] = stats_ms(ts)
         per_call += ts
-    ts = []   # after a toolchain upgrade every row is stale: the slow path ranks the whole family
+    ts = []   # after an nvcc upgrade every row is stale: the slow path ranks the whole family
     for k in near[:50]:
         s = time.perf_counter()
-        reg.lookup(k, toolchain=Toolchain("9.9.9.9", "99.9", "0.1.0"), template_hashes=TH)
+        reg.lookup(k, env=ENV.with_(nvcc="99.9"), template_hashes=TH)
         ts.append(time.perf_counter() - s)
     kinds["nearest_all_stale"] = stats_ms(ts)
     pinned = []
     with reg.pinned():
         for k in exact + near + miss:
             s = time.perf_counter()
-            reg.lookup(k, toolchain=TC, template_hashes=TH)
+            reg.lookup(k, env=ENV, template_hashes=TH)
             pinned.append(time.perf_counter() - s)
     doc["lookup_ms"] = {"per_call": stats_ms(per_call), "per_call_by_kind": kinds, "pinned": stats_ms(pinned),
                         "outcomes": outcomes, "target_median_ms": 50}
@@ -176,7 +176,7 @@ def main(argv=None) -> int:
     puts, trials = [], []
     for r in new[:30]:
         s = time.perf_counter()
-        reg.put_kernel(r, toolchain=TC, template_hashes=TH)
+        reg.put(r, env=ENV, template_hashes=TH)
         puts.append(time.perf_counter() - s)
         t = TrialRecord(key=r.key, template=r.template, config=r.config, status="ok", time_ms=r.time_ms)
         s = time.perf_counter()
@@ -185,23 +185,23 @@ def main(argv=None) -> int:
     jl = tmp / "in.jsonl"
     jl.write_text("".join(json.dumps(r.as_dict()) + "\n" for r in new[30:]))
     s = time.perf_counter()
-    rep = reg.import_jsonl(jl, toolchain=TC, template_hashes=TH)
+    rep = reg.import_jsonl(jl, env=ENV, template_hashes=TH)
     imp = time.perf_counter() - s
     s = time.perf_counter()
     n_exp = reg.export_jsonl(tmp / "out.jsonl")
     exp = time.perf_counter() - s
     s = time.perf_counter()
-    changed = reg.revalidate(TC, template_hashes=TH, dry_run=True)
+    changed = reg.revalidate(ENV, template_hashes=TH, dry_run=True)
     reval = time.perf_counter() - s
     reg.close()
-    doc["write_ms"] = {"put_kernel": stats_ms(puts), "add_trials_one": stats_ms(trials),
+    doc["write_ms"] = {"put": stats_ms(puts), "add_trials_one": stats_ms(trials),
                        "import_1000_rows_s": round(imp, 2), "import_inserted": rep.inserted,
                        "export_all_s": round(exp, 2), "exported": n_exp,
                        "revalidate_dry_run_all_s": round(reval, 2), "revalidate_changes": len(changed)}
     print(f"writes: {doc['write_ms']}", flush=True)
 
     now = datetime.datetime.now(datetime.timezone.utc)
-    doc = {"benchmark": "registry_speed", "date": now.isoformat(timespec="seconds"), "commit": commit(["fact_db/store/registry.py", "fact_db/store/db.py"],
+    doc = {"benchmark": "registry_speed", "date": now.isoformat(timespec="seconds"), "commit": commit(["fact_db/store/"],
                                                                                     "+uncommitted registry changes"),
            "machine": {**machine(**_db_versions()), "loadavg_before": load_before, "loadavg_after": load()}, **doc}
     out = args.out or HERE / "results" / f"registry-{now.date().isoformat()}.json"

@@ -13,6 +13,7 @@ import torch
 
 from fact_db.core import paths
 from fact_db.realization.agent import Agent
+from fact_db.kernels.region import rows as region_rows
 from fact_db.realization.asks import asks, region_spec
 from fact_db.discovery.discover import discover
 from fact_db.realization.llm import LLM, Config
@@ -138,7 +139,7 @@ def test_sources_outside_the_policy_are_refused_before_compiling(env, bad, words
     assert [p.outcome for p in props] == ["refused"], props
     assert words in props[0].reason and "before compiling" in props[0].reason
     assert runner.jobs == []  # nothing compiled, nothing ran
-    assert reg.region_kernels() == []
+    assert list(reg.rows("region")) == []
     assert not Path("/tmp/factdb-kernel-pwned").exists()
     _recorded("refused")
 
@@ -171,7 +172,7 @@ def test_rejected_kernels_leave_the_registry_empty(env, run, outcome, words):
     assert [j["kind"] for j in runner.jobs] == ["region_compile", "region_run"]
     assert runner.jobs[0]["source"] == KERNEL and runner.jobs[0]["arch"] == "sm90a"
     assert runner.jobs[1]["region"]["ops"][0]["op"] == "aten.linear"
-    assert reg.region_kernels() == []
+    assert list(reg.rows("region")) == []
     _recorded(outcome)
 
 
@@ -180,7 +181,7 @@ def test_compile_error_reported_by_the_worker(env):
                                                  "error": "kernel.cu(3): error: expected a \";\""})
     props, _, _, reg = _run(env, [(200, _reply(), 0)], runner=runner)
     assert props[0].outcome == "compile error" and 'expected a ";"' in props[0].reason and "$ nvcc" in props[0].reason
-    assert [j["kind"] for j in runner.jobs] == ["region_compile"] and reg.region_kernels() == []
+    assert [j["kind"] for j in runner.jobs] == ["region_compile"] and list(reg.rows("region")) == []
 
 
 def test_accepted_kernel_is_stored_with_its_source_then_served_without_a_call(env):
@@ -188,18 +189,19 @@ def test_accepted_kernel_is_stored_with_its_source_then_served_without_a_call(en
     props, llm, srv, reg = _run(env, [(200, _reply(), 0)], runner=runner)
     assert [p.outcome for p in props] == ["accepted"], props
     assert "4.0 us, eager 9.0 us" in props[0].reason and "provenance llm" in props[0].reason
-    [row] = reg.region_kernels()
-    assert row["provenance"] == "llm" and row["status"] == "verified" and row["source"] == KERNEL
-    assert row["name"] == "linear_relu" and row["ops"] == "aten.linear -> aten.relu" and row["gpu"] == "h100"
-    assert row["time_ms"] == 0.004 and row["eager_ms"] == 0.009 and row["rel_err"] == 2e-7
-    assert row["model"] == "scripted" and row["explanation"] == "one thread per output"
-    assert props[0].registry == row["digest"] and llm.usage.calls == 1
+    [row] = reg.rows("region")
+    assert row.provenance == "llm" and row.status == "verified" and row.source == KERNEL
+    assert row.label == "linear_relu" and row.key.gpu == "h100" and row.template == "llm_region"
+    assert "aten.linear" in row.key.ops and "aten.relu" in row.key.ops
+    assert row.time_ms == 0.004 and row.baseline_ms == 0.009 and row.rel_err == 2e-7
+    assert row.config["model"] == "scripted" and row.notes == "one thread per output"
+    assert props[0].registry == row.digest and llm.usage.calls == 1
     reg.close()
     # a second run: the registry answers, the model is not asked (not even its reply cache)
     runner2 = Runner(run=FAST)
     props2, llm2, srv2, reg2 = _run(env, [(500, "must not be called", 0)], runner=runner2)
     assert [p.outcome for p in props2] == ["accepted"] and "no call" in props2[0].reason
-    assert props2[0].registry == row["digest"]
+    assert props2[0].registry == row.digest
     assert srv2.requests == [] and llm2.usage.calls == 0 and llm2.usage.cached == 0 and runner2.jobs == []
 
 
@@ -209,7 +211,7 @@ def test_injected_hooks_still_decide(env):
     hooks = {"compile": lambda src, name: calls.append("compile") or name, "verify": lambda h: (True, "err 1e-7"),
              "bench": lambda h: (1e-5, 2e-5), "store": lambda h, src: calls.append("store")}
     props, _, _, reg = _run(env, [(200, _reply(), 0)], kernel_hooks=hooks)
-    assert props[0].outcome == "accepted" and calls == ["compile", "store"] and reg.region_kernels() == []
+    assert props[0].outcome == "accepted" and calls == ["compile", "store"] and list(reg.rows("region")) == []
 
 
 # ------------------------------------------------------------------------------------------
@@ -222,7 +224,7 @@ def test_cpp_that_does_not_compile_is_a_recorded_compile_error(env):
     props, _, _, reg = _run(env, [(200, _reply(source=bad), 0)], compile_timeout=120)
     assert [p.outcome for p in props] == ["compile error"], props
     assert "error" in props[0].reason and "nvcc" in props[0].reason and "kernel.cu" in props[0].reason
-    assert reg.region_kernels() == []
+    assert list(reg.rows("region")) == []
     _recorded("compile error")
 
 
@@ -233,7 +235,7 @@ def test_compile_timeout_is_recorded_and_not_cached(env):
     props, _, _, reg = _run(env, [(200, _reply(source=heavy), 0)], compile_timeout=1)
     assert [p.outcome for p in props] == ["timeout"], props
     assert "compile over 1 s" in props[0].reason and "nvcc timed out" in props[0].reason
-    assert reg.region_kernels() == []
+    assert list(reg.rows("region")) == []
     assert not list((Path(paths.home()) / "build").glob("*/error.txt"))  # a longer limit may build it
     _recorded("timeout")
 
@@ -246,7 +248,7 @@ def test_without_a_gpu_the_kernel_compiles_in_the_worker_and_waits_for_one(env):
     assert [p.outcome for p in props] == ["needs a GPU"], props
     assert "compiled" in props[0].reason and "needs a GPU" in props[0].reason
     assert list((Path(paths.home()) / "build").glob("*/kernel.so"))  # built by the worker, in the build cache
-    assert reg.region_kernels() == []
+    assert list(reg.rows("region")) == []
     _recorded("needs a GPU")
 
 
@@ -266,11 +268,11 @@ def test_consult_reports_the_accepted_kernel_and_where_it_is_stored(env, monkeyp
         info = consult(str(env / "p.py"), registry=reg, runner=Runner(run=FAST))
     finally:
         srv.close()
-    [row] = reg.region_kernels()
+    [row] = reg.rows("region")
     assert info["calls"] == 1 and info["rule_files"] == []
-    assert info["kernels"] == [{"region": "linear", "registry": row["digest"], "reason": info["proposals"][0]["reason"]}]
+    assert info["kernels"] == [{"region": "linear", "registry": row.digest, "reason": info["proposals"][0]["reason"]}]
     line = summary_line(info)
-    assert f"accepted llm kernel {row['digest'][:12]} is in the registry" in line and "optimize composes it" in line
+    assert f"accepted llm kernel {row.digest[:12]} is in the registry" in line and "optimize composes it" in line
 
 
 # ------------------------------------------------------------------------------------------
@@ -281,7 +283,7 @@ def _stored_row(env, reg, time_ms=0.004, eager_ms=0.009):
     rep = discover(LinearRelu(), (torch.randn(8, 64),), rules=rules)
     [ask] = asks(rep, rules)
     spec, _ = region_spec(ask, rep)
-    reg.region_put(spec, "sm90a", "h100", name="linear_relu", source=KERNEL, build_key="k" * 24, time_ms=time_ms,
+    region_rows.store(reg, spec, "sm90a", "h100", name="linear_relu", source=KERNEL, build_key="k" * 24, time_ms=time_ms,
                    eager_ms=eager_ms, rel_err=2e-7, eager_rel_err=1.5e-7, model="scripted")
     return spec
 
@@ -289,7 +291,7 @@ def _stored_row(env, reg, time_ms=0.004, eager_ms=0.009):
 def _standin_loader(row, spec):
     import standins
     from fact_db.kernels.impl import Impl
-    return Impl("region", f"llm kernel {row['name']}", standins.region_op(spec),
+    return Impl("region", f"llm kernel {row.label}", standins.region_op(spec),
                 {"region": spec.as_dict(), "standin_region": True}), "stand-in"
 
 
@@ -381,7 +383,7 @@ def test_a_region_kernel_for_other_shapes_is_not_used(env):
     rules = load_rules()
     rep = discover(LinearRelu(), (torch.randn(16, 64),), rules=rules)  # stored for 16 rows, optimized for 8
     spec, _ = region_spec(asks(rep, rules)[0], rep)
-    reg.region_put(spec, "sm90a", "h100", name="linear_relu", source=KERNEL, time_ms=0.001, eager_ms=0.009)
+    region_rows.store(reg, spec, "sm90a", "h100", name="linear_relu", source=KERNEL, time_ms=0.001, eager_ms=0.009)
     _, _, fast = _optimize_linear_relu(env, reg, realizer=_gemm_realizer(), region_kernels=_standin_loader, save=False)
     assert [z.impl.kind for z in fast.report.regions] == ["eager"]
     reg.close()

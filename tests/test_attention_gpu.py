@@ -148,5 +148,6 @@ def test_tuner_end_to_end_in_the_worker(tmp_path):
     assert all(s == "ok" for lbl, s in kinds.items() if lbl.startswith("fmha")), kinds
     from fact_db.kernels.abi import current_gpu
     gpu = current_gpu()[0]
-    assert res.best is not None and reg.attention_get(w, "sm90a", gpu).label == res.best.label
-    assert reg.attention_get(w, "sm90a", "some-other-gpu") is None  # rows are keyed by the GPU
+    from fact_db.kernels.attention.tune import from_registry
+    assert res.best is not None and from_registry(w, reg, "sm90a", gpu).label == res.best.label
+    assert from_registry(w, reg, "sm90a", "some-other-gpu") is None  # rows are keyed by the GPU

@@ -127,11 +127,14 @@ def test_tune_picks_fastest_verified_and_writes_the_registry(monkeypatch):
     reg = Registry.memory(seed=False)
     res = at.tune(w, gpu="h100", pool=Pool(), registry=reg, fams=[fmha_sm90])
     assert res.best.label == "fmha q128 k64 hd64 coop"  # pingpong was faster but failed verification
-    hit = reg.attention_get(w, "sm90a", "h100")
+    hit = at.from_registry(w, reg, "sm90a", "h100")
     assert hit.label == res.best.label and hit.config["tile_kv"] == 64 and hit.time_ms == 1.0
-    assert reg.attention_get(w, "sm90a", "h200") is None  # a winner timed on one GPU never serves another
-    assert reg.attention_get(w.with_(causal=False), "sm90a", "h100") is None
-    assert reg.attention_get(w.with_(scale=0.5), "sm90a", "h100") is None  # the scale is part of the key
+    rec = reg.get(w.key("sm90a", "h100"))
+    assert rec.template == "fmha_sm90" and rec.baseline_ms == 3.0  # the explicit form is the baseline
+    assert len(reg.trials(w.key("sm90a", "h100"))) == len(res.trials)  # every candidate, failures included
+    assert at.from_registry(w, reg, "sm90a", "h200") is None  # a winner timed on one GPU never serves another
+    assert at.from_registry(w.with_(causal=False), reg, "sm90a", "h100") is None
+    assert at.from_registry(w.with_(scale=0.5), reg, "sm90a", "h100") is None  # the scale is part of the key
     again = at.tune(w, gpu="h100", pool=None, registry=reg, fams=[fmha_sm90])
     assert again.notes == ["registry hit"] and again.best.label == res.best.label
 

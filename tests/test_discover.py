@@ -238,31 +238,28 @@ def test_discovery_registry_column_for_gemm_regions_hit_near_and_stale():
     row of a nearby shape is `near (D)`, a row from another toolchain is stale, the rest miss."""
     import dataclasses
 
-    from fact_db.core import toolchain
+    from fact_db.core import environment
     from fact_db.discovery.discover import discover_problem
-    from fact_db.realization.realize import ask_registry
-    from fact_db.realization.realize import plan
+    from fact_db.realization.realize import ask_registry, plan
     from fact_db.store.registry import KernelRecord, Registry
     rep = discover_problem(str(PROBLEMS / "gemm_bias_relu.py"), arch="sm90", policy="fp32")
     w = next(p.workload for p in plan(rep, "fp32") if p.workload is not None)
     arch, gpu = "sm90a", rep.gpu.lower()
-    tc = toolchain.current()
+    now = environment.current()
 
-    def rec(key, nvcc=tc.nvcc):
+    def rec(key, nvcc=now.nvcc):
         return KernelRecord(key=key, template="gemm_sm90", config={"tile_m": 128}, time_ms=0.25, baseline="eager",
-                            baseline_ms=0.5, rel_err=1e-7, baseline_rel_err=1e-7, device_name="test",
-                            cutlass_version=tc.cutlass, nvcc_version=nvcc, factdb_version=tc.factdb,
-                            template_hash=toolchain.template_hash("gemm_sm90"))
+                            baseline_ms=0.5, rel_err=1e-7, baseline_rel_err=1e-7).stamped(now.with_(nvcc=nvcc))
     key = w.key(arch, gpu)
     answers = {}
     for row in ("hit", "near", "stale", "miss"):
         with Registry.open("memory") as reg:
             if row == "hit":
-                reg.put_kernel(rec(key))
+                reg.put(rec(key))
             elif row == "near":
-                reg.put_kernel(rec(dataclasses.replace(key, m=key.m * 2)))
+                reg.put(rec(dataclasses.replace(key, m=key.m * 2)))
             elif row == "stale":
-                reg.put_kernel(rec(key, nvcc="0.0.1"))
+                reg.put(rec(key, nvcc="0.0.1"))
             ask_registry(rep, reg)
         answers[row] = (rep.regions[0].registry, rep.regions[0].measured_s)
         rep.regions[0].measured_s = None

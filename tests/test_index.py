@@ -6,6 +6,7 @@ rules and the installed CUTLASS examples (plus a few registry kernels) is built 
 session in a temporary directory and shared; tests that change an index build their own
 small one. tests/test_index_retrieval.py runs the real model.
 """
+import importlib
 import json
 import socket
 from pathlib import Path
@@ -13,12 +14,14 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from fact_db.store import embed, index
 from fact_db.core import paths
+from fact_db.discovery.rules import load_rules
+from fact_db.store import embed, index
 from fact_db.store.db import REGISTRY_TABLES
 from fact_db.store.index import Doc
-from fact_db.store.registry import KernelKey, KernelRecord, Registry
-from fact_db.discovery.rules import load_rules
+from fact_db.store.registry import SYNTHETIC_ENV, KernelKey, KernelRecord, Registry
+
+HERE = SYNTHETIC_ENV   # the index never judges staleness: any environment will do
 
 ARCHS = {"sm50", "sm60", "sm70", "sm75", "sm80", "sm89", "sm90", "sm100", "sm103", "sm120"}
 DTYPES = set(index.DTYPE_WORDS)
@@ -30,7 +33,7 @@ def kernel(rule="gemm", gpu="h100", arch="sm90a", m=4096, n=4096, k=4096, batch=
                     layout_a="row", layout_b="col", m=m, n=n, k=k, batch=batch, epilogue=epilogue, policy=policy)
     return KernelRecord(key=key, template="gemm_sm90" if arch.startswith("sm90") else "gemm_sm80", config={"tile_m": 128},
                         time_ms=time_ms, baseline="torch eager", baseline_ms=time_ms * 1.5,
-                        device_name=f"NVIDIA {gpu.upper()}", **kw).stamped()
+                        **kw).stamped(HERE.with_(gpu_sku=f"NVIDIA {gpu.upper()}"))
 
 
 KERNELS = [kernel(), kernel(m=8192, time_ms=3.0), kernel(gpu="a100", arch="sm80", time_ms=2.0),
@@ -42,7 +45,7 @@ def full(tmp_path_factory):
     """A registry file with a few kernels, indexed with the hash embedder (rules, examples, kernels)."""
     db = tmp_path_factory.mktemp("factdb-index") / "fact.duckdb"
     with Registry.open(str(db), seed=False) as reg:
-        reg.put_kernels(KERNELS)
+        reg.put_many(KERNELS)
     rep = index.build(str(db), embedder=embed.HashEmbedder())
     return db, rep
 
@@ -285,7 +288,7 @@ def test_the_registry_file_holds_only_plain_tables(full):
         con.close()
     with Registry.open(str(db), seed=False) as reg:               # its foreign-table check passes
         assert reg.count() == len(KERNELS)
-        reg.put_kernel(kernel(m=1024))
+        reg.put(kernel(m=1024))
     sp = index.search_path(Path(db))
     assert sp.name == "fact.search.duckdb" and sp.exists()
 
@@ -306,18 +309,19 @@ def test_a_build_that_fails_midway_changes_nothing(tmp_path, monkeypatch):
     url = str(tmp_path / "fact.duckdb")
     index.build(url, docs=small_docs(), embedder=embed.HashEmbedder())
     before = index.status(url, docs=small_docs())
-    real = index._insert_columns
+    build_mod = importlib.import_module("fact_db.store.index.build")   # index.build is the function
+    real = build_mod._insert_columns
 
     def fail_on_vectors(con, table, *a, **k):
         if table == "index_vectors":
             raise RuntimeError("killed while writing vectors")
         return real(con, table, *a, **k)
-    monkeypatch.setattr(index, "_insert_columns", fail_on_vectors)
+    monkeypatch.setattr(build_mod, "_insert_columns", fail_on_vectors)
     docs = small_docs()
     docs[0].embed_text = "a new text to embed"
     with pytest.raises(RuntimeError, match="killed while writing"):
         index.build(url, docs=docs, embedder=embed.HashEmbedder())
-    monkeypatch.setattr(index, "_insert_columns", real)
+    monkeypatch.setattr(build_mod, "_insert_columns", real)
     after = index.status(url, docs=small_docs())
     assert after["stale"]["count"] == 0 and after["last_build"] == before["last_build"]
     assert index.search("split", url=url, embedder=embed.HashEmbedder()).hits[0].id == "r-split"
@@ -402,8 +406,37 @@ def test_build_and_query_work_with_sockets_blocked(tmp_path, monkeypatch, no_net
 
 
 def test_the_index_module_does_not_import_torch_or_sentence_transformers_itself():
-    src = Path(index.__file__).read_text() + Path(embed.__file__).read_text()
+    src = "".join(p.read_text() for p in sorted(Path(index.__file__).parent.glob("*.py")))
+    src += Path(embed.__file__).read_text()
     assert "import sentence_transformers" not in src and "from sentence_transformers" not in src
     top = [line for line in src.splitlines() if line.startswith(("import ", "from "))]
     assert not any("torch" in line for line in top), "torch must be imported lazily (only to encode)"
     assert json.loads(json.dumps(index.FUSION)) == index.FUSION
+
+
+def test_every_family_is_indexed_and_found(tmp_path):
+    """Attention, norm and region rows get documents from their key's words, and a kernel
+    search finds them (GEMM rows keep their own description)."""
+    from test_registry import ENV, SPEC, TH, attn_key, norm_key
+
+    from fact_db.store.registry import RegionKey
+    db = tmp_path / "fam.duckdb"
+    with Registry.open(str(db), seed=False) as reg:
+        reg.put_many([kernel(), KernelRecord(key=attn_key(), template="library", label="flash", time_ms=0.4, env=ENV),
+                      KernelRecord(key=norm_key(), template="eager", label="eager", time_ms=0.1, env=ENV),
+                      KernelRecord(key=RegionKey.of(SPEC, "sm90a", "h100"), template="llm_region", label="add_relu",
+                                   time_ms=0.1, env=ENV)], env=ENV, template_hashes=TH)
+        docs = {d.meta.get("family", "gemm"): d for d in index.kernel_docs(reg)}
+    assert sorted(docs) == ["attention", "gemm", "norm", "region"]
+    assert docs["gemm"] == index.kernel_doc(kernel())                       # GEMM text unchanged
+    assert "kv_heads 4" in docs["attention"].body and "winner library (flash)" in docs["attention"].body
+    assert docs["norm"].ops == ["norm", "rmsnorm"] and "ops add, relu" in docs["region"].body
+    assert docs["attention"].embed_hash == index.kernel_doc(
+        KernelRecord(key=attn_key(lq=1024), template="library", label="flash", time_ms=1.0, env=ENV)).embed_hash
+    for d in docs.values():   # what `factdb query` prints of a kernel hit is there for every family
+        assert {"rule", "shape", "dtype_in", "dtype_out", "policy", "epilogue", "gpu", "status"} <= set(d.meta)
+    index.build(str(db), embedder=embed.HashEmbedder())
+    hits = index.search("rmsnorm residual kernel", kind="kernel", url=str(db), embedder=embed.HashEmbedder()).hits
+    assert hits[0].id == norm_key().digest()
+    hits = index.search("causal attention kv heads", kind="kernel", url=str(db), embedder=embed.HashEmbedder()).hits
+    assert hits[0].id == attn_key().digest()

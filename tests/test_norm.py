@@ -145,8 +145,9 @@ def test_registry_round_trip_of_a_norm_winner_and_stale_source():
         assert best.label == "t64v4r2"
         got = norm_tune.from_registry(w, reg, gpu="h100")
         assert got.candidate == c and got.time_ms == 0.05
-        row = reg.norm_get(w, "sm90a", "h100")
-        assert row["eager_ms"] == 0.08 and row["template"] == "add_norm"
+        rec = reg.lookup(w.key("sm90a", "h100"), nearest=False).record
+        assert rec.baseline_ms == 0.08 and rec.template == "add_norm" and rec.label == "t64v4r2"
+        assert {t.status for t in reg.trials(w.key("sm90a", "h100"))} == {"ok", "verify_failed"}
         # another key (no sum output) is another row
         assert norm_tune.from_registry(NormWorkload("layernorm", 65536, 768, residual=True, policy="fp32"), reg,
                                   gpu="h100") is None
@@ -154,11 +155,14 @@ def test_registry_round_trip_of_a_norm_winner_and_stale_source():
         w2 = NormWorkload("rmsnorm", 8, 64)
         norm_tune.record(w2, [norm_tune.NormTrial("eager", "ok", 0.01, 0.0)], reg, gpu="h100")
         assert norm_tune.from_registry(w2, reg, gpu="h100").candidate is None
-        # a changed template source makes the kernel row stale
+        # a changed template makes the kernel row stale: never served, and said so
         with reg.db.begin() as conn:
             import sqlalchemy as sa
-            conn.execute(sa.text("UPDATE norm_kernels SET source_hash = 'old' WHERE kind = 'layernorm'"))
+            conn.execute(sa.text("UPDATE kernels SET template_hash = 'old' WHERE family = 'norm' "
+                                 "AND template = 'add_norm'"))
         assert norm_tune.from_registry(w, reg, gpu="h100") is None
+        hit = reg.lookup(w.key("sm90a", "h100"), nearest=False)
+        assert hit.stale and "template add_norm changed" in hit.stale_reason
 
 
 _NORM_CALLS = []
@@ -288,7 +292,7 @@ def test_norm_regions_ask_the_registry_and_a_spent_budget_skips_what_it_has_not(
         out = realize_regions(rep, "fp32", registry=reg, gpu="h100", plan_only=True, progress=False)
         assert {z.region.rule: z.registry for z in out} == {"layernorm": "hit", "add-layernorm": "miss",
                                                             "rmsnorm": "miss"}
-        assert reg.norm_get(w_ln, "sm90a", "h200") is None  # keyed by GPU: never crosses hardware
+        assert reg.lookup(w_ln.key("sm90a", "h200"), nearest=False) is None  # keyed by GPU: never crosses hardware
         called = []
         out = realize_regions(rep, "fp32", registry=reg, gpu="h100", budget_s=0.0, progress=False,
                               norm_impl=_standin_norm_impl, norm_chooser=lambda w: called.append(w))

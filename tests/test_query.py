@@ -9,11 +9,23 @@ import sys
 
 import pytest
 from click.testing import CliRunner
-from fact_db.cli.main import cli
 
+from fact_db.cli.main import cli
+from fact_db.core import toolchain
+from fact_db.core.environment import Environment
+from fact_db.discovery.rules import load_rules
 from fact_db.store import index
 from fact_db.store.registry import KernelKey, KernelRecord, Registry
-from fact_db.discovery.rules import load_rules
+
+# judged without a GPU (only CUTLASS and nvcc count), whatever this machine has
+HERE = Environment(cutlass=toolchain.current().cutlass, nvcc=toolchain.current().nvcc)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _here():
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("fact_db.core.environment.current", lambda: HERE)
+        yield
 
 
 def kernel(m=4096, n=4096, k=4096, gpu="h100", arch="sm90a", policy="tf32", time_ms=1.0, template_hash=None,
@@ -22,7 +34,7 @@ def kernel(m=4096, n=4096, k=4096, gpu="h100", arch="sm90a", policy="tf32", time
                     layout_a="row", layout_b="col", m=m, n=n, k=k, batch=1, epilogue=epilogue, policy=policy)
     rec = KernelRecord(key=key, template="gemm_sm90" if arch == "sm90a" else "gemm_sm80", config={"tile_m": 128},
                        time_ms=time_ms, baseline="torch eager", baseline_ms=time_ms * 2,
-                       device_name=f"NVIDIA {gpu.upper()} 80GB", provenance="rule").stamped()
+                       provenance="rule").stamped(HERE.with_(gpu_sku=f"NVIDIA {gpu.upper()} 80GB"))
     return rec.replace(template_hash=template_hash) if template_hash is not None else rec
 
 
@@ -39,7 +51,7 @@ def home(tmp_path_factory):
     env = {"FACTDB_HOME": str(home), "FACTDB_EMBED": "hash", "FACTDB_SEED": "", "FACTDB_DB": None,
            "HF_HUB_OFFLINE": "1"}
     with Registry.open(str(home / "fact.duckdb"), seed=False) as reg:
-        reg.put_kernels([FRESH, NEAR, STALE, BIAS])
+        reg.put_many([FRESH, NEAR, STALE, BIAS])
     r = CliRunner(env=env).invoke(cli, ["index", "build", "--json"])
     assert r.exit_code == 0, r.output
     return home, env
@@ -144,7 +156,7 @@ def test_clear_errors(home, args, message):
 def test_db_option_indexes_that_registry(home, tmp_path):
     db = tmp_path / "other.duckdb"
     with Registry.open(str(db), seed=False) as reg:
-        reg.put_kernel(kernel(m=512, n=512, k=512))
+        reg.put(kernel(m=512, n=512, k=512))
     r = run(home, "query", "gemm tf32 h100", "--kind", "kernel", "--db", str(db), "--json")
     assert r.exit_code == 0, r.output
     assert [h["meta"]["shape"] for h in json.loads(r.stdout)["hits"]] == ["512x512x512"]
@@ -186,16 +198,14 @@ def test_help_has_examples():
 def test_batched_lookup_agrees_with_registry_lookup(tmp_path):
     """index.lookup fetches every family's candidates in one query; its answer per family must
     be Registry.lookup's."""
-    from fact_db.store.registry import synthetic_records
-    from fact_db.core.toolchain import Toolchain
-    tc = Toolchain(cutlass="4.2.0.0", nvcc="13.0.88", factdb="0.1.0")
+    from fact_db.store.registry import SYNTHETIC_ENV, synthetic_records
     hashes = {"gemm_sm90": "synthetic", "gemm_sm80": "other"}         # a100 rows stale, the rest fresh
     with Registry.open(str(tmp_path / "r.duckdb"), seed=False) as reg:
         reg.bulk_insert(synthetic_records(3000, seed=3, rules=("gemm", "gemm-bias")))
         seen = []
-        first = next(reg.kernels(rule="gemm"))
+        first = next(reg.rows(rule="gemm"))
         for shape in (first.key.shape, "4096x4096x4096", "1016x2048x3008", "64x8192x512", "2048x2048x2048x4"):
-            got = index.lookup("gemm", shape, n=10_000, registry=reg, toolchain=tc, template_hashes=hashes)
+            got = index.lookup("gemm", shape, n=10_000, registry=reg, env=SYNTHETIC_ENV, template_hashes=hashes)
             seen += got
             m, n, k, b = KernelKey.parse_shape(shape)
             for hit in got:
@@ -203,7 +213,7 @@ def test_batched_lookup_agrees_with_registry_lookup(tmp_path):
                 key = KernelKey(**{f: r[f] for f in ("rule", "arch", "gpu", "dtype_in", "dtype_acc", "dtype_out",
                                                      "layout_a", "layout_b", "epilogue", "policy")},
                                 m=m, n=n, k=k, batch=b)
-                want = reg.lookup(key, tc, hashes)
+                want = reg.lookup(key, SYNTHETIC_ENV, hashes)
                 assert want is not None and want.record.digest == hit.digest, (shape, key)
                 assert (want.exact, want.stale) == (hit.exact, hit.stale)
                 assert want.distance == pytest.approx(hit.distance)

@@ -3,26 +3,34 @@ import json
 
 import pytest
 from click.testing import CliRunner
-from fact_db.cli.main import cli
-from test_registry import TC, TH, make_key, make_rec
+from test_registry import (
+    ENV,
+    GPU_ENV,
+    SPEC,
+    TH,
+    attn_key,
+    make_key,
+    make_rec,
+    schema4_line,
+)
 
-from fact_db.store.registry import Registry, TrialRecord
-from fact_db.core.toolchain import Toolchain
+from fact_db.cli.main import cli
+from fact_db.store.registry import KernelRecord, RegionKey, Registry, TrialRecord
 
 
 @pytest.fixture
 def env(tmp_path, monkeypatch):
-    """A registry file with three kernels and two trials; the installed toolchain pinned to TC."""
-    monkeypatch.setattr("fact_db.core.toolchain.current", lambda: TC)
+    """A registry file with three GEMM kernels and two trials; this machine's environment pinned to ENV."""
+    monkeypatch.setattr("fact_db.core.environment.current", lambda: ENV)
     monkeypatch.setattr("fact_db.core.toolchain.template_hash", lambda name: TH.get(name, ""))
     monkeypatch.setenv("FACTDB_SEED", "")
     monkeypatch.delenv("FACTDB_DB", raising=False)
     path = tmp_path / "cli.duckdb"
     with Registry.open(str(path)) as reg:
-        reg.put_kernels([make_rec(make_key(m=256), time_ms=0.5, baseline_ms=1.0),
-                         make_rec(make_key(m=512, gpu="a100", arch="sm80"), template="gemm_sm80", th="bbbb"),
-                         make_rec(make_key(m=768, policy="fp32"), status="failed", time_ms=None,
-                                  created_at="2020-01-01T00:00:00Z")])
+        reg.put_many([make_rec(make_key(m=256), time_ms=0.5, baseline_ms=1.0),
+                      make_rec(make_key(m=512, gpu="a100", arch="sm80"), template="gemm_sm80", th="bbbb"),
+                      make_rec(make_key(m=768, policy="fp32"), status="failed", time_ms=None,
+                               created_at="2020-01-01T00:00:00Z")])
         reg.add_trials([TrialRecord(key=make_key(m=256), template="gemm_sm90", config={"tile_m": 64},
                                     status="compile_error", error="nvcc -arch=sm_90a x.cu: error: bad\nmore"),
                         TrialRecord(key=make_key(m=256), template="gemm_sm90", config={"tile_m": 128},
@@ -38,14 +46,19 @@ def test_list_table_and_json(env):
     r = run("list", "--db", env)
     assert r.exit_code == 0, r.output
     lines = r.stdout.splitlines()
-    assert lines[0].split()[:4] == ["DIGEST", "RULE", "ARCH", "GPU"] and len(lines) == 4
-    assert any("256x4096x4096" in line and "2.00x" in line and "verified" in line for line in lines)
+    assert lines[0].split() == ["DIGEST", "FAMILY", "KEY", "GPU", "POLICY", "TIME_MS", "SPEEDUP", "STATUS"]
+    assert len(lines) == 4
+    assert any("gemm 256x4096x4096 fp32" in line and "2.00x" in line and "verified" in line for line in lines)
     assert f"3 kernels in {env}" in r.stderr
     j = run("list", "--db", env, "--json", "--gpu", "NVIDIA A100-SXM4-80GB")
     data = json.loads(j.stdout)
     assert [d["m"] for d in data] == [512] and data[0]["digest"] == make_key(m=512, gpu="a100", arch="sm80").digest()
+    assert data[0]["family"] == "gemm" and data[0]["gpu_sku"] == "NVIDIA H100 80GB HBM3"
     assert json.loads(run("list", "--db", env, "--json", "--status", "failed").stdout)[0]["m"] == 768
     assert json.loads(run("list", "--db", env, "--json", "--policy", "bf16").stdout) == []
+    assert json.loads(run("list", "--db", env, "--json", "--family", "attention").stdout) == []
+    bad = run("list", "--db", env, "--family", "conv")
+    assert bad.exit_code == 1 and "family 'conv' is not one of attention, gemm, norm, region" in bad.output
 
 
 def test_db_comes_from_factdb_db(env, monkeypatch):
@@ -61,11 +74,37 @@ def test_show_with_trials_and_prefixes(env):
     assert "compile_error" in r.output and "nvcc -arch=sm_90a x.cu: error: bad" in r.output and "more" not in r.output
     j = json.loads(run("show", d, "--db", env, "--json").stdout)
     assert j["kernel"]["m"] == 256 and [t["status"] for t in j["trials"]] == ["compile_error", "ok"]
+    assert j["usable"] is True and j["key"]["m"] == 256 and j["environment"]["cutlass"] == "4.2.0.0"
     miss = run("show", "ffffffff", "--db", env)
     assert miss.exit_code == 1 and "no kernel with a digest starting 'ffffffff'" in miss.output
     assert "factdb registry list" in miss.output and "Traceback" not in miss.output
     short = run("show", "7", "--db", env)
     assert short.exit_code == 1 and "unique prefix of 4+ characters" in short.output
+
+
+def test_show_prints_the_environment_key_and_why_a_row_is_stale(env, monkeypatch):
+    monkeypatch.setattr("fact_db.core.environment.current", lambda: GPU_ENV)
+    with Registry.open(str(env)) as reg:
+        reg.put(make_rec(make_key(m=1024), env=GPU_ENV.with_(torch="2.10.0+cu130", cudnn="")))
+    d = make_key(m=1024).digest()
+    r = run("show", d, "--db", env)
+    assert r.exit_code == 0, r.output
+    out = r.output
+    assert "environment:" in out and "  GPU:             NVIDIA H100 80GB HBM3" in out
+    assert "  driver:          580.95.05" in out and "  torch:           2.10.0+cu130" in out
+    assert "  cuDNN:           ?" in out and "  CUTLASS:         4.2.0.0" in out and "  nvcc:            13.0.88" in out
+    assert "template:          gemm_sm90 (hash aaaa, current)" in out
+    assert ("usable here:       no, stale: torch 2.10.0+cu130 then, 2.11.0+cu130 now; cuDNN not recorded (a row from "
+            "before the environment key), now 91200") in out
+    assert "key:" in out and "  epilogue:        none" in out
+    j = json.loads(run("show", d, "--db", env, "--json").stdout)
+    assert j["usable"] is False and j["stale_reason"].startswith("torch 2.10.0+cu130 then")
+    assert j["environment"] == {**GPU_ENV.as_dict(), "torch": "2.10.0+cu130", "cudnn": ""}
+    assert j["environment_here"] == GPU_ENV.as_dict()
+    # a row every field of whose environment matches is usable
+    with Registry.open(str(env)) as reg:
+        reg.put(make_rec(make_key(m=2048), env=GPU_ENV))
+    assert "usable here:       yes" in run("show", make_key(m=2048).digest(), "--db", env).output
 
 
 def test_export_and_import(env, tmp_path):
@@ -78,11 +117,22 @@ def test_export_and_import(env, tmp_path):
     other = tmp_path / "other.duckdb"
     i = run("import", out, "--db", other, "--json")
     assert i.exit_code == 0, i.output
-    assert json.loads(i.stdout) == {"inserted": 2, "replaced": 0, "kept": 0, "path": str(out)}
+    assert json.loads(i.stdout) == {"inserted": 2, "replaced": 0, "kept": 0, "path": str(out), "carried": 0}
     i = run("import", out, "--db", other)
     assert i.stdout.strip() == f"{out}: 0 inserted, 0 replaced, 2 kept"
     i = run("import", "-", "--db", other, "--json", input=s.stdout)
     assert json.loads(i.stdout)["inserted"] == 1
+
+
+def test_import_of_an_old_export_says_its_rows_are_stale(env, tmp_path):
+    old = tmp_path / "old.jsonl"
+    old.write_text(json.dumps(schema4_line(make_key(m=4096))) + "\n")
+    r = run("import", old, "--db", env)
+    assert r.exit_code == 0, r.output
+    assert f"{old}: 1 inserted, 0 replaced, 0 kept" in r.stdout
+    assert "1 rows were exported before the environment key" in r.stderr and "imported as stale" in r.stderr
+    row = json.loads(run("list", "--db", env, "--json", "--status", "stale").stdout)[0]
+    assert row["m"] == 4096 and row["stale_reason"].startswith("carried over from registry schema 4")
 
 
 def test_import_bad_file_lists_every_line_and_applies_nothing(env, tmp_path):
@@ -99,10 +149,10 @@ def test_import_bad_file_lists_every_line_and_applies_nothing(env, tmp_path):
 def test_revalidate_and_gc(env, monkeypatch):
     r = run("revalidate", "--db", env, "--json")
     assert r.exit_code == 0 and json.loads(r.stdout) == []
-    monkeypatch.setattr("fact_db.core.toolchain.current", lambda: Toolchain("4.3.0.0", TC.nvcc, TC.factdb))
+    monkeypatch.setattr("fact_db.core.environment.current", lambda: ENV.with_(cutlass="4.3.0.0"))
     dry = run("revalidate", "--db", env, "--dry-run")
     assert dry.exit_code == 0 and "2 would change" in dry.stderr
-    assert "verified -> stale (built with CUTLASS 4.2.0.0, now 4.3.0.0)" in dry.stdout
+    assert "verified -> stale (CUTLASS 4.2.0.0 then, 4.3.0.0 now)" in dry.stdout
     j = json.loads(run("revalidate", "--db", env, "--json").stdout)
     assert sorted(c["shape"] for c in j) == ["256x4096x4096", "512x4096x4096"]
     assert {c["new_status"] for c in j} == {"stale"}
@@ -123,14 +173,14 @@ def test_foreign_file_is_a_one_line_error(tmp_path):
 
 
 def _region_row(path, policy="fp32", gpu="h100"):
-    from fact_db.kernels.region.spec import RegionSpec
-    spec = RegionSpec(inputs=[{"name": "x", "kind": "input", "shape": [8, 64], "dtype": "float32"}],
-                      ops=[{"name": "relu", "op": "aten.relu", "overload": "default", "args": [{"ref": "x"}],
-                            "arg_names": ["self"]}], output="relu", out_shape=[8, 64], policy=policy,
-                      dtype="float32", nodes=["relu"])
+    spec = {**SPEC, "policy": policy}
     with Registry.open(str(path)) as reg:
-        return reg.region_put(spec, "sm90a", gpu, name="relu_kernel", source="// the source\nint x;\n",
-                              time_ms=0.002, eager_ms=0.005, rel_err=0.0, model="scripted")
+        rec = KernelRecord(key=RegionKey.of(spec, "sm90a", gpu), template="llm_region", label="relu_kernel",
+                           source="// the source\nint x;\n", config={"build_key": "bk", "model": "scripted"},
+                           time_ms=0.002, baseline="torch eager", baseline_ms=0.005, rel_err=0.0, provenance="llm",
+                           env=ENV)
+        reg.put(rec)
+        return rec.digest
 
 
 def test_list_llm_region_kernels_and_show_one(env):
@@ -139,16 +189,28 @@ def test_list_llm_region_kernels_and_show_one(env):
     r = run("list", "--db", env, "--llm")
     assert r.exit_code == 0, r.output
     lines = r.stdout.splitlines()
-    assert lines[0].split()[:3] == ["DIGEST", "NAME", "ARCH"] and len(lines) == 3
-    assert any(digest[:16] in line and "2.50x" in line and "aten.relu" in line for line in lines)
+    assert lines[0].split()[:3] == ["DIGEST", "FAMILY", "KEY"] and len(lines) == 3
+    assert any(digest in line and "2.50x" in line and "region add+relu 8x64 fp32" in line for line in lines)
     assert "2 region kernels (provenance llm)" in r.stderr
     j = json.loads(run("list", "--db", env, "--llm", "--json", "--gpu", "NVIDIA H100 80GB HBM3").stdout)
     assert [d["digest"] for d in j] == [digest] and j[0]["provenance"] == "llm" and "source" not in j[0]
+    assert json.loads(run("list", "--db", env, "--family", "region", "--json", "--gpu", "h100").stdout) == j
     assert json.loads(run("list", "--db", env, "--llm", "--json", "--policy", "bf16").stdout) == []
-    assert len(json.loads(run("list", "--db", env, "--json").stdout)) == 3  # the GEMM rows, unchanged
+    assert len(json.loads(run("list", "--db", env, "--json", "--family", "gemm").stdout)) == 3  # the GEMM rows
+    assert len(json.loads(run("list", "--db", env, "--json").stdout)) == 5                       # every family
     bad = run("list", "--db", env, "--llm", "--rule", "gemm")
     assert bad.exit_code == 2 and "--rule does not apply to --llm" in bad.output
     s = run("show", digest[:8], "--db", env)
     assert s.exit_code == 0, s.output
-    assert f"digest:            {digest}" in s.output and "  // the source" in s.output and "model:" in s.output
-    assert json.loads(run("show", digest, "--db", env, "--json").stdout)["region_kernel"]["name"] == "relu_kernel"
+    assert f"digest:            {digest}" in s.output and "  // the source" in s.output and "label:" in s.output
+    assert "family:            region" in s.output and "template:          llm_region (hash ?, current)" in s.output
+    assert json.loads(run("show", digest, "--db", env, "--json").stdout)["kernel"]["label"] == "relu_kernel"
+
+
+def test_other_families_list_and_show(env):
+    with Registry.open(str(env)) as reg:
+        reg.put(KernelRecord(key=attn_key(), template="library", label="flash", time_ms=0.4, env=ENV))
+    r = run("list", "--db", env, "--family", "attention")
+    assert "attention-causal 8x16/4kv 2048x2048 d128 bf16" in r.stdout
+    s = run("show", attn_key().digest(), "--db", env)
+    assert "  causal:          true" in s.output and "usable here:       yes" in s.output

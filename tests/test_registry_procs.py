@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_registry import TC, TH, make_key, make_rec
+from test_registry import ENV, TH, make_key, make_rec
 
 from fact_db.store.registry import Registry, RegistryBusy
 
@@ -20,16 +20,16 @@ import sys, types, time
 pkg = types.ModuleType("fact_db"); pkg.__path__ = [{str(ROOT / "fact_db")!r}]; pkg.__version__ = "0.1.0"
 sys.modules["fact_db"] = pkg
 from fact_db.store.registry import Registry, KernelKey, KernelRecord
-from fact_db.core.toolchain import Toolchain
-TC = Toolchain("4.2.0.0", "13.0.88", "0.1.0")
+from fact_db.core.environment import Environment
+ENV = Environment(cutlass="4.2.0.0", nvcc="13.0.88")
 TH = {{"gemm_sm90": "aaaa"}}
 
 def rec(gpu, m, time_ms):
     key = KernelKey(rule="gemm", arch="sm90a", gpu=gpu, dtype_in="float32", dtype_acc="float32",
                     dtype_out="float32", layout_a="row", layout_b="col", m=m, n=4096, k=4096, batch=1,
                     epilogue="none", policy="tf32")
-    return KernelRecord(key=key, template="gemm_sm90", config={{"m": m}}, time_ms=time_ms,
-                        cutlass_version=TC.cutlass, nvcc_version=TC.nvcc, template_hash="aaaa")
+    return KernelRecord(key=key, template="gemm_sm90", config={{"m": m}}, time_ms=time_ms, env=ENV,
+                        template_hash="aaaa")
 """
 
 WRITER = PRELUDE + """
@@ -38,10 +38,10 @@ reg = Registry.open(path, timeout=120, seed=False)
 print("ready", flush=True)
 sys.stdin.readline()  # start together
 for i in range(n):
-    reg.put_kernel(rec(gpu, 64 * (i + 1), 1.0), toolchain=TC, template_hashes=TH)
+    reg.put(rec(gpu, 64 * (i + 1), 1.0), env=ENV, template_hashes=TH)
     # both writers also race on one shared key: the faster row must win
     if i % 5 == 0:
-        reg.put_kernel(rec("h100", 8192, shared_ms + i / 1000), toolchain=TC, template_hashes=TH)
+        reg.put(rec("h100", 8192, shared_ms + i / 1000), env=ENV, template_hashes=TH)
     print(rec(gpu, 64 * (i + 1), 1.0).digest, flush=True)
 """
 
@@ -70,7 +70,7 @@ def test_two_writer_processes_both_land(tmp_path, backend):
     printed = [line for out, _ in outs for line in out.split() if len(line) == 16]
     assert len(printed) == 2 * n
     with Registry.open(url, seed=False) as reg:
-        digests = {r.digest for r in reg.kernels()}
+        digests = {r.digest for r in reg.rows()}
         assert set(printed) <= digests and len(digests) == 2 * n + 1    # + the shared key, once
         assert reg.get(make_key(m=8192)).time_ms == pytest.approx(0.3)  # the faster writer's first row
 
@@ -81,7 +81,7 @@ def test_writer_killed_mid_stream_loses_nothing_committed(tmp_path):
 reg = Registry.open(sys.argv[1], seed=False)
 for i in range(100000):
     r = rec("h100", 8 * (i + 1), 1.0)
-    reg.put_kernel(r, toolchain=TC, template_hashes=TH)
+    reg.put(r, env=ENV, template_hashes=TH)
     print(r.digest, flush=True)
 """
     p = child(code, path)
@@ -97,17 +97,17 @@ for i in range(100000):
     p.wait()
     assert len(printed) >= 12, p.stderr.read()
     with Registry.open(str(path), seed=False) as reg:
-        digests = {r.digest for r in reg.kernels()}
+        digests = {r.digest for r in reg.rows()}
         assert set(printed) <= digests
         assert len(digests) <= len(printed) + 1     # at most the one in flight, and only whole
-        reg.put_kernel(make_rec(make_key(m=3)), toolchain=TC, template_hashes=TH)   # still writable
+        reg.put(make_rec(make_key(m=3)), env=ENV, template_hashes=TH)   # still writable
         assert reg.count() == len(digests) + 1
 
 
 def test_a_writer_that_waits_too_long_says_who_holds_the_file(tmp_path):
     path = tmp_path / "held.duckdb"
     early = Registry.open(str(path), timeout=0.3, seed=False)   # opened before the lock is taken
-    early.put_kernel(make_rec(), toolchain=TC, template_hashes=TH)
+    early.put(make_rec(), env=ENV, template_hashes=TH)
     holder = child("import duckdb, sys, time\nc = duckdb.connect(sys.argv[1])\nprint('locked', flush=True)\n"
                    "sys.stdin.readline()\nc.close()\nprint('released', flush=True)\n", path)
     try:
@@ -122,15 +122,15 @@ def test_a_writer_that_waits_too_long_says_who_holds_the_file(tmp_path):
         assert "FACTDB_DB_TIMEOUT" in msg and "timeout" in msg and "\n" not in msg
         # an operation on a registry opened earlier waits and fails the same way
         with pytest.raises(RegistryBusy, match=f"process {holder.pid} holds it .* for 0.3 s"):
-            early.put_kernel(make_rec(make_key(m=64)), toolchain=TC, template_hashes=TH)
+            early.put(make_rec(make_key(m=64)), env=ENV, template_hashes=TH)
         with pytest.raises(RegistryBusy):
-            early.lookup(make_key(), toolchain=TC, template_hashes=TH)   # readers wait for a writer too
+            early.lookup(make_key(), env=ENV, template_hashes=TH)   # readers wait for a writer too
         early.close()
         # a writer with enough patience gets in once the holder lets go
         holder.stdin.write("go\n")
         holder.stdin.flush()
         with Registry.open(str(path), timeout=30, seed=False) as reg:
-            assert reg.put_kernel(make_rec(make_key(m=64)), toolchain=TC, template_hashes=TH) == "inserted"
+            assert reg.put(make_rec(make_key(m=64)), env=ENV, template_hashes=TH) == "inserted"
             assert reg.count() == 2
     finally:
         holder.kill()

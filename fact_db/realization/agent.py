@@ -36,6 +36,7 @@ import yaml
 from fact_db.core import paths
 from fact_db.core.errors import FactError, first_line
 from fact_db.core.device import build_arch
+from fact_db.kernels.region import family as region_family
 from fact_db.realization.asks import Ask, asks, region_spec  # noqa: F401  (the agent's questions)
 from fact_db.realization.llm import LLM, LLMError
 from fact_db.kernels.region.source import ABI
@@ -238,12 +239,12 @@ class Agent:
         """An accepted proposal from the registry's llm kernel for this region, if it has one."""
         spec, _ = region_spec(ask, report)
         reg = self.registry() if spec is not None else None
-        row = reg.region_get(spec, build_arch(report.arch), report.gpu) if reg is not None else None
+        row = region_family.stored(reg, spec, build_arch(report.arch), report.gpu) if reg is not None else None
         if row is None:
             return None
-        return Proposal(ask.node, "kernel", "accepted", f"the registry has llm kernel {row['name']} for this region "
-                        f"({row['ops']}, {row['device_name'] or row['gpu']}: {_us(row['time_ms'])} vs eager "
-                        f"{_us(row['eager_ms'])}): no call", registry=row["digest"])
+        return Proposal(ask.node, "kernel", "accepted", f"the registry has llm kernel {row.label} for this region "
+                        f"({spec.summary()}, {row.device_name or row.key.gpu}: {_us(row.time_ms)} vs eager "
+                        f"{_us(row.baseline_ms)}): no call", registry=row.digest)
 
     def one(self, ask: Ask, report, rules, problem_spec) -> Proposal:
         hit = self._stored(ask, report)
@@ -369,7 +370,7 @@ class Agent:
             digest = ""
             if pipe is not None and pipe.registry is not None:
                 digest = pipe.spec.digest(pipe.arch, pipe.result.get("device") or pipe.gpu)
-            where = f"stored in the registry (region_kernels {digest[:12]}) with provenance llm" if digest or \
+            where = f"stored in the registry (region kernel {digest[:12]}) with provenance llm" if digest or \
                 pipe is None else f"not stored ({self.registry_note or 'no registry'})"
             return Proposal(ask.node, "kernel", "accepted", f"kernel {name}: {ks * 1e6:.1f} us, eager {es * 1e6:.1f} us"
                             f"{'; ' + detail if detail else ''}; {where}", registry=digest)

@@ -205,29 +205,29 @@ def realize_region_kernels(report, realized: list, registry, *, gpu: str, arch: 
     taken: set = set()
     for ask in asks(report, rules):
         spec, _ = region_spec(ask, report)
-        row = registry.region_get(spec, build, gpu) if spec is not None else None
+        row = region_family.stored(registry, spec, build, gpu) if spec is not None else None
         if row is None or taken & set(spec.nodes):
             continue
         mine = set(spec.nodes)
         over = [z for z in realized if mine & set(z.region.nodes)]
-        label = f"llm kernel {row['name']}"
+        label = f"llm kernel {row.label}"
         if any(not set(z.region.nodes) <= mine for z in over):
             for z in over:
                 z.notes.append(f"{label} from the registry overlaps this region only in part: not used")
             continue
         served = [z for z in over if z.impl.kind != "eager"]
         if served:
-            known = all(z.eager_ms is not None and z.ms is not None for z in served) and row["eager_ms"] is not None
+            known = all(z.eager_ms is not None and z.ms is not None for z in served) and row.baseline_ms is not None
             if not known:
                 for z in served:
                     z.notes.append(f"{label} also covers this region; not used (no timing to compare it with)")
                 continue
-            rest = max(0.0, row["eager_ms"] - sum(z.eager_ms for z in over if z.eager_ms is not None))
+            rest = max(0.0, row.baseline_ms - sum(z.eager_ms for z in over if z.eager_ms is not None))
             now = sum(z.ms for z in served) + sum(z.eager_ms or 0.0 for z in over if z.impl.kind == "eager") + rest
-            if row["time_ms"] >= now:
+            if row.time_ms >= now:
                 for z in served:
                     z.notes.append(f"{label} covers this region and {len(mine) - len(z.region.nodes)} more op(s) in "
-                                   f"{row['time_ms']:.3f} ms; this region's kernel and the eager rest, about "
+                                   f"{row.time_ms:.3f} ms; this region's kernel and the eager rest, about "
                                    f"{now:.3f} ms, stay")
                 continue
         try:
@@ -243,14 +243,14 @@ def realize_region_kernels(report, realized: list, registry, *, gpu: str, arch: 
                            f"and {len(mine) - len(z.region.nodes)} more")
         taken |= mine
         shape = " x ".join("x".join(str(d) for d in x["shape"]) for x in spec.inputs)
-        region = Region(rule="llm-kernel", title=f"{spec.summary()} ({row['name']})", template="llm_region",
+        region = Region(rule="llm-kernel", title=f"{spec.summary()} ({row.label})", template="llm_region",
                         form="llm", nodes=list(spec.nodes), output=spec.output, problem={}, shape=shape,
                         dtypes=[spec.dtype], layouts={}, estimate=Estimate(0.0, 0.0, 0.0, 0.0, 0.0, "memory"),
                         share=0.0, registry="hit", source=ask.ops[0].get("source") if ask.ops else None,
                         operands={x["name"]: x["name"] for x in spec.inputs})
-        z = Realized(len(report.regions) + len(added), region, None, impl, "registry", eager_ms=row["eager_ms"],
-                     ms=row["time_ms"], err=row["rel_err"], eager_err=row["eager_rel_err"], registry="hit",
-                     notes=[f"{label} (provenance {row['provenance']}, model {row['model'] or '?'}) from the "
+        z = Realized(len(report.regions) + len(added), region, None, impl, "registry", eager_ms=row.baseline_ms,
+                     ms=row.time_ms, err=row.rel_err, eager_err=row.baseline_rel_err, registry="hit",
+                     notes=[f"{label} (provenance {row.provenance}, model {row.config.get('model') or '?'}) from the "
                             f"registry: {how}"])
         added.append(z)
     realized.extend(added)

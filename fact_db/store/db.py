@@ -1,7 +1,7 @@
 """The fact-db database: where it is, opening it safely, locking, and numbered migrations.
 
 One file holds the registry (tables `factdb_meta`, `kernels`, `trials`, `rules`,
-`examples`) and the index (tables named `index_*`, owned by fact_db.store.index; the checks
+`examples`; fact_db.store.migrations creates and upgrades them) and the index (tables named `index_*`, owned by fact_db.store.index; the checks
 and migrations here tolerate them and never touch them).
 
     >>> db = Database.open("memory")             # or None: $FACTDB_DB, else $FACTDB_HOME/fact.duckdb
@@ -33,8 +33,10 @@ from sqlalchemy.pool import NullPool, StaticPool
 
 from fact_db.core import paths
 from fact_db.core.errors import FactError
+from fact_db.store.migrations import MIGRATIONS, SCHEMA_VERSION
 
-SCHEMA_VERSION = 4  # the newest schema this fact-db writes; see MIGRATIONS
+# the tables a registry of any schema may hold (schema 4's per-family tables too: such a file is
+# ours, and migrating); MIGRATIONS and SCHEMA_VERSION are fact_db.store.migrations'
 REGISTRY_TABLES = ("factdb_meta", "kernels", "trials", "rules", "examples", "attention_kernels", "norm_kernels",
                    "region_kernels")
 INDEX_PREFIX = "index_"
@@ -131,145 +133,6 @@ def _busy_error(where: str, message: str, timeout: float) -> RegistryBusy:
     return RegistryBusy(f"registry {where} is busy: {holder} and it stayed locked for {timeout:g} s; wait for that "
                         f"process to finish, or allow longer with FACTDB_DB_TIMEOUT=<seconds> "
                         f"(Registry.open(timeout=...))")
-
-
-# --------------------------------------------------------------------------------------
-# migrations: each is a function of a connection, run once, in order, in a transaction;
-# each builds its own frozen table definitions so later model changes cannot alter it.
-
-def _m001_initial(conn: sa.Connection) -> None:
-    # DuckDB rewrites a changed ART index whole at every checkpoint, and a connection
-    # checkpoints when it closes: with a primary key on 100,000 kernel rows one small write
-    # took 450 ms instead of 56 ms (measured). So on DuckDB the two big tables have no
-    # index or key constraint (its zone maps and column scans serve the lookups, and
-    # fact_db.store.registry keeps digests unique under the write lock); other backends get them.
-    indexed = conn.dialect.name != "duckdb"
-    md = sa.MetaData()
-    S, T, I, D = sa.String, sa.Text, sa.BigInteger, sa.Double
-    key_cols = lambda: [
-        sa.Column("rule", S, nullable=False), sa.Column("arch", S, nullable=False),
-        sa.Column("gpu", S, nullable=False), sa.Column("dtype_in", S, nullable=False),
-        sa.Column("dtype_acc", S, nullable=False), sa.Column("dtype_out", S, nullable=False),
-        sa.Column("layout_a", S, nullable=False), sa.Column("layout_b", S, nullable=False),
-        sa.Column("m", I, nullable=False), sa.Column("n", I, nullable=False),
-        sa.Column("k", I, nullable=False), sa.Column("batch", I, nullable=False),
-        sa.Column("epilogue", S, nullable=False), sa.Column("policy", S, nullable=False)]
-    tool_cols = lambda: [
-        sa.Column("template_hash", S, nullable=False), sa.Column("cutlass_version", S, nullable=False),
-        sa.Column("nvcc_version", S, nullable=False), sa.Column("factdb_version", S, nullable=False)]
-    sa.Table("factdb_meta", md, sa.Column("key", S, primary_key=True), sa.Column("value", T, nullable=False))
-    sa.Table(
-        "kernels", md, sa.Column("digest", S, primary_key=indexed, nullable=False), *key_cols(),
-        sa.Column("m_div", sa.Integer, nullable=False), sa.Column("n_div", sa.Integer, nullable=False),
-        sa.Column("k_div", sa.Integer, nullable=False), sa.Column("family", S, nullable=False),
-        sa.Column("template", S, nullable=False), sa.Column("config", T, nullable=False),
-        sa.Column("source_hash", S, nullable=False), *tool_cols(),
-        sa.Column("time_ms", D), sa.Column("baseline", S, nullable=False), sa.Column("baseline_ms", D),
-        sa.Column("rel_err", D), sa.Column("baseline_rel_err", D), sa.Column("device_name", S, nullable=False),
-        sa.Column("provenance", S, nullable=False), sa.Column("status", S, nullable=False),
-        sa.Column("stale_reason", T, nullable=False), sa.Column("error", T, nullable=False),
-        sa.Column("created_at", S, nullable=False), sa.Column("updated_at", S, nullable=False),
-        sa.Column("notes", T, nullable=False),
-        # family: a digest of the non-shape key fields and M/N/K divisibility classes, so the
-        # nearest-shape search is one equality on one column
-        *([sa.Index("ix_kernels_family", "family")] if indexed else []),
-    )
-    sa.Table(
-        "trials", md, sa.Column("id", S, primary_key=indexed, nullable=False), sa.Column("digest", S, nullable=False),
-        *key_cols(),
-        sa.Column("template", S, nullable=False), sa.Column("config", T, nullable=False),
-        sa.Column("config_hash", S, nullable=False), sa.Column("status", S, nullable=False),
-        sa.Column("time_ms", D), sa.Column("rel_err", D), sa.Column("error", T, nullable=False), *tool_cols(),
-        sa.Column("device_name", S, nullable=False), sa.Column("created_at", S, nullable=False),
-        *([sa.Index("ix_trials_digest", "digest", "config_hash")] if indexed else []),
-    )
-    sa.Table("rules", md, sa.Column("id", S, primary_key=True), sa.Column("family", S, nullable=False),
-             sa.Column("title", T, nullable=False), sa.Column("path", T, nullable=False),
-             sa.Column("hash", S, nullable=False), sa.Column("template", S, nullable=False),
-             sa.Column("status", S, nullable=False), sa.Column("updated_at", S, nullable=False))
-    sa.Table("examples", md, sa.Column("id", S, primary_key=True), sa.Column("kind", S, nullable=False),
-             sa.Column("title", T, nullable=False), sa.Column("source_path", T, nullable=False),
-             sa.Column("hash", S, nullable=False), sa.Column("arch", S, nullable=False),
-             sa.Column("notes", T, nullable=False), sa.Column("updated_at", S, nullable=False))
-    md.create_all(conn, checkfirst=False)
-
-
-def _m002_attention(conn: sa.Connection) -> None:
-    # one row per tuned attention workload: its key (batch, heads, KV heads, lengths, head
-    # dims, causal, scale, dtype, policy, arch, gpu) and the winner (an SDPA backend, the
-    # explicit form, or a family kernel with its config), with every trial as JSON
-    md = sa.MetaData()
-    S, T, I, D = sa.String, sa.Text, sa.BigInteger, sa.Double
-    sa.Table(
-        "attention_kernels", md, sa.Column("digest", S, primary_key=True),
-        sa.Column("arch", S, nullable=False), sa.Column("gpu", S, nullable=False),
-        sa.Column("batch", I, nullable=False), sa.Column("heads", I, nullable=False),
-        sa.Column("kv_heads", I, nullable=False), sa.Column("lq", I, nullable=False),
-        sa.Column("lk", I, nullable=False), sa.Column("d", I, nullable=False), sa.Column("dv", I, nullable=False),
-        sa.Column("causal", sa.Boolean, nullable=False), sa.Column("scale", D, nullable=False),
-        sa.Column("dtype", S, nullable=False), sa.Column("policy", S, nullable=False),
-        sa.Column("label", S, nullable=False), sa.Column("kind", S, nullable=False),
-        sa.Column("template", S, nullable=False), sa.Column("config", T, nullable=False),
-        sa.Column("time_ms", D), sa.Column("rel_err", D), sa.Column("device_name", S, nullable=False),
-        sa.Column("trials", T, nullable=False), sa.Column("created_at", S, nullable=False),
-    )
-    md.create_all(conn, checkfirst=True)
-
-
-def _m003_norms(conn: sa.Connection) -> None:
-    # Tuned norm kernels (fact_db/kernels/norm/): one row per workload key (kind, rows, width,
-    # residual, write_sum, bias, eps, dtype, policy) on one arch and GPU: the winner (a
-    # template build or eager) with every trial. Numbered 3: migration 2 is attention's.
-    md = sa.MetaData()
-    S, T, I, D = sa.String, sa.Text, sa.BigInteger, sa.Double
-    sa.Table(
-        "norm_kernels", md, sa.Column("digest", S, primary_key=True),
-        sa.Column("arch", S, nullable=False), sa.Column("gpu", S, nullable=False),
-        sa.Column("kind", S, nullable=False), sa.Column("rows", I, nullable=False),
-        sa.Column("width", I, nullable=False), sa.Column("residual", sa.Boolean, nullable=False),
-        sa.Column("write_sum", sa.Boolean, nullable=False), sa.Column("has_bias", sa.Boolean, nullable=False),
-        sa.Column("eps", D, nullable=False), sa.Column("dtype", S, nullable=False), sa.Column("policy", S, nullable=False),
-        sa.Column("label", S, nullable=False), sa.Column("template", S, nullable=False),
-        sa.Column("config", T, nullable=False), sa.Column("source_hash", S, nullable=False),
-        sa.Column("time_ms", D), sa.Column("rel_err", D), sa.Column("eager_ms", D),
-        sa.Column("device_name", S, nullable=False), sa.Column("trials", T, nullable=False),
-        sa.Column("created_at", S, nullable=False),
-    )
-    md.create_all(conn, checkfirst=True)
-
-
-def _m004_region_kernels(conn: sa.Connection) -> None:
-    # Kernels the language model wrote for a region no rule covers (fact_db/kernels/region/),
-    # accepted only after they compiled, verified against float64 and beat eager: one row per
-    # region key (its ops, constants and input shapes, dtype, policy, arch, GPU), with the
-    # source itself (the only copy: no template renders it again) and provenance `llm`.
-    md = sa.MetaData()
-    S, T, D = sa.String, sa.Text, sa.Double
-    sa.Table(
-        "region_kernels", md, sa.Column("digest", S, primary_key=True),
-        sa.Column("arch", S, nullable=False), sa.Column("gpu", S, nullable=False),
-        sa.Column("policy", S, nullable=False), sa.Column("dtype", S, nullable=False),
-        sa.Column("ops", T, nullable=False), sa.Column("region", T, nullable=False),
-        sa.Column("name", S, nullable=False), sa.Column("source", T, nullable=False),
-        sa.Column("source_hash", S, nullable=False), sa.Column("build_key", S, nullable=False),
-        sa.Column("nvcc_version", S, nullable=False), sa.Column("cutlass_version", S, nullable=False),
-        sa.Column("time_ms", D), sa.Column("eager_ms", D), sa.Column("rel_err", D), sa.Column("eager_rel_err", D),
-        sa.Column("device_name", S, nullable=False), sa.Column("provenance", S, nullable=False),
-        sa.Column("status", S, nullable=False), sa.Column("model", S, nullable=False),
-        sa.Column("explanation", T, nullable=False), sa.Column("created_at", S, nullable=False),
-    )
-    md.create_all(conn, checkfirst=True)
-
-
-MIGRATIONS: list[tuple[int, str, object]] = [
-    (1, "m001_initial", _m001_initial),
-    (2, "m002_attention", _m002_attention),
-    (3, "m003_norms", _m003_norms),
-    (4, "m004_region_kernels", _m004_region_kernels),
-]
-# Versions increase and the last is SCHEMA_VERSION (helper branches number theirs apart, so
-# a gap may exist until they merge: 2 is attention's).
-assert [v for v, _, _ in MIGRATIONS] == sorted({v for v, _, _ in MIGRATIONS}) and MIGRATIONS[-1][0] == SCHEMA_VERSION
 
 
 # --------------------------------------------------------------------------------------

@@ -47,8 +47,10 @@ def owns(w) -> bool:
 def answer(registry, w: AttentionWorkload, arch: str, gpu: str) -> tuple[str, float | None]:
     """hit with the winner's time, stale (tuned in another environment, or its template
     changed), or miss: attention is keyed exactly."""
-    hit = registry.attention_get(w, arch, gpu)
-    return ("hit", hit.time_ms) if hit is not None else ("miss", None)
+    hit = registry.lookup(w.key(arch, gpu), nearest=False)
+    if hit is None:
+        return "miss", None
+    return ("stale", None) if hit.stale else ("hit", hit.record.time_ms)
 
 
 def prebuild(workloads: list, ctx: Context) -> None:

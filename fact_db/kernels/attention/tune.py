@@ -48,6 +48,7 @@ class AttnTrial:
     config: dict = field(default_factory=dict)
     so: str = ""
     build_key: str = ""
+    device: str = ""               # the GPU that verified and timed it (the worker's)
 
 
 @dataclass
@@ -189,7 +190,8 @@ def evaluate(w: AttentionWorkload, cands: list[AttnCandidate], *, pool=None, gpu
     out = []
     for c, r in zip(runnable, pool.run(jobs)):
         out.append(AttnTrial(c.label, c.kind, r.get("status", "crashed"), r.get("time_ms"), r.get("err"),
-                             r.get("eager_err"), r.get("error", ""), c.template, c.config, c.so, c.build_key))
+                             r.get("eager_err"), r.get("error", ""), c.template, c.config, c.so, c.build_key,
+                             r.get("device", "")))
     return out
 
 
@@ -204,12 +206,51 @@ def tune(w: AttentionWorkload, *, arch: str = "sm90a", gpu: str | None = None, m
         from fact_db.kernels.abi import current_gpu
         gpu, device_name = current_gpu()
     if registry is not None and not force:
-        hit = registry.attention_get(w, arch, gpu or "")
+        hit = from_registry(w, registry, arch, gpu or "")
         if hit is not None:
             return AttnResult(w, [hit], ["registry hit"])
     cands, notes = candidates(w, arch, max_candidates, fams)
     failed = build_all(cands, jobs=jobs, progress=progress)
     res = AttnResult(w, failed + evaluate(w, cands, pool=pool, gpus=gpus), notes)
     if registry is not None and res.best is not None:
-        registry.attention_put(w, arch, res.best, res.trials, gpu=gpu or "", device_name=device_name)
+        record(w, res, registry, arch, gpu or "", device_name)
     return res
+
+
+def _template_of(t) -> str:
+    """What a trial's row names as its template: the family template of a kernel, else its kind
+    (`library`: an SDPA backend or SDPA itself; `eager`: the model's explicit form)."""
+    return t.template if t.kind == "kernel" else t.kind
+
+
+def from_registry(w: AttentionWorkload, registry, arch: str, gpu: str) -> AttnTrial | None:
+    """The registry's current winner for exactly `w` on `gpu` as a trial, or None (absent, or
+    stale: tuned in another environment, or its template changed since)."""
+    hit = registry.lookup(w.key(arch, gpu), nearest=False)
+    if hit is None or hit.stale:
+        return None
+    rec = hit.record
+    kind = rec.template if rec.template in ("library", "eager") else "kernel"
+    return AttnTrial(rec.label, kind, "ok", time_ms=rec.time_ms, err=rec.rel_err,
+                     template=rec.template if kind == "kernel" else "", config=dict(rec.config))
+
+
+def record(w: AttentionWorkload, res: AttnResult, registry, arch: str, gpu: str, device_name: str = "") -> None:
+    """The winner as the workload's registry row (merged: in one environment the faster row
+    stays), every trial as a trial row, stamped with this environment (the worker's GPU)."""
+    from fact_db.core import environment
+    from fact_db.store.records import KernelRecord, TrialRecord
+    env = environment.current()
+    device = device_name or next((t.device for t in res.trials if getattr(t, "device", "")), "")
+    if device:
+        env = env.with_(gpu_sku=device)
+    key, best = w.key(arch, gpu), res.best
+    explicit = next((t for t in res.trials if t.label == "explicit" and t.status == "ok"), None)
+    registry.put(KernelRecord(key=key, template=_template_of(best), label=best.label, config=dict(best.config or {}),
+                              time_ms=best.time_ms, rel_err=best.err,
+                              baseline="the model's explicit attention" if explicit else "",
+                              baseline_ms=explicit.time_ms if explicit else None,
+                              baseline_rel_err=explicit.err if explicit else None).stamped(env))
+    registry.add_trials([TrialRecord(key=key, template=_template_of(t), config={**(t.config or {}), "label": t.label},
+                                     status=t.status, time_ms=t.time_ms, rel_err=t.err,
+                                     error=(t.error or "")[:2000]).stamped(env) for t in res.trials])

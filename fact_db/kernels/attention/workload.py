@@ -93,6 +93,13 @@ class AttentionWorkload:
             full *= visible / (self.lq * self.lk)
         return full
 
+    def key(self, arch: str, gpu: str):
+        """The registry key of this workload on `arch` and `gpu` (its family: attention)."""
+        from fact_db.store.keys import AttentionKey
+        return AttentionKey(arch=arch, gpu=gpu, batch=self.batch, heads=self.heads, kv_heads=self.kv_heads,
+                            lq=self.lq, lk=self.lk, d=self.d, dv=self.dv, causal=bool(self.causal),
+                            scale=float(self.softmax_scale), dtype=self.dtype, policy=self.policy)
+
     def as_dict(self) -> dict:
         return asdict(self)
 

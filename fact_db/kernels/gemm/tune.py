@@ -16,7 +16,7 @@ swizzle, split-K / stream-K decomposition), which share one build.
 
 The registry is asked first: a verified, current row for the exact key is reused (its
 kernel rebuilt from the build cache, so nothing compiles when the cache has it); configs
-that failed before under the same toolchain are not tried again.
+that failed before in the same environment are not tried again.
 """
 from __future__ import annotations
 
@@ -26,9 +26,9 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from fact_db.kernels import build as build_mod, template
-from fact_db.core import toolchain
+from fact_db.core import environment
 from fact_db.core.errors import FactError
-from fact_db.store.registry import config_hash
+from fact_db.store.records import KernelRecord, TrialRecord, config_hash
 from fact_db.core.device import DEVICES, EPILOGUE_SMEM, device
 from fact_db.core.policy import ELEMENT_BYTES
 from fact_db.kernels.abi import current_gpu  # noqa: F401  (tune() and the CLI ask it)
@@ -529,19 +529,19 @@ def tune(w: GemmWorkload, *, arch: str = "sm90a", gpu: str | None = None, regist
 def candidate_list(w: GemmWorkload, *, arch: str = "sm90a", gpu: str = "h100", registry=None, rules=None,
                    max_candidates: int = 24) -> tuple[list[Candidate], list[str]]:
     """The candidates `tune` tries for `w` (eager first), with notes: the rule's parameter space,
-    pruned and ranked, minus configurations that failed before under this toolchain (even
+    pruned and ranked, minus configurations that failed before in this environment (even
     with force: they would fail again)."""
     w = with_rule(w)
     space, notes = rule_space(w.rule, rules)
     cands, more = candidates(w, space, arch, gpu, max_candidates)
     notes += more
     if registry is not None:
-        failed = registry.failed_configs(w.key(arch, gpu), toolchain.current())
+        failed = registry.failed_configs(w.key(arch, gpu))
         if failed:
             kept = [c for c in cands if c.config_hash not in failed]
             if len(kept) < len(cands):
-                notes.append(f"{len(cands) - len(kept)} configuration(s) that failed before under this "
-                             "toolchain were not tried again")
+                notes.append(f"{len(cands) - len(kept)} configuration(s) that failed before in this "
+                             "environment were not tried again")
             cands = kept
     return cands, notes
 
@@ -624,36 +624,32 @@ def _from_registry(registry, key, w: GemmWorkload, result: TuneResult, cached_on
 
 
 def _record(registry, key, w: GemmWorkload, result: TuneResult, device_name: str) -> None:
-    """The winner as a kernel row (merged by key), and every candidate as a trial row."""
-    from fact_db.store.registry import TrialRecord
+    """The winner as a kernel row (merged by key), and every candidate as a trial row, each
+    stamped with the environment they were measured in (this machine's, and the worker's GPU)."""
+    env = environment.current()
+    if device_name:
+        env = env.with_(gpu_sku=device_name)
     registry.add_trials([
         TrialRecord(key=key, template=t.candidate.template, config={**t.candidate.config, "label": t.candidate.label},
                     status=t.status, time_ms=t.time_ms, rel_err=t.err, error=t.error[:2000],
-                    config_hash=t.candidate.config_hash, template_hash=toolchain.template_hash(t.candidate.template),
-                    device_name=device_name, **_stamp())
+                    config_hash=t.candidate.config_hash).stamped(env)
         for t in result.trials])
     win = result.winner
     if win is None:
         return
     eager = result.eager
-    registry.put_kernel(kernel_record(
-        key, win.candidate, win.time_ms, win.err, win.source_hash, device_name,
+    registry.put(kernel_record(
+        key, win.candidate, win.time_ms, win.err, win.source_hash, env,
         baseline=eager.candidate.label if eager else "", baseline_ms=eager.time_ms if eager else None,
         baseline_rel_err=eager.err if eager else None, notes="; ".join(result.notes)[:2000]))
 
 
-def _stamp() -> dict:
-    tc = toolchain.current()
-    return {"cutlass_version": tc.cutlass, "nvcc_version": tc.nvcc, "factdb_version": tc.factdb}
-
-
-def kernel_record(key, c: Candidate, time_ms: float, err: float | None, source_hash: str, device_name: str, *,
+def kernel_record(key, c: Candidate, time_ms: float, err: float | None, source_hash: str, env=None, *,
                   baseline: str, baseline_ms: float | None, baseline_rel_err: float | None, notes: str,
-                  provenance: str = "rule"):
-    """The verified registry row of winning candidate `c`, stamped with the toolchain installed now."""
-    from fact_db.store.registry import KernelRecord
+                  provenance: str = "rule") -> KernelRecord:
+    """The verified registry row of winning candidate `c`, stamped with `env` (default: this
+    machine's environment) and the template's hash now."""
     return KernelRecord(
         key=key, template=c.template, config={**c.config, "label": c.label}, time_ms=time_ms, baseline=baseline,
         baseline_ms=baseline_ms, rel_err=err, baseline_rel_err=baseline_rel_err, status="verified",
-        provenance=provenance, source_hash=source_hash, template_hash=toolchain.template_hash(c.template),
-        device_name=device_name, notes=notes, **_stamp())
+        provenance=provenance, source_hash=source_hash, notes=notes).stamped(env)

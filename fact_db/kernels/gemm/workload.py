@@ -12,6 +12,7 @@ import re
 from dataclasses import asdict, dataclass, replace
 
 from fact_db.core.errors import FactError
+from fact_db.store.keys import GemmKey
 from fact_db.core.policy import DTYPE_ALIASES, ELEMENT_BYTES, POLICIES, POLICY_DTYPE, policy_mode
 
 EPILOGUES = ("none", "bias", "bias_relu", "bias_gelu", "bias_gelu_tanh", "bias_silu", "residual")
@@ -99,8 +100,7 @@ class GemmWorkload:
         return replace(self, **kw)
 
     def key(self, arch: str, gpu: str):
-        from fact_db.store.registry import KernelKey
-        return KernelKey(rule=self.rule, arch=arch, gpu=gpu, dtype_in=self.dtype, dtype_acc="float32",
+        return GemmKey(rule=self.rule, arch=arch, gpu=gpu, dtype_in=self.dtype, dtype_acc="float32",
                          dtype_out=self.dtype, layout_a=self.layout_a, layout_b=self.layout_b,
                          m=self.m, n=self.n, k=self.k, batch=self.batch, epilogue=self.epilogue,
                          policy=self.policy)

@@ -65,11 +65,10 @@ def owns(w) -> bool:
 
 def answer(registry, w: NormWorkload, arch: str, gpu: str) -> tuple[str, float | None]:
     """hit with the winner's time, stale (another environment, or its template changed), or miss."""
-    from fact_db.kernels.norm.tune import from_registry
-    if registry.norm_get(w, arch, gpu) is None:
+    hit = registry.lookup(w.key(arch, gpu), nearest=False)
+    if hit is None:
         return "miss", None
-    hit = from_registry(w, registry, arch, gpu)
-    return ("hit", hit.time_ms) if hit is not None else ("stale", None)
+    return ("stale", None) if hit.stale else ("hit", hit.record.time_ms)
 
 
 def prebuild(workloads: list, ctx: Context) -> None:

@@ -167,29 +167,44 @@ def evaluate_one(w: NormWorkload, so: str | None, trials: int = 4, reps: int = 3
     return {**res, "status": "ok", "time_ms": t.median_ms, "p10_ms": t.p10_ms, "p90_ms": t.p90_ms, "error": ""}
 
 
-def from_registry(w: NormWorkload, registry, arch: str = "sm90a", gpu: str = "") -> NormTrial | None:
-    """The registry's winner for `w` as a NormTrial (candidate None when eager won), or None.
-    A kernel row whose template source changed since it was tuned is not returned (stale)."""
-    row = registry.norm_get(w, arch, gpu)
-    if row is None:
+def from_registry(w: NormWorkload, registry, arch: str = "sm90a", gpu: str = "h100") -> NormTrial | None:
+    """The registry's current winner for exactly `w` as a NormTrial (candidate None when eager
+    won), or None: absent, or stale (tuned in another environment, or the template changed)."""
+    hit = registry.lookup(w.key(arch, gpu), nearest=False)
+    if hit is None or hit.stale:
         return None
-    cand = NormCandidate(**row["config"]) if row["config"] else None
-    if cand is not None:
-        from fact_db.kernels.template import source_hash
-        if row["source_hash"] and row["source_hash"] != source_hash(render(w, cand)):
-            return None
-    return NormTrial(row["label"], "ok", row["time_ms"], row["rel_err"], candidate=cand)
+    rec = hit.record
+    cand = NormCandidate(**rec.config) if rec.template == TEMPLATE and rec.config else None
+    return NormTrial(rec.label, "ok", rec.time_ms, rec.rel_err, candidate=cand)
 
 
-def record(w: NormWorkload, trials: list[NormTrial], registry, arch: str = "sm90a", gpu: str = "",
+def record(w: NormWorkload, trials: list[NormTrial], registry, arch: str = "sm90a", gpu: str = "h100",
            device_name: str = "") -> NormTrial | None:
-    """Write the best ok trial of `trials` (eager included) to the registry; returns it."""
+    """Write the best ok trial of `trials` (eager included) as the workload's registry row, and
+    every trial as a trial row, stamped with this environment (`device_name`: the worker's GPU);
+    returns the best."""
+    from fact_db.core import environment
+    from fact_db.kernels.template import source_hash
+    from fact_db.store.records import KernelRecord, TrialRecord
     best = next((t for t in trials if t.status == "ok"), None)
     if best is None:
         return None
-    from fact_db.kernels.template import source_hash
-    sh = source_hash(render(w, best.candidate)) if best.candidate is not None else ""
-    registry.norm_put(w, arch, best, trials, gpu=gpu, device_name=device_name, source_hash=sh)
+    env = environment.current()
+    if device_name:
+        env = env.with_(gpu_sku=device_name)
+    key = w.key(arch, gpu)
+    eager = next((t for t in trials if t.label == "eager" and t.status == "ok"), None)
+    template = lambda t: "eager" if t.candidate is None else TEMPLATE  # noqa: E731
+    registry.put(KernelRecord(
+        key=key, template=template(best), label=best.label,
+        config=asdict(best.candidate) if best.candidate is not None else {}, time_ms=best.time_ms, rel_err=best.err,
+        baseline="torch eager" if eager else "", baseline_ms=eager.time_ms if eager else None,
+        baseline_rel_err=eager.err if eager else None,
+        source_hash=source_hash(render(w, best.candidate)) if best.candidate is not None else "").stamped(env))
+    registry.add_trials([TrialRecord(key=key, template=template(t),
+                                     config={**(asdict(t.candidate) if t.candidate else {}), "label": t.label},
+                                     status=t.status, time_ms=t.time_ms, rel_err=t.err,
+                                     error=(t.error or "")[:2000]).stamped(env) for t in trials])
     return best
 
 

@@ -56,6 +56,11 @@ class NormWorkload:
         d["has_bias"] = self.has_bias and self.kind == "layernorm"
         return d
 
+    def key(self, arch: str, gpu: str):
+        """The registry key of this workload on `arch` and `gpu` (its family: norm)."""
+        from fact_db.store.keys import NormKey
+        return NormKey(arch=arch, gpu=gpu, **self.key_fields())
+
     def as_dict(self) -> dict:
         return asdict(self)
 

@@ -8,7 +8,9 @@ reach a model through the registry (realization.realize.realize_region_kernels).
 from __future__ import annotations
 
 from fact_db.kernels.family import Context, Outcome
-from fact_db.kernels.impl import Impl, stored
+from fact_db.kernels.impl import Impl
+from fact_db.kernels.impl import stored as stored_record
+from fact_db.kernels.region.rows import store, stored  # noqa: F401  (the family's registry rows)
 from fact_db.kernels.region.spec import RegionSpec
 
 NAME = "region"
@@ -25,8 +27,10 @@ def owns(w) -> bool:
 
 
 def answer(registry, w: RegionSpec, arch: str, gpu: str) -> tuple[str, float | None]:
-    row = registry.region_get(w, arch, gpu)
-    return ("hit", row["time_ms"]) if row is not None else ("miss", None)
+    hit = registry.lookup(w.key(arch, gpu), nearest=False)
+    if hit is None:
+        return "miss", None
+    return ("stale", None) if hit.stale else ("hit", hit.record.time_ms)
 
 
 def prebuild(workloads: list, ctx: Context) -> None:
@@ -38,22 +42,22 @@ def realize(w: RegionSpec, region, ctx: Context) -> Outcome:
                               "not tuned per region")
 
 
-def load_row(row: dict, spec: RegionSpec) -> tuple[Impl, str]:
-    """(Impl, how) for a registry row of this family: its stored source compiled in the worker (a
-    build-cache hit when it was built here before) and registered as a custom op."""
+def load_row(rec, spec: RegionSpec) -> tuple[Impl, str]:
+    """(Impl, how) for a registry row of this family (a KernelRecord): its stored source compiled
+    in the worker (a build-cache hit when it was built here before) and registered as a custom op."""
     from fact_db.kernels.region.kernel import RegionKernel
     from fact_db.kernels.region.pipeline import Pipeline
     from fact_db.kernels.region.source import TEMPLATE
-    pipe = Pipeline(spec, arch=row["arch"], gpu=row["gpu"])
+    pipe = Pipeline(spec, arch=rec.key.arch, gpu=rec.key.gpu)
     try:
-        handle = pipe.compile(row["source"], row["name"])
+        handle = pipe.compile(rec.source, rec.label)
     finally:
         pipe.close()
     k = RegionKernel(handle["so"], spec, build_key=handle.get("build_key", ""))
-    rec = {"template": TEMPLATE, "so": str(k.path), "build_key": k.build_key, "region": spec.as_dict(),
-           "registry_digest": row["digest"], "name": row["name"], "provenance": row["provenance"]}
+    record = {"template": TEMPLATE, "so": str(k.path), "build_key": k.build_key, "region": spec.as_dict(),
+           "registry_digest": rec.digest, "name": rec.label, "provenance": rec.provenance}
     how = "built from the build cache" if handle.get("cached") else "compiled from its stored source"
-    return Impl("region", f"llm kernel {row['name']}", k.as_op(), rec), how
+    return Impl("region", f"llm kernel {rec.label}", k.as_op(), record), how
 
 
 def run_job(job: dict, cache: dict) -> dict:
@@ -68,7 +72,7 @@ def run_job(job: dict, cache: dict) -> dict:
 def load(path, record: dict) -> Impl:
     from fact_db.kernels.region.kernel import RegionKernel
     k = RegionKernel(path, RegionSpec.from_dict(record["region"]), build_key=record["build_key"])
-    return Impl("region", record.get("label", ""), k.as_op(), stored(record))
+    return Impl("region", record.get("label", ""), k.as_op(), stored_record(record))
 
 
 def reverify(path, impl: Impl, record: dict) -> tuple[bool, str]:

@@ -6,6 +6,7 @@ worker job (the agent's default kernel hooks).
 """
 from __future__ import annotations
 
+from fact_db.kernels.region.rows import store
 from fact_db.kernels.region.spec import RegionSpec
 
 
@@ -81,11 +82,10 @@ class Pipeline:
         if self.registry is None:
             return
         r = self.result
-        self.registry.region_put(self.spec, self.arch, r.get("device") or self.gpu, name=handle["name"],
-                                 source=source, build_key=handle.get("build_key", ""),
-                                 time_ms=r.get("time_ms"), eager_ms=r.get("eager_ms"), rel_err=r.get("err"),
-                                 eager_rel_err=r.get("eager_err"), device_name=r.get("device", ""),
-                                 model=self.model, explanation=self.explanation)
+        store(self.registry, self.spec, self.arch, r.get("device") or self.gpu, name=handle["name"], source=source,
+              build_key=handle.get("build_key", ""), time_ms=r.get("time_ms"), eager_ms=r.get("eager_ms"),
+              rel_err=r.get("err"), eager_rel_err=r.get("eager_err"), device_name=r.get("device", ""),
+              model=self.model, explanation=self.explanation)
 
     def hooks(self) -> dict:
         return {"compile": self.compile, "verify": self.verify, "bench": self.bench, "store": self.store}

@@ -7,8 +7,6 @@ policy's dtype for eager, so a worker can verify a proposed kernel for it.
 """
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import asdict, dataclass, field
 
 from fact_db.core.errors import FactError
@@ -89,21 +87,15 @@ class RegionSpec:
     def from_dict(cls, d: dict) -> RegionSpec:
         return cls(**d)
 
-    def digest(self, arch: str, gpu: str) -> str:
-        """The registry key: the ops with their constant arguments, the input shapes, dtype,
-        policy, arch and GPU (node names do not count: the same region elsewhere is the same key)."""
-        from fact_db.core.device import canonical_gpu
-        rename = {x["name"]: f"in{i}" for i, x in enumerate(self.inputs)}
-        rename.update({o["name"]: f"op{i}" for i, o in enumerate(self.ops)})
+    def key(self, arch: str, gpu: str):
+        """The registry key: the ops with their constant arguments, the input and output shapes,
+        dtype, policy, arch and GPU (node names do not count: the same region elsewhere is the
+        same key)."""
+        from fact_db.store.keys import RegionKey
+        return RegionKey.of(self.as_dict(), arch, gpu)
 
-        def canon(a):
-            if isinstance(a, dict) and "ref" in a:
-                return {"ref": rename[a["ref"]]}
-            return [canon(x) for x in a] if isinstance(a, list) else a
-        key = {"ops": [[o["op"], o["overload"], canon(o["args"])] for o in self.ops],
-               "inputs": [x["shape"] for x in self.inputs], "out": self.out_shape, "dtype": self.dtype,
-               "policy": self.policy, "arch": arch, "gpu": canonical_gpu(gpu) if gpu else ""}
-        return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
+    def digest(self, arch: str, gpu: str) -> str:
+        return self.key(arch, gpu).digest()
 
     def summary(self) -> str:
         return " -> ".join(o["op"] for o in self.ops)
