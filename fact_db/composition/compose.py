@@ -33,6 +33,7 @@ import torch
 
 from fact_db.core.errors import FactError, first_line
 from fact_db.core.policy import policy_mode, torch_dtype
+from fact_db.kernels.gemm.kernel import swiglu_op
 
 
 class ComposeError(FactError):
@@ -99,16 +100,24 @@ def _derived(gm, fx, name: str, key: tuple, make):
     return t
 
 
-def _gemm_call(gm, g, fx, impl, a, b, weight, bias, c, alpha: float, beta: float, index: int):
-    """The node of `impl.op(a, b, bias, c, alpha, beta)`; where B is a weight (`weight`: B as
-    the op takes it, K x N) and the kernel takes B's lo parts, split once into a buffer here
-    and passed to `impl.op_lo`, so no call splits the weight again."""
+def _lo_node(gm, g, fx, impl, weight, index: int):
+    """Where B is a weight (`weight`: B as the op takes it, K x N) and the kernel takes B's lo
+    parts: the node of those parts, split once into a buffer here so that no call splits the
+    weight again; else None."""
     if impl.op_lo is None or weight is None:
-        return g.call_function(impl.op, (a, b, bias, c, alpha, beta))
+        return None
     # Every presplit kernel splits alike (the template's split_lo): the lo parts are keyed by B alone.
     name = f"_factdb_b_lo_{index}"
     _derived(gm, fx, name, ("b_lo", _ident(weight)), lambda: impl.split_lo(weight.detach()).t())  # packed N x K
-    lo = g.call_function(torch.ops.aten.t.default, (g.get_attr(name),))
+    return g.call_function(torch.ops.aten.t.default, (g.get_attr(name),))
+
+
+def _gemm_call(gm, g, fx, impl, a, b, weight, bias, c, alpha: float, beta: float, index: int):
+    """The node of `impl.op(a, b, bias, c, alpha, beta)`, or of `impl.op_lo` with B's lo parts
+    where B is a weight and the kernel takes them (_lo_node)."""
+    lo = _lo_node(gm, g, fx, impl, weight, index)
+    if lo is None:
+        return g.call_function(impl.op, (a, b, bias, c, alpha, beta))
     return g.call_function(impl.op_lo, (a, b, lo, bias, c, alpha, beta))
 
 
@@ -183,9 +192,11 @@ def _gemm_nodes(gm, g, shapes, r, impl, fx, index: int):
 
 
 def _dual_gemm_nodes(gm, g, shapes, r, impl, fx, index: int):
-    """silu(x Wg) * (x Wu) as one GEMM over [Wg; Wu] (a buffer made here), then SiLU and the
-    product in place in the gate half of its output: the call holds one M x 2N tensor, not
-    also a SiLU output and a product. The result is that strided half (rows 2N apart)."""
+    """silu(x Wg) * (x Wu) as one op (kernels.gemm.kernel.swiglu_op): one GEMM over [Wg; Wu]
+    (a buffer made here), then SiLU and the product in place in the gate half of its output,
+    so the call holds one M x 2N tensor, not also a SiLU output and a product. The result is
+    that strided half (rows 2N apart), as the op's fake says; in place inside one op, so
+    torch.compile sees no mutation to functionalize."""
     aten = torch.ops.aten
     ops, nk = r.operands, r.attrs.get("b_layout") == "nk"
     wg, wu = fx(ops["w_gate"]), fx(ops["w_up"])
@@ -206,11 +217,8 @@ def _dual_gemm_nodes(gm, g, shapes, r, impl, fx, index: int):
     a = fx(ops["a"])
     if len(sa) != 2:
         a = g.call_function(aten.reshape.default, (a, [-1, sa[-1]]))
-    y = _gemm_call(gm, g, fx, impl, a, b, wt, None, None, 1.0, 0.0, index)
-    # Two slices, not split(): autograd refuses in-place writes to a view of a multi-view op.
-    gate = g.call_function(aten.slice.Tensor, (y, -1, 0, n))
-    up = g.call_function(aten.slice.Tensor, (y, -1, n, 2 * n))
-    out = g.call_function(aten.mul_.Tensor, (g.call_function(aten.silu_.default, (gate,)), up))
+    lo = _lo_node(gm, g, fx, impl, wt, index)
+    out = g.call_function(swiglu_op(impl.op, impl.op_lo if lo is not None else None), (a, b, lo, n))
     out = g.call_function(aten.view.default, (out, list(sout))) if len(sa) != 2 else out
     # A reader that views the result in a way only a packed tensor allows gets a packed copy.
     meta = torch.empty([math.prod(sout[:-1]), 2 * n], device="meta")[:, :n].view(list(sout))
