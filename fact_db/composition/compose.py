@@ -508,6 +508,11 @@ class ComposedModule(torch.nn.Module):
         # Set where eager PyTorch timed faster than the composed graph for the signature it was
         # optimized for: fact-db then never returns a module slower than what the user had.
         self.prefer_eager = False
+        # What runs for the signature it was optimized for (pipeline/choice.py): one of CHOICES;
+        # a compiled choice's torch.compile'd module is `_chosen` (see use()).
+        self.choice = "composed, CUDA graph" if cuda_graph else "composed"
+        self.compile_mode: str | None = None
+        self._chosen = None
         self.fallback = fallback
         self.policy = policy
         self.name = name
@@ -536,6 +541,8 @@ class ComposedModule(torch.nn.Module):
         if sig == self.optimized_for or sig in self.also_for:
             if self.prefer_eager:
                 return self.fallback
+            if self._chosen is not None and not torch.compiler.is_compiling():
+                return self._chosen
             if self.cuda_graph and not self.graph_note and _can_graph(args, kwargs):
                 g = self._graphs.get(sig)
                 if g is None:
@@ -567,6 +574,26 @@ class ComposedModule(torch.nn.Module):
         with torch.no_grad():
             return run_at_policy(self._target(args, kwargs), self.policy, args, kwargs)
 
+    def use(self, choice: str, compiled=None) -> None:
+        """Run `choice` (one of CHOICES) for the signature it was optimized for: eager PyTorch,
+        torch.compile of the model or of the composed graph (`compiled`: that torch.compile'd
+        module, see compiled_target), or the composed graph op by op or as a CUDA graph.
+
+            >>> fast.use("composed + torch.compile", compiled_target(fast.gm, None, fullgraph=True))
+        """
+        if choice not in CHOICES:
+            raise ComposeError(f"unknown choice {choice!r}: use one of {', '.join(CHOICES)}")
+        if CHOICES[choice] and compiled is None:
+            raise ComposeError(f"choice {choice!r} runs a torch.compile'd module: pass it as `compiled`")
+        self.choice, self.compile_mode = choice, CHOICES[choice] or None
+        self._chosen = compiled if CHOICES[choice] else None
+        self.prefer_eager = choice == "eager"
+        if choice == "composed" or not choice.startswith("composed"):
+            self.cuda_graph = False
+            self._graphs.clear()
+        elif choice == "composed, CUDA graph":
+            self.cuda_graph = True
+
     def held_mib(self, graphs: bool = True) -> float:
         """Memory this module keeps between calls beyond the model's own parameters, in MiB:
         the buffers composition made (concatenated, transposed or split weights, zero biases;
@@ -583,8 +610,27 @@ class ComposedModule(torch.nn.Module):
         kernels = sum(1 for _, impl in self.regions if impl.kernel)
         graph = ", cuda_graph" if self.cuda_graph and not self.graph_note else ""
         eager = ", runs eager (faster)" if self.prefer_eager else ""
+        runs = f", runs {self.choice}" if self._chosen is not None else ""
         return (f"policy={self.policy}, regions={len(self.regions)}, replaced={replaced}, kernels={kernels}"
-                f"{graph}{eager}")
+                f"{graph}{eager}{runs}")
+
+
+# What a composed module can run for the signature it was optimized for, and the
+# torch.compile mode of each compiled one ("default": torch.compile's default mode).
+CHOICES = {
+    "eager": "", "composed": "", "composed, CUDA graph": "",
+    "torch.compile": "default", "torch.compile max-autotune-no-cudagraphs": "max-autotune-no-cudagraphs",
+    "composed + torch.compile": "default",
+    "composed + torch.compile max-autotune-no-cudagraphs": "max-autotune-no-cudagraphs",
+}
+
+
+def compiled_target(module, mode: str | None, *, fullgraph: bool):
+    """torch.compile(module) for the one signature a ComposedModule runs it for: static
+    shapes (another signature never reaches it, so no recompile is ever needed), `mode`
+    None or "default" for torch.compile's default."""
+    mode = None if mode in (None, "default") else mode
+    return torch.compile(module, mode=mode, dynamic=False, fullgraph=fullgraph)
 
 
 def _nbytes(tree) -> int:
