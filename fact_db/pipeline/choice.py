@@ -72,6 +72,13 @@ class Choice:
     def candidate(self, name: str) -> Candidate | None:
         return next((c for c in self.candidates if c.name == name), None)
 
+    def release(self) -> None:
+        """Drop the modules of the candidates not chosen (compiled ones are only lent to the
+        benchmark), so the returned module's report holds none of them."""
+        for c in self.candidates:
+            if not c.chosen:
+                c.run = c.compiled = None
+
     def as_dict(self) -> dict:
         return {"chosen": self.chosen, "bound_mib": self.bound_mib, "eager_peak_mib": self.eager_peak_mib,
                 "note": self.note, "candidates": [c.as_dict() for c in self.candidates]}
@@ -217,7 +224,7 @@ def choose(fast, model_p, policy: str, draw, verify, *, peers=(), timer=None, ma
         try:
             t0 = time.perf_counter()
             first = (lambda c=c: c.run(*sets[0]))
-            if on_gpu and c.name != "composed":
+            if on_gpu and c.compiled is not None:  # what a compiled module keeps: measured around its first call
                 c.held_mib = held_mib(first)
             else:
                 first()
@@ -232,7 +239,7 @@ def choose(fast, model_p, policy: str, draw, verify, *, peers=(), timer=None, ma
         if c.name == "composed, CUDA graph" and getattr(fast, "graph_note", ""):
             c.verified, c.why = False, fast.graph_note
             continue
-        if c.name.startswith("composed"):  # buffers composition made, once for the module
+        if c.name.startswith("composed"):  # buffers composition made, and the CUDA graph's pool and inputs
             c.held_mib += fast.held_mib(graphs=c.name == "composed, CUDA graph")
         if c.compiled is not None:
             verdict = verify(c.run)

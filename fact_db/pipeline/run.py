@@ -213,8 +213,8 @@ def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max
         if rounded:
             report.notes.append(rounded)
         if not verdict.ok:
-            report.notes.append(f"end-to-end verification failed ({verdict.reason}): the returned module runs "
-                                f"eager PyTorch under the {policy} policy")
+            report.notes.append(f"end-to-end verification failed ({verdict.reason}): the composed module is not "
+                                f"returned; eager PyTorch under the {policy} policy, or torch.compile of it, is")
             fast = ComposedModule(model_p, model_p, policy=policy, optimized_for=signature(inputs), name=name,
                                   regions=[], variants=None,
                                   also_for=[signature(inputs_p)] if inputs_p is not inputs else [])
@@ -233,6 +233,7 @@ def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max
                     "(weights it concatenated or transposed" + (" or split into TF32 parts" if split_weights else "") +
                     (", its CUDA graph's pool" if held.held_mib > fast.held_mib(graphs=False) else "") +
                     "), counted in its peak memory")
+    report.choice.release()
     del ref_model
     fast.report = report
     fast.artifact = None
