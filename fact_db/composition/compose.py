@@ -512,7 +512,7 @@ class ComposedModule(torch.nn.Module):
         # a compiled choice's torch.compile'd module is `_chosen` (see use()).
         self.choice = "composed, CUDA graph" if cuda_graph else "composed"
         self.compile_mode: str | None = None
-        self._chosen = None
+        object.__setattr__(self, "_chosen", None)  # see use()
         self.fallback = fallback
         self.policy = policy
         self.name = name
@@ -586,7 +586,9 @@ class ComposedModule(torch.nn.Module):
         if CHOICES[choice] and compiled is None:
             raise ComposeError(f"choice {choice!r} runs a torch.compile'd module: pass it as `compiled`")
         self.choice, self.compile_mode = choice, CHOICES[choice] or None
-        self._chosen = compiled if CHOICES[choice] else None
+        # A plain attribute, not a submodule: it wraps gm or the fallback, which are already
+        # this module's own (a submodule would list their parameters twice).
+        object.__setattr__(self, "_chosen", compiled if CHOICES[choice] else None)
         self.prefer_eager = choice == "eager"
         if choice == "composed" or not choice.startswith("composed"):
             self.cuda_graph = False

@@ -149,8 +149,8 @@ def _announce(entry: GraphReport) -> None:
     new = list(dict.fromkeys((r, s, cmd) for r, s, _, cmd in entry.left if cmd and (r, s, entry.policy) not in _LISTED))
     _LISTED.update((r, s, entry.policy) for r, s, _ in new)
     if new:
-        warnings.warn(f"fact-db: {len(new)} region(s) have no kernel in the registry under {entry.policy} and stay with "
-                      "Inductor: " + "; ".join(f"{r} {s} (`{cmd}`)" for r, s, cmd in new), stacklevel=2)
+        warnings.warn(f"fact-db: {len(new)} region(s) have no kernel in the registry under {entry.policy} and stay "
+                      "with Inductor: " + "; ".join(f"{r} {s} (`{cmd}`)" for r, s, cmd in new), stacklevel=2)
 
 
 # ------------------------------------------------------------------------------------------

@@ -197,14 +197,14 @@ def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max
                               also_for=[signature(inputs_p)] if inputs_p is not inputs else [],
                               cuda_graph=cuda_graph, split_weights=split_weights)
     draw = like_drawer(inputs, make_inputs)
-
-    def verify(fn):  # end to end against float64 under the policy: the composed module, then every candidate
-        return verify_model(
-            fn, lambda *x: run_at_policy(model_p, policy, x), lambda *x: ref_model(*x), draw, policy,
-            trials=trials, eager_tf32=(lambda *x: run_at_policy(module, "tf32", x)) if policy == "tf32x3" else None,
-            out_dtype={"bf16": "bfloat16", "fp16": "float16"}.get(policy, "float32"))
     with stage("verify", report, progress):
         ref_model = copy.deepcopy(module).to(torch.float64)
+
+        def verify(fn):  # end to end against float64 under the policy: the composed module, then each candidate
+            return verify_model(
+                fn, lambda *x: run_at_policy(model_p, policy, x), lambda *x: ref_model(*x), draw, policy,
+                trials=trials, eager_tf32=(lambda *x: run_at_policy(module, "tf32", x)) if policy == "tf32x3" else None,
+                out_dtype={"bf16": "bfloat16", "fp16": "float16"}.get(policy, "float32"))
         verdict = verify(lambda *x: fast(*x))
         report.verification = verdict
         if getattr(fast, "graph_note", ""):

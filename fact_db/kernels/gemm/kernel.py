@@ -278,9 +278,9 @@ class GemmKernel:
                                                                 b_lo=b_lo),
                 lambda a, b, b_lo, bias, c, alpha, beta: fake(a, b, bias, c, alpha, beta))
         else:
-            existing = factdb_op(self.op_name, SCHEMAS["gemm"],
-                                 lambda a, b, bias, c, alpha, beta: kernel(a, b, bias=bias, c=c, alpha=alpha, beta=beta),
-                                 fake)
+            existing = factdb_op(
+                self.op_name, SCHEMAS["gemm"],
+                lambda a, b, bias, c, alpha, beta: kernel(a, b, bias=bias, c=c, alpha=alpha, beta=beta), fake)
         if b_lo:
             self._op_blo = existing
         else:
