@@ -28,6 +28,20 @@ def _peers(spec: str) -> tuple:
     return out
 
 
+def _max_held(spec: str):
+    """--max-held: 'eager' (eager's per-call peak), 'none' (no bound), or MiB."""
+    if spec in ("eager", "none"):
+        return None if spec == "none" else spec
+    try:
+        value = float(spec)
+    except ValueError:
+        value = -1.0
+    if value < 0:
+        raise click.BadParameter(f"'{spec}' is not a bound: use eager (eager's per-call peak), none, or a number of "
+                                 "MiB >= 0", param_hint="--max-held")
+    return value
+
+
 def _f(x, fmt="{:.3f}") -> str:
     return fmt.format(x) if isinstance(x, (int, float)) and math.isfinite(x) else "-"
 
@@ -56,7 +70,11 @@ def _common(fn):
                      help="Minutes of tuning; regions left after it use the registry or stay eager (listed)."),
         click.option("--gpus", default=None, help="GPUs that verify and time candidates: all, or 0,1 (default: current)."),
         click.option("--peers", default="compile,max-autotune", show_default=True,
-                     help="torch.compile variants timed beside fact-db: compile, max-autotune, both, or none."),
+                     help="torch.compile variants timed beside fact-db, and (compile, max-autotune) candidates for "
+                          "what optimize returns: compile, max-autotune, reduce-overhead, a list, or none."),
+        click.option("--max-held", default="eager", show_default=True,
+                     help="Most memory the returned module may hold between calls: eager (eager's per-call "
+                          "peak), a number of MiB, or none."),
         click.option("--no-bench", is_flag=True, help="Verify but do not time the variants end to end."),
         click.option("--no-cuda-graph", is_flag=True,
                      help="Run the composed graph op by op instead of replaying it as a CUDA graph."),
@@ -81,8 +99,8 @@ def _common(fn):
 @click.option("--offline", is_flag=True, help="Never open a socket for the language model.")
 @handle_errors
 @problem_sandbox(when=no_gpu)  # the plan builds the model here; with a GPU it is built on it, in this process
-def optimize(problem, policy, max_candidates, budget, gpus, peers, no_bench, no_cuda_graph, no_split_weights, force,
-             db, no_registry, out, as_json, use_llm, offline):
+def optimize(problem, policy, max_candidates, budget, gpus, peers, max_held, no_bench, no_cuda_graph,
+             no_split_weights, force, db, no_registry, out, as_json, use_llm, offline):
     """Discover, realize and compose PROBLEM into a faster model; verify it end to end,
     time it against eager PyTorch and torch.compile, save it as an artifact and report.
 
@@ -93,15 +111,21 @@ def optimize(problem, policy, max_candidates, budget, gpus, peers, no_bench, no_
     ($FACTDB_PROBLEM_MAX_MEMORY MiB, default 8192; $FACTDB_PROBLEM_TIMEOUT s, default 300).
     Load the result with `fact_db.load(DIR)`: nothing is tuned again.
 
+    What it returns is the fastest verified of eager, torch.compile of the model, the composed
+    module and the composed module under torch.compile (the compile modes --peers names),
+    holding no more memory between calls than --max-held; the report says which won and why.
+
     \b
     Example:
       factdb optimize benchmarks/problems/mingpt_block.py --policy fp32 --out out/mingpt-fp32
       factdb optimize benchmarks/problems/llama_block.py --policy bf16 --budget 5 --peers compile
+      factdb optimize benchmarks/problems/hf_llama_decoder_4x2048.py --policy bf16 --max-held none
     """
     import torch
 
     from fact_db.pipeline import optimize_problem, plan_problem
     from fact_db.composition.report import markdown, report_dict
+    held = _max_held(max_held)
     reg = open_registry(db, not no_registry)
     try:
         rules = consult_rules(problem, policy, offline, as_json, reg) if use_llm else None
@@ -119,7 +143,7 @@ def optimize(problem, policy, max_candidates, budget, gpus, peers, no_bench, no_
         fast = optimize_problem(problem, policy=policy, registry=reg, max_candidates=max_candidates, budget=budget,
                                 gpus=gpu_list(gpus), out=out, bench=not no_bench, peers=_peers(peers), force=force,
                                 progress=not as_json, cuda_graph=not no_cuda_graph, rules=rules,
-                                split_weights=not no_split_weights)
+                                split_weights=not no_split_weights, max_held=held)
     finally:
         if reg is not None:
             reg.close()
@@ -137,7 +161,9 @@ def optimize(problem, policy, max_candidates, budget, gpus, peers, no_bench, no_
 def bench_row(problem: str, fast, wall_s: float) -> dict:
     """One row of the e2e results: the GEMM results' fields plus compile_ms, max_autotune_ms,
     peak_mib and eager_peak_mib (fact-db's peak_mib counts held_mib in: the memory its module
-    keeps between calls, its buffers and CUDA graph pool)."""
+    keeps between calls, its buffers and CUDA graph pool); per variant its time, error, peak
+    and held memory and compile time (`variants`); what optimize returned and every
+    candidate it chose among (`returned`, `choice`)."""
     from fact_db.composition.report import clean, speedups
     r = fast.report
     v = {x.name: x for x in r.variants}
@@ -166,6 +192,8 @@ def bench_row(problem: str, fast, wall_s: float) -> dict:
                          "eager_ms": z.eager_ms, "ms": z.ms} for z in r.regions],
         "stages_s": r.stages_s, "wall_s": wall_s, "notes": r.notes, "artifact": str(fast.artifact),
         "variants": [x.as_dict() for x in r.variants],
+        "returned": getattr(fast, "choice", None),
+        "choice": r.choice.as_dict() if getattr(r, "choice", None) is not None else None,
     })
 
 
@@ -177,6 +205,8 @@ def bench_row(problem: str, fast, wall_s: float) -> dict:
 @click.option("--budget", type=click.FloatRange(0, None), default=None, help="Minutes of tuning per problem.")
 @click.option("--gpus", default=None, help="GPUs for verification and timing: all, or 0,1.")
 @click.option("--peers", default="compile,max-autotune", show_default=True, help="torch.compile variants to time.")
+@click.option("--max-held", default="eager", show_default=True,
+              help="Most memory a returned module may hold between calls: eager, none, or MiB.")
 @click.option("--no-cuda-graph", is_flag=True, help="Run composed graphs op by op, not as CUDA graphs.")
 @click.option("--no-split-weights", is_flag=True, help="Split weights into their TF32 parts per call, not once.")
 @click.option("--db", default=None, help="Registry URL.")
@@ -184,8 +214,8 @@ def bench_row(problem: str, fast, wall_s: float) -> dict:
               help="Results file (default: benchmarks/results/<gpu>-<date>-e2e.json in the source tree).")
 @click.option("--json", "as_json", is_flag=True, help="Print the results JSON too.")
 @handle_errors
-def bench(problems, policies, max_candidates, budget, gpus, peers, no_cuda_graph, no_split_weights, db, results,
-          as_json):
+def bench(problems, policies, max_candidates, budget, gpus, peers, max_held, no_cuda_graph, no_split_weights, db,
+          results, as_json):
     """Run `optimize` over benchmark problems (default: every file in benchmarks/problems/)
     under each policy, and write one results JSON: a row per problem and policy with
     fact-db, eager, torch.compile and max-autotune times, errors and peak memory, plus the
@@ -201,6 +231,7 @@ def bench(problems, policies, max_candidates, budget, gpus, peers, no_cuda_graph
     from fact_db.core import paths
     from fact_db.core.environment import device_info, toolchain_info
     from fact_db.pipeline import optimize_problem
+    held = _max_held(max_held)
     if not torch.cuda.is_available():
         raise click.ClickException("no CUDA GPU is visible: `factdb bench` times models on an H100/H200; "
                                    "`factdb optimize PROBLEM` prints the plan without one")
@@ -231,11 +262,12 @@ def bench(problems, policies, max_candidates, budget, gpus, peers, no_cuda_graph
                 try:
                     fast = optimize_problem(prob, policy=pol, registry=reg, max_candidates=max_candidates,
                                             budget=budget, gpus=gpu_list(gpus), peers=_peers(peers),
-                                            cuda_graph=not no_cuda_graph, split_weights=not no_split_weights)
+                                            cuda_graph=not no_cuda_graph, split_weights=not no_split_weights,
+                                            max_held=held)
                     rows.append(bench_row(Path(prob).stem, fast, time.perf_counter() - t0))
                     r = rows[-1]
-                    click.echo(f"   fact-db {_f(r['factdb_ms'])} ms, {_f(r['speedup'], '{:.2f}')}x over "
-                               f"{r['baseline']}, verified {r['verified']}", err=True)
+                    click.echo(f"   fact-db {_f(r['factdb_ms'])} ms ({r['returned']}), {_f(r['speedup'], '{:.2f}')}x "
+                               f"over {r['baseline']}, verified {r['verified']}", err=True)
                 except Exception as e:  # noqa: BLE001  (one failing problem must not lose the others' rows)
                     rows.append({"problem": Path(prob).stem, "policy": pol, "error": f"{type(e).__name__}: {e}",
                                  "wall_s": time.perf_counter() - t0})

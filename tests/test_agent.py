@@ -204,7 +204,8 @@ def test_kernelbench_gemm_div_gelu_rule_accepted_then_cached(tmp_path, monkeypat
 def test_shipped_problems_ask_nothing(tmp_path, monkeypatch):
     """Benchmark problems the shipped rules cover make no call: only the three KernelBench
     problems added for the agent leave a region to ask about (OPT's scaled q projection is
-    the shipped gemm-bias-scale)."""
+    the shipped gemm-bias-scale), and the ReLU self-attention, whose mask and ReLU between two
+    batched GEMMs no rule fuses."""
     from fact_db.discovery.discover import discover_problem
 
     monkeypatch.delenv("FACTDB_RULES", raising=False)
@@ -213,7 +214,8 @@ def test_shipped_problems_ask_nothing(tmp_path, monkeypatch):
     for p in sorted(PROBLEMS.glob("*.py")):
         rep = discover_problem(str(p), rules=rules)
         asked[p.stem] = len(asks(rep, rules))
-    assert {k for k, v in asked.items() if v} == {"gemm_div_gelu", "gemm_swish_scale", "gemm_relu_div"}, asked
+    assert {k for k, v in asked.items() if v} == {"gemm_div_gelu", "gemm_swish_scale", "gemm_relu_div",
+                                                  "relu_self_attention"}, asked
 
 
 @pytest.mark.slow

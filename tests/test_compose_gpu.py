@@ -144,8 +144,8 @@ def test_another_batch_size_is_right_and_warns_once(artifact, loaded):
 def test_the_composed_module_replays_one_cuda_graph_equal_to_its_ops(artifact, loaded):
     manifest = json.loads((artifact / "manifest.json").read_text())
     assert loaded.cuda_graph == manifest["cuda_graph"] and loaded.prefer_eager == manifest["prefer_eager"]
-    # whether the graph was kept is a timing decision (optimize.choose_graph); replay it here regardless
-    loaded.cuda_graph, loaded.prefer_eager = True, False
+    # whether the graph was kept is a timing decision (pipeline/choice.py); replay it here regardless
+    loaded.use("composed, CUDA graph")
     from fact_db.composition.compose import run_at_policy
     x, x2 = _inputs(manifest), _inputs(manifest)
     with torch.no_grad():

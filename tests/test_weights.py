@@ -3,7 +3,7 @@ with stand-in kernel ops (tests/standins.py).
 
 A K x N weight (GPT-2's `Conv1D`, any `x @ W`) is planned K-major under the float32
 policies, whose kernels read B K-major, and composition transposes it once into a buffer;
-SwiGLU's SiLU and product run in place in the gate half of the dual GEMM's output.
+SwiGLU's SiLU and product run in place in the gate half of the dual GEMM's output, inside one op.
 """
 from __future__ import annotations
 
@@ -153,8 +153,10 @@ def test_swiglu_runs_in_place_in_the_dual_gemms_output(policy):
     else:
         assert torch.equal(fused, torch.cat([model.wg, model.wu], dim=1))
     t = _targets(gm)
-    assert "aten.silu_.default" in t and "aten.mul_.Tensor" in t
-    assert "aten.silu.default" not in t and "aten.mul.Tensor" not in t
+    # One op computes it (the dual GEMM, then SiLU and the product in place inside it): no
+    # out-of-place SiLU or product in the graph, and no mutation for torch.compile to functionalize.
+    assert sum(x.startswith("factdb.swiglu_") for x in t) == 1
+    assert not {"aten.silu.default", "aten.mul.Tensor", "aten.silu_.default", "aten.mul_.Tensor"} & set(t)
     with torch.no_grad():
         got = gm(x)
         torch.testing.assert_close(got, model(x), rtol=1e-5, atol=1e-5)

@@ -121,6 +121,7 @@ def save(directory: Path, fast, discovery, report, *, module=None, example_input
             "also_for": list(fast.also_for), "cuda_graph": bool(getattr(fast, "cuda_graph", False)),
             "split_weights": bool(getattr(fast, "split_weights", True)),
             "prefer_eager": bool(getattr(fast, "prefer_eager", False)),
+            "choice": getattr(fast, "choice", None), "compile_mode": getattr(fast, "compile_mode", None),
             "files": files, "regions": regions,
             "verification": report.verification.as_dict() if report.verification is not None else None,
             "notes": notes,
@@ -215,6 +216,49 @@ def _kernel_impl(directory: Path, entry: dict, gpu_now, cap_now, tc_now, made_on
     return k_impl, f"{how} and re-verified ({why}){'; ' + label if label else ''}"
 
 
+def _warm_inputs(sig) -> tuple | None:
+    """Random inputs of a signature of positional tensors on devices this machine has, else None."""
+    import torch
+    head, leaves = sig
+    if head != f"{len(leaves)} args; kwargs []" or any(x[0] != "T" for x in leaves):
+        return None
+    if any(x[3] == "cuda" for x in leaves) and not torch.cuda.is_available():
+        return None
+    out = []
+    for _, shape, dtype, dev in leaves:
+        dt = getattr(torch, dtype)
+        out.append(torch.randn(shape, dtype=dt, device=dev) if dt.is_floating_point else
+                   torch.zeros(shape, dtype=dt, device=dev))
+    return tuple(out)
+
+
+def _restore_choice(fast, choice: str) -> str:
+    """Make `fast` run what optimize chose; a compiled choice is compiled again here, once, on
+    random inputs of its signature (from Inductor's caches where they hold it: the same graph
+    and config make the same keys). Returns the load note, with the compile time."""
+    import time
+
+    from fact_db.composition.compose import CHOICES, compiled_target
+    if choice not in CHOICES:
+        return f"the manifest's choice {choice!r} is unknown here: runs {fast.choice}"
+    if not CHOICES[choice]:
+        fast.use(choice)
+        return f"runs {choice}, as optimize chose"
+    model = fast.fallback if choice.startswith("torch.compile") else fast.gm
+    t0 = time.perf_counter()
+    try:
+        fast.use(choice, compiled_target(model, CHOICES[choice], fullgraph=model is fast.gm))
+        xs = _warm_inputs(fast.optimized_for)
+        if xs is None:
+            return f"runs {choice}, as optimize chose; it compiles on its first call (no inputs to warm it with here)"
+        fast(*xs)
+    except Exception as e:  # noqa: BLE001  (Inductor failing here: the composed graph still runs, verified at optimize)
+        fast.use("composed")
+        return f"runs composed: recompiling {choice} failed on load ({first_line(e, 200, typed=True)})"
+    fast.load_s = time.perf_counter() - t0
+    return f"runs {choice}, as optimize chose: compiled again in {fast.load_s:.1f} s on load (Inductor's caches)"
+
+
 def load(directory, *, loader=None):
     """The composed module saved in `directory`, tuning nothing (see module docstring).
 
@@ -274,6 +318,8 @@ def load(directory, *, loader=None):
                           regions=[(r.rule, impls[i]) for i, r in enumerate(regions)],
                           cuda_graph=bool(manifest.get("cuda_graph", False)), split_weights=split)
     fast.prefer_eager = bool(manifest.get("prefer_eager", False))
+    if manifest.get("choice"):
+        notes.append(_restore_choice(fast, manifest["choice"]))
     fast.load_notes = notes
     fast.manifest = manifest
     eager = [n for n in notes if ": eager:" in n]

@@ -33,6 +33,7 @@ import torch
 
 from fact_db.core.errors import FactError, first_line
 from fact_db.core.policy import policy_mode, torch_dtype
+from fact_db.kernels.gemm.kernel import swiglu_op
 
 
 class ComposeError(FactError):
@@ -99,16 +100,24 @@ def _derived(gm, fx, name: str, key: tuple, make):
     return t
 
 
-def _gemm_call(gm, g, fx, impl, a, b, weight, bias, c, alpha: float, beta: float, index: int):
-    """The node of `impl.op(a, b, bias, c, alpha, beta)`; where B is a weight (`weight`: B as
-    the op takes it, K x N) and the kernel takes B's lo parts, split once into a buffer here
-    and passed to `impl.op_lo`, so no call splits the weight again."""
+def _lo_node(gm, g, fx, impl, weight, index: int):
+    """Where B is a weight (`weight`: B as the op takes it, K x N) and the kernel takes B's lo
+    parts: the node of those parts, split once into a buffer here so that no call splits the
+    weight again; else None."""
     if impl.op_lo is None or weight is None:
-        return g.call_function(impl.op, (a, b, bias, c, alpha, beta))
+        return None
     # Every presplit kernel splits alike (the template's split_lo): the lo parts are keyed by B alone.
     name = f"_factdb_b_lo_{index}"
     _derived(gm, fx, name, ("b_lo", _ident(weight)), lambda: impl.split_lo(weight.detach()).t())  # packed N x K
-    lo = g.call_function(torch.ops.aten.t.default, (g.get_attr(name),))
+    return g.call_function(torch.ops.aten.t.default, (g.get_attr(name),))
+
+
+def _gemm_call(gm, g, fx, impl, a, b, weight, bias, c, alpha: float, beta: float, index: int):
+    """The node of `impl.op(a, b, bias, c, alpha, beta)`, or of `impl.op_lo` with B's lo parts
+    where B is a weight and the kernel takes them (_lo_node)."""
+    lo = _lo_node(gm, g, fx, impl, weight, index)
+    if lo is None:
+        return g.call_function(impl.op, (a, b, bias, c, alpha, beta))
     return g.call_function(impl.op_lo, (a, b, lo, bias, c, alpha, beta))
 
 
@@ -183,9 +192,11 @@ def _gemm_nodes(gm, g, shapes, r, impl, fx, index: int):
 
 
 def _dual_gemm_nodes(gm, g, shapes, r, impl, fx, index: int):
-    """silu(x Wg) * (x Wu) as one GEMM over [Wg; Wu] (a buffer made here), then SiLU and the
-    product in place in the gate half of its output: the call holds one M x 2N tensor, not
-    also a SiLU output and a product. The result is that strided half (rows 2N apart)."""
+    """silu(x Wg) * (x Wu) as one op (kernels.gemm.kernel.swiglu_op): one GEMM over [Wg; Wu]
+    (a buffer made here), then SiLU and the product in place in the gate half of its output,
+    so the call holds one M x 2N tensor, not also a SiLU output and a product. The result is
+    that strided half (rows 2N apart), as the op's fake says; in place inside one op, so
+    torch.compile sees no mutation to functionalize."""
     aten = torch.ops.aten
     ops, nk = r.operands, r.attrs.get("b_layout") == "nk"
     wg, wu = fx(ops["w_gate"]), fx(ops["w_up"])
@@ -206,11 +217,8 @@ def _dual_gemm_nodes(gm, g, shapes, r, impl, fx, index: int):
     a = fx(ops["a"])
     if len(sa) != 2:
         a = g.call_function(aten.reshape.default, (a, [-1, sa[-1]]))
-    y = _gemm_call(gm, g, fx, impl, a, b, wt, None, None, 1.0, 0.0, index)
-    # Two slices, not split(): autograd refuses in-place writes to a view of a multi-view op.
-    gate = g.call_function(aten.slice.Tensor, (y, -1, 0, n))
-    up = g.call_function(aten.slice.Tensor, (y, -1, n, 2 * n))
-    out = g.call_function(aten.mul_.Tensor, (g.call_function(aten.silu_.default, (gate,)), up))
+    lo = _lo_node(gm, g, fx, impl, wt, index)
+    out = g.call_function(swiglu_op(impl.op, impl.op_lo if lo is not None else None), (a, b, lo, n))
     out = g.call_function(aten.view.default, (out, list(sout))) if len(sa) != 2 else out
     # A reader that views the result in a way only a packed tensor allows gets a packed copy.
     meta = torch.empty([math.prod(sout[:-1]), 2 * n], device="meta")[:, :n].view(list(sout))
@@ -500,6 +508,11 @@ class ComposedModule(torch.nn.Module):
         # Set where eager PyTorch timed faster than the composed graph for the signature it was
         # optimized for: fact-db then never returns a module slower than what the user had.
         self.prefer_eager = False
+        # What runs for the signature it was optimized for (pipeline/choice.py): one of CHOICES;
+        # a compiled choice's torch.compile'd module is `_chosen` (see use()).
+        self.choice = "composed, CUDA graph" if cuda_graph else "composed"
+        self.compile_mode: str | None = None
+        object.__setattr__(self, "_chosen", None)  # see use()
         self.fallback = fallback
         self.policy = policy
         self.name = name
@@ -528,6 +541,8 @@ class ComposedModule(torch.nn.Module):
         if sig == self.optimized_for or sig in self.also_for:
             if self.prefer_eager:
                 return self.fallback
+            if self._chosen is not None and not torch.compiler.is_compiling():
+                return self._chosen
             if self.cuda_graph and not self.graph_note and _can_graph(args, kwargs):
                 g = self._graphs.get(sig)
                 if g is None:
@@ -559,6 +574,28 @@ class ComposedModule(torch.nn.Module):
         with torch.no_grad():
             return run_at_policy(self._target(args, kwargs), self.policy, args, kwargs)
 
+    def use(self, choice: str, compiled=None) -> None:
+        """Run `choice` (one of CHOICES) for the signature it was optimized for: eager PyTorch,
+        torch.compile of the model or of the composed graph (`compiled`: that torch.compile'd
+        module, see compiled_target), or the composed graph op by op or as a CUDA graph.
+
+            >>> fast.use("composed + torch.compile", compiled_target(fast.gm, None, fullgraph=True))
+        """
+        if choice not in CHOICES:
+            raise ComposeError(f"unknown choice {choice!r}: use one of {', '.join(CHOICES)}")
+        if CHOICES[choice] and compiled is None:
+            raise ComposeError(f"choice {choice!r} runs a torch.compile'd module: pass it as `compiled`")
+        self.choice, self.compile_mode = choice, CHOICES[choice] or None
+        # A plain attribute, not a submodule: it wraps gm or the fallback, which are already
+        # this module's own (a submodule would list their parameters twice).
+        object.__setattr__(self, "_chosen", compiled if CHOICES[choice] else None)
+        self.prefer_eager = choice == "eager"
+        if choice == "composed" or not choice.startswith("composed"):
+            self.cuda_graph = False
+            self._graphs.clear()
+        elif choice == "composed, CUDA graph":
+            self.cuda_graph = True
+
     def held_mib(self, graphs: bool = True) -> float:
         """Memory this module keeps between calls beyond the model's own parameters, in MiB:
         the buffers composition made (concatenated, transposed or split weights, zero biases;
@@ -575,8 +612,27 @@ class ComposedModule(torch.nn.Module):
         kernels = sum(1 for _, impl in self.regions if impl.kernel)
         graph = ", cuda_graph" if self.cuda_graph and not self.graph_note else ""
         eager = ", runs eager (faster)" if self.prefer_eager else ""
+        runs = f", runs {self.choice}" if self._chosen is not None else ""
         return (f"policy={self.policy}, regions={len(self.regions)}, replaced={replaced}, kernels={kernels}"
-                f"{graph}{eager}")
+                f"{graph}{eager}{runs}")
+
+
+# What a composed module can run for the signature it was optimized for, and the
+# torch.compile mode of each compiled one ("default": torch.compile's default mode).
+CHOICES = {
+    "eager": "", "composed": "", "composed, CUDA graph": "",
+    "torch.compile": "default", "torch.compile max-autotune-no-cudagraphs": "max-autotune-no-cudagraphs",
+    "composed + torch.compile": "default",
+    "composed + torch.compile max-autotune-no-cudagraphs": "max-autotune-no-cudagraphs",
+}
+
+
+def compiled_target(module, mode: str | None, *, fullgraph: bool):
+    """torch.compile(module) for the one signature a ComposedModule runs it for: static
+    shapes (another signature never reaches it, so no recompile is ever needed), `mode`
+    None or "default" for torch.compile's default."""
+    mode = None if mode in (None, "default") else mode
+    return torch.compile(module, mode=mode, dynamic=False, fullgraph=fullgraph)
 
 
 def _nbytes(tree) -> int:

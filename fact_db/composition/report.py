@@ -69,6 +69,7 @@ def report_dict(report) -> dict:
         "variants": [v.as_dict() for v in report.variants], "regions": region_rows(report),
         "verification": report.verification.as_dict() if report.verification is not None else None,
         "skipped": skipped(report), "notes": report.notes, "llm_calls": report.llm_calls,
+        "choice": report.choice.as_dict() if getattr(report, "choice", None) is not None else None,
     }
     return clean(d)
 
@@ -120,6 +121,17 @@ def markdown(report) -> str:
             lines.append(f"| {v['name']} | {_ms(v['ms'])} | {spread} | {rounds} | {_e(v['err'])} | "
                          f"{_mib(v)} | "
                          f"{_ms(v['compile_s']) if v['compile_s'] else '-'} | {v['note']} |")
+    ch = d.get("choice")
+    if ch:
+        bound = f"{ch['bound_mib']:.1f} MiB" if ch["bound_mib"] is not None else "none"
+        lines += ["", "## What optimize returns", "", f"fact-db {ch['note']}. Held-memory bound: {bound}"
+                  + (f" (eager's per-call peak {ch['eager_peak_mib']:.1f} MiB)." if ch["eager_peak_mib"] else "."), "",
+                  "| candidate | ms | error vs float64 | verified | held MiB | compile s | chosen / why not |",
+                  "| --- | --- | --- | --- | --- | --- | --- |"]
+        for c in ch["candidates"]:
+            lines.append(f"| {c['name']} | {_ms(c['ms'])} | {_e(c['err'])} | {'yes' if c['verified'] else 'no'} | "
+                         f"{c['held_mib']:.1f} | {_ms(c['compile_s']) if c['compile_s'] else '-'} | "
+                         f"{'**chosen**' if c['chosen'] else c['why']} |")
     lines += ["", "## Regions", "",
               "| # | rule | problem | runs | how | eager ms | fact-db ms | speedup | share | registry |",
               "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]

@@ -76,3 +76,22 @@ def peak_mib(fn, device="cuda") -> float:
     peak = torch.cuda.max_memory_allocated(device) - before
     del out
     return peak / 2**20
+
+
+def held_mib(fn, device="cuda") -> float:
+    """GPU memory `fn()` leaves reserved once its outputs are dropped and the allocator's cache
+    is emptied, in MiB: what a first call sets aside for later ones (a CUDA graph's private
+    pool, buffers a compiled module allocates once), which no call's own peak shows."""
+    import gc
+
+    import torch
+
+    def reserved() -> int:
+        gc.collect()
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+        return torch.cuda.memory_reserved(device)
+    before = reserved()
+    out = fn()
+    del out
+    return max(0, reserved() - before) / 2**20

@@ -3,7 +3,11 @@
 Every kernel class (GEMM, attention, norm, region) exposes `as_op()` through `factdb_op`:
 an op named from the kernel's build key (never its path), so an artifact loaded twice, or a
 kernel tuned and then loaded, reuses the first registration. Each op has a fake
-implementation, so torch.compile(fullgraph=True) and torch.export trace through it.
+implementation giving the real output's shape, dtype and strides, so torch.compile
+(Inductor included) and torch.export trace through it and plan the memory around it;
+tests/test_ops.py runs `torch.library.opcheck` on every schema in SCHEMAS.
+
+    >>> op = factdb_op("k_0123abcd", SCHEMAS["gemm"], run, gemm_fake(torch.float32))
 
 The ops are defined with `torch.library.Library` and a CUDA implementation, not with
 `torch.library.custom_op`: a composed module calls them on every forward, and custom_op's
@@ -15,19 +19,40 @@ from __future__ import annotations
 
 _LIBS: list = []  # the Library objects: an op lives as long as its Library
 
+# The schema of each kind of kernel op (the kernel modules register theirs with these).
+SCHEMAS = {
+    "gemm": "(Tensor a, Tensor b, Tensor? bias, Tensor? c, float alpha, float beta) -> Tensor",
+    "gemm_blo": "(Tensor a, Tensor b, Tensor b_lo, Tensor? bias, Tensor? c, float alpha, float beta) -> Tensor",
+    "swiglu": "(Tensor a, Tensor b, Tensor? b_lo, SymInt n) -> Tensor",
+    "attention": "(Tensor q, Tensor k, Tensor v, float scale, bool causal) -> Tensor",
+    "norm": "(Tensor x, Tensor? r, Tensor weight, Tensor? bias) -> (Tensor, Tensor)",
+    "region": "(Tensor[] inputs) -> Tensor",
+}
 
-def factdb_op(name: str, schema: str, impl, fake):
+
+def layout_tags() -> tuple:
+    """The tag every kernel op carries: Inductor passes its inputs with exactly the strides
+    they had when traced. A kernel was tuned and verified for the operand layouts its
+    registry key names; an input in a layout Inductor chose instead would cost a copy inside
+    the op, or a launch the kernel refuses."""
+    import torch
+    tag = getattr(torch.Tag, "needs_exact_strides", None) or torch.Tag.needs_fixed_stride_order  # torch < 2.7
+    return (tag,)
+
+
+def factdb_op(name: str, schema: str, impl, fake, *, dispatch: str = "CUDA"):
     """`torch.ops.factdb.<name>`: the op registered earlier under that name, or `impl` (a
-    function of the schema's arguments, `(Tensor a, ...) -> Tensor`, that runs on CUDA
-    tensors and returns new tensors, never its inputs) registered now with `fake` (same
-    arguments, returns empty tensors of the outputs' shapes and dtypes)."""
+    function of the schema's arguments, `(Tensor a, ...) -> Tensor`, that returns new tensors,
+    never its inputs) registered now for the `dispatch` key (the kernels run on CUDA; an op
+    that only calls other ops registers for CompositeExplicitAutograd, every device) with
+    `fake` (same arguments, returns empty tensors of the outputs' shapes, dtypes and strides)."""
     import torch
     existing = getattr(torch.ops.factdb, name, None)
     if existing is not None:
         return existing
     lib = torch.library.Library("factdb", "FRAGMENT")
-    lib.define(name + schema)
-    lib.impl(name, impl, "CUDA")
+    lib.define(name + schema, tags=layout_tags())
+    lib.impl(name, impl, dispatch)
     torch.library.register_fake(f"factdb::{name}", fake, lib=lib)
     _LIBS.append(lib)
     return getattr(torch.ops.factdb, name)

@@ -1,7 +1,7 @@
-"""Measuring a composed module against its peers, in the optimizing process: eager at the
-policy and in fp32, torch.compile's modes, the composed module with and without its CUDA
-graph and under torch.compile; and the two decisions timing makes (keep the CUDA graph or not;
-run eager where it is faster).
+"""Measuring what optimize returns against its peers, in the optimizing process: eager at the
+policy and in fp32, torch.compile's modes, the returned module, and the composed module op by
+op and under torch.compile; per variant its time, error, peak and held memory, and compile
+time. (Which of them optimize returns is pipeline/choice.py's decision.)
 
     >>> variants = measure(model, model_p, fast, "fp32", draw, ref_model, peers=("compile",))
 """
@@ -19,74 +19,13 @@ PEERS = ("compile", "max-autotune")  # torch.compile default, and max-autotune-n
 # with when the composed module replays a CUDA graph on a launch-bound model.
 MORE_PEERS = ("reduce-overhead",)
 
-GRAPH_MARGIN = 0.97  # a graph is kept only where it times at least 3% faster than op by op
 BENCH_ROUNDS = 3     # interleaved timing rounds of the variants that compile nothing (see measure)
+MODES = {"compile": None, "max-autotune": "max-autotune-no-cudagraphs", "reduce-overhead": "reduce-overhead"}
 
 
-def choose_graph(fast, policy: str, draw, timer=None) -> str:
-    """Keep the composed module's CUDA graph only where it is faster than the graph run op by
-    op, timed on three fresh input sets: a graph saves the host's launches (a launch-bound
-    Llama block at bf16: 0.43 against 1.12 ms) but copies inputs in and outputs out, which a
-    memory-bound model pays for (a LayerNorm: 0.31 against 0.17 ms). Within GRAPH_MARGIN the
-    graph is dropped: the minGPT block at fp32 timed 12.73 against 12.79 ms here and then 13.41
-    against 12.45 in the benchmark that followed, so a tie is not a win. Returns the note."""
+def _compiled(module, mode: str | None, fullgraph: bool = False):
     import torch
-
-    from fact_db.kernels.bench import time_cuda
-    from fact_db.composition.compose import cast_floats, policy_dtype, run_at_policy
-    dt = policy_dtype(policy)
-    sets = [draw(2 * i)[0] for i in range(3)]
-    sets = [cast_floats(x, dt) for x in sets] if dt else sets
-    timer = timer or (lambda fn, xs: time_cuda(lambda x: fn(*x), xs))
-
-    def ops(*x):
-        with torch.no_grad():
-            return run_at_policy(fast.gm, policy, x)
-    def ms(fn) -> float:
-        t = timer(fn, sets)
-        return getattr(t, "median_ms", t)
-    graph_ms = ms(lambda *x: fast(*x))
-    if fast.graph_note:  # the capture, or its check against the ops, failed while timing
-        return fast.graph_note
-    ops_ms = ms(ops)
-    if graph_ms > GRAPH_MARGIN * ops_ms:
-        fast.cuda_graph = False
-        fast._graphs.clear()
-        return f"CUDA graph off: op by op {ops_ms:.3f} ms, replayed as a graph {graph_ms:.3f} ms"
-    return f"CUDA graph on: replayed {graph_ms:.3f} ms, op by op {ops_ms:.3f} ms"
-
-
-def keep_faster_than_eager(fast, model_p, policy: str, draw, timer=None, margin: float = 0.0) -> str:
-    """Eager PyTorch is always a candidate: where the model at the policy, run eagerly, times
-    faster than the composed module on three fresh input sets, the module runs eager for the
-    signature it was optimized for (`prefer_eager`), and the note says so with both times."""
-    import torch
-
-    from fact_db.kernels.bench import time_cuda
-    from fact_db.composition.compose import cast_floats, policy_dtype, run_at_policy
-    dt = policy_dtype(policy)
-    sets = [draw(2 * i + 1)[0] for i in range(3)]
-    sets = [cast_floats(x, dt) for x in sets] if dt else sets
-    timer = timer or (lambda fn, xs: time_cuda(lambda x: fn(*x), xs))
-
-    def eager(*x):
-        with torch.no_grad():
-            return run_at_policy(model_p, policy, x)
-
-    def ms(fn) -> float:
-        t = timer(fn, sets)
-        return getattr(t, "median_ms", t)
-    ours, theirs = ms(lambda *x: fast(*x)), ms(eager)
-    if theirs < ours * (1 - margin):
-        fast.prefer_eager = True
-        return (f"eager PyTorch is faster than the composed module ({theirs:.3f} against {ours:.3f} ms): the "
-                f"returned module runs eager for these inputs")
-    return ""
-
-
-def _compiled(module, mode: str | None):
-    import torch
-    return torch.compile(module, mode=mode) if mode else torch.compile(module)
+    return torch.compile(module, mode=mode, fullgraph=fullgraph) if mode else torch.compile(module, fullgraph=fullgraph)
 
 
 def _add_note(v: Variant, text: str) -> None:
@@ -94,19 +33,24 @@ def _add_note(v: Variant, text: str) -> None:
 
 
 def measure(module, model_p, fast, policy: str, draw, ref_model, *, peers=PEERS, timer=None, progress=True,
-            composed_ok: bool = True) -> list[Variant]:
+            composed_ok: bool = True, choice=None) -> list[Variant]:
     """Time every variant end to end in this process: eager fp32, eager at the policy,
-    torch.compile (default, and max-autotune-no-cudagraphs), fact-db; each on the same three
-    input sets (cast to the policy's dtype beforehand for every variant at the policy, so
-    no variant pays the cast), with its error against the float64 model and its peak memory.
+    torch.compile (default, and max-autotune-no-cudagraphs), fact-db (the returned module),
+    the composed module op by op where that is not what is returned, and under torch.compile;
+    each on the same three input sets (cast to the policy's dtype beforehand for every variant
+    at the policy, so no variant pays the cast), with its error against the float64 model, its
+    peak memory, what it holds between calls, and its compile time.
+
+    `choice` (choice.Choice) lends the modules it compiled: a peer it has is timed as it is,
+    not compiled again, and the returned module's compiled target stays the one it runs.
 
     The variants that compile nothing (eager, fact-db) are timed in BENCH_ROUNDS interleaved
     rounds, so a GPU whose clocks drift under sustained load drifts for all of them alike; each
     one's time is the median of its rounds' medians, and `round_ms` keeps those for the spread.
-    A compiled peer is timed right after its compile (the next compile resets dynamo's caches)."""
+    A compiled peer is timed right after its compile."""
     import torch
 
-    from fact_db.kernels.bench import peak_mib, time_cuda
+    from fact_db.kernels.bench import held_mib, peak_mib, time_cuda
     from fact_db.composition.compose import cast_floats, policy_dtype
     from fact_db.kernels.verify import _flat, rel_err
     sets = [draw(2 * i)[0] for i in range(3)]
@@ -126,22 +70,29 @@ def measure(module, model_p, fast, policy: str, draw, ref_model, *, peers=PEERS,
     if policy != "fp32":
         runs.append((f"eager {policy}", plain(model_p, policy), sets_p))
     for peer in peers:
-        mode = {"compile": None, "max-autotune": "max-autotune-no-cudagraphs",
-                "reduce-overhead": "reduce-overhead"}.get(peer, "invalid")
-        if mode == "invalid":
+        if peer not in MODES:
             raise OptimizeError(f"unknown peer '{peer}': use compile, max-autotune or reduce-overhead")
-        label = "torch.compile" + (f" {mode}" if mode else "")
-        runs.append((label, ("compile", mode), sets_p))
+        label = "torch.compile" + (f" {MODES[peer]}" if MODES[peer] else "")
+        runs.append((label, ("compile", MODES[peer]), sets_p))
     runs.append(("fact-db", lambda *x: fast(*x), sets_p))
-    if getattr(fast, "prefer_eager", False):
-        runs.append(("fact-db composed (slower: not returned)", lambda *x: plain(fast.gm, policy)(*x), sets_p))
-    elif getattr(fast, "cuda_graph", False) and composed_ok and torch.cuda.is_available():
+    returned = getattr(fast, "choice", "composed")
+    if composed_ok and returned not in ("composed", "composed, CUDA graph"):
+        runs.append(("fact-db composed (not returned)", lambda *x: plain(fast.gm, policy)(*x), sets_p))
+    elif returned == "composed, CUDA graph" and composed_ok and torch.cuda.is_available():
         # The same composed graph run op by op: what the CUDA graph saves in launches.
         runs.append(("fact-db, no CUDA graph", lambda *x: plain(fast.gm, policy)(*x), sets_p))
-    if "compile" in peers and composed_ok:
-        # The composed module under torch.compile(fullgraph=True): Inductor fuses what the
-        # regions left to PyTorch (norms, views, casts) around the kernels' ops.
-        runs.append(("fact-db + torch.compile", ("compile-composed", None), sets_p))
+    for peer in ("compile", "max-autotune"):
+        if peer in peers and composed_ok:
+            # The composed graph under torch.compile(fullgraph=True): Inductor fuses what the
+            # regions left to PyTorch (norms, views, casts) around the kernels' ops.
+            label = "fact-db + torch.compile" + (f" {MODES[peer]}" if MODES[peer] else "")
+            runs.append((label, ("compile-composed", MODES[peer]), sets_p))
+    # The choice's candidates that compiled something, by the variant label they are timed as.
+    chosen = choice.candidate(choice.chosen) if choice is not None else None
+    lent = {}
+    for c in (choice.candidates if choice is not None else []):
+        if c.compiled is not None and c.run is not None and not c.why.startswith("failed"):
+            lent[c.name.replace("composed + ", "fact-db + ")] = c
     out, later = [], []  # later: (variant, fn, inputs) timed in the interleaved rounds
     bar = None
     if progress:
@@ -160,27 +111,32 @@ def measure(module, model_p, fast, policy: str, draw, ref_model, *, peers=PEERS,
             v.round_ms = medians
         if torch.cuda.is_available() and xs[0] and any(isinstance(x, torch.Tensor) and x.is_cuda for x in xs[0]):
             v.peak_mib = peak_mib(lambda: fn(*xs[0]))
-            # What fact-db's module holds between calls was allocated before the call and is
-            # invisible to its peak, yet it is memory the user gives up to run it: counted in.
-            if v.name.startswith("fact-db") and hasattr(fast, "held_mib"):
-                v.held_mib = fast.held_mib(graphs=v.name == "fact-db")
-                v.peak_mib += v.held_mib
+            # What a module holds between calls was allocated before the call and is invisible
+            # to its peak, yet it is memory the user gives up to run it: counted in.
+            if v.name == "fact-db" and chosen is not None:
+                v.held_mib = chosen.held_mib
+            elif v.name.startswith("fact-db") and v.name not in lent and hasattr(fast, "held_mib"):
+                v.held_mib = (v.held_mib or 0.0) + fast.held_mib(graphs=v.name == "fact-db")
+            v.held_mib = v.held_mib or 0.0
+            v.peak_mib += v.held_mib
 
     for label, fn, xs in runs:
         v = Variant(label)
         try:
             compiled_peer = isinstance(fn, tuple)
-            if compiled_peer:
-                import torch._dynamo
-                torch._dynamo.reset()
-                if fn[0] == "compile-composed":
-                    compiled = torch.compile(fast, fullgraph=True)
-                    fn = (lambda c: lambda *x: c(*x))(compiled)
-                else:
-                    compiled = _compiled(model_p, fn[1])
-                    fn = plain(compiled, policy)
+            if compiled_peer and label in lent:
+                fn, v.compile_s, v.held_mib = lent[label].run, lent[label].compile_s, lent[label].held_mib
+            elif compiled_peer:
+                # No dynamo reset between compiles: it would drop the returned module's compiled
+                # target too; each torch.compile keeps its own entries (dynamo guards the backend).
+                compiled = _compiled(fast.gm if fn[0] == "compile-composed" else model_p, fn[1],
+                                     fullgraph=fn[0] == "compile-composed")
+                fn = plain(compiled, policy)
                 t0 = time.perf_counter()
-                fn(*xs[0])
+                if torch.cuda.is_available() and xs[0] and isinstance(xs[0][0], torch.Tensor) and xs[0][0].is_cuda:
+                    v.held_mib = held_mib(lambda: fn(*xs[0]))
+                else:
+                    fn(*xs[0])
                 if torch.cuda.is_available():
                     torch.cuda.synchronize()
                 v.compile_s = time.perf_counter() - t0
@@ -198,9 +154,9 @@ def measure(module, model_p, fast, policy: str, draw, ref_model, *, peers=PEERS,
             if bar is not None:
                 bar.update(1 if compiled_peer else BENCH_ROUNDS)
         if label == "fact-db" and not composed_ok:
-            _add_note(v, "verification failed: this is eager PyTorch")
-        elif label == "fact-db" and getattr(fast, "prefer_eager", False):
-            _add_note(v, "eager timed faster than the composed graph: this is eager")
+            _add_note(v, f"verification failed: this is {returned}")
+        elif label == "fact-db":
+            _add_note(v, f"returns {returned}")
         out.append(v)
     timings: dict = {id(v): [] for v, _, _ in later}
     failed: set = set()

@@ -48,13 +48,14 @@ class OptimizeReport:
     stages_s: dict = field(default_factory=dict)
     plan_only: bool = False
     llm_calls: int = 0
+    choice: object = None               # choice.Choice: what optimize returns, and every candidate's figures
 
     def variant(self, name: str) -> Variant | None:
         return next((v for v in self.variants if v.name == name), None)
 
     @property
     def speedup(self) -> float | None:
-        """fact-db over eager at the same policy, same process."""
+        """fact-db (the returned module) over eager at the same policy, same process."""
         f, e = self.variant("fact-db"), self.variant(f"eager {self.policy}")
         return e.ms / f.ms if f and e and f.ms and e.ms else None
 

@@ -26,7 +26,8 @@ from pathlib import Path
 
 from fact_db.core.environment import device_info, toolchain_info
 from fact_db.core.policy import POLICIES
-from fact_db.pipeline.measure import PEERS, choose_graph, keep_faster_than_eager, measure
+from fact_db.pipeline.choice import choose
+from fact_db.pipeline.measure import PEERS, measure
 from fact_db.pipeline.results import OptimizeError, OptimizeReport
 from fact_db.pipeline.variants import variant_factory
 
@@ -52,11 +53,6 @@ def _device_of(module, inputs):
         if isinstance(x, torch.Tensor):
             return x.device
     return torch.device("cpu")
-
-
-def _on_gpu(inputs) -> bool:
-    import torch
-    return torch.cuda.is_available() and any(isinstance(x, torch.Tensor) and x.is_cuda for x in inputs)
 
 
 def at_policy(module, policy: str):
@@ -129,9 +125,14 @@ def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max
              budget: float | None = None, gpus: list[int] | None = None, out: str | Path | None = None,
              bench: bool = True, peers=PEERS, trials: int = 5, make_inputs=None, name: str | None = None,
              progress: bool = True, force: bool = False, save: bool = True, realizer=None, timer=None,
-             cuda_graph: bool = True, rules=None, region_kernels=None, split_weights: bool = True):
-    """Optimize `module` for `example_inputs` under `policy`; returns the composed module
-    (an nn.Module called like `module`) with `.report` (OptimizeReport) and `.artifact`.
+             cuda_graph: bool = True, rules=None, region_kernels=None, split_weights: bool = True,
+             max_held="eager"):
+    """Optimize `module` for `example_inputs` under `policy`; returns the fastest verified way
+    to run it (pipeline/choice.py: eager, torch.compile of the model, the composed module, or
+    the composed module under torch.compile; compiled candidates where `peers` include
+    compile / max-autotune), as a ComposedModule called like `module`, with `.report`
+    (OptimizeReport; `report.choice` says what won and what each candidate measured) and
+    `.artifact`.
 
     `budget` is minutes of tuning; regions left when it is spent use what the registry has,
     else eager (the report lists them). `make_inputs()` draws fresh inputs like the
@@ -147,6 +148,8 @@ def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max
     `split_weights`: kernels that split B into hi and lo parts before the kernel (the fp32 and
     tf32x3 policies' `presplit`) get each weight's lo parts split once and held (one more copy
     of those weights, counted in the report's held memory); False splits them per call.
+    `max_held`: the most memory the returned module may hold between calls, in MiB: "eager"
+    (default) for eager's own per-call peak, a number, or None for no bound.
     """
     import torch
 
@@ -196,10 +199,13 @@ def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max
     draw = like_drawer(inputs, make_inputs)
     with stage("verify", report, progress):
         ref_model = copy.deepcopy(module).to(torch.float64)
-        verdict = verify_model(
-            lambda *x: fast(*x), lambda *x: run_at_policy(model_p, policy, x), lambda *x: ref_model(*x), draw, policy,
-            trials=trials, eager_tf32=(lambda *x: run_at_policy(module, "tf32", x)) if policy == "tf32x3" else None,
-            out_dtype={"bf16": "bfloat16", "fp16": "float16"}.get(policy, "float32"))
+
+        def verify(fn):  # end to end against float64 under the policy: the composed module, then each candidate
+            return verify_model(
+                fn, lambda *x: run_at_policy(model_p, policy, x), lambda *x: ref_model(*x), draw, policy,
+                trials=trials, eager_tf32=(lambda *x: run_at_policy(module, "tf32", x)) if policy == "tf32x3" else None,
+                out_dtype={"bf16": "bfloat16", "fp16": "float16"}.get(policy, "float32"))
+        verdict = verify(lambda *x: fast(*x))
         report.verification = verdict
         if getattr(fast, "graph_note", ""):
             report.notes.append(fast.graph_note)
@@ -207,21 +213,19 @@ def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max
         if rounded:
             report.notes.append(rounded)
         if not verdict.ok:
-            report.notes.append(f"end-to-end verification failed ({verdict.reason}): the returned module runs "
-                                f"eager PyTorch under the {policy} policy")
+            report.notes.append(f"end-to-end verification failed ({verdict.reason}): the composed module is not "
+                                f"returned; eager PyTorch under the {policy} policy, or torch.compile of it, is")
             fast = ComposedModule(model_p, model_p, policy=policy, optimized_for=signature(inputs), name=name,
                                   regions=[], variants=None,
                                   also_for=[signature(inputs_p)] if inputs_p is not inputs else [])
-    if verdict.ok and _on_gpu(inputs):
-        if getattr(fast, "cuda_graph", False):
-            report.notes.append(choose_graph(fast, policy, draw, timer))
-        note = keep_faster_than_eager(fast, model_p, policy, draw, timer)
-        if note:
-            report.notes.append(note)
+    with stage("choose", report, progress):
+        report.choice = choose(fast, model_p, policy, draw, verify, peers=peers, timer=timer, max_held=max_held,
+                               composed_ok=verdict.ok)
+        report.notes.append(report.choice.note)
     if bench:
         with stage("benchmark", report, progress):
             report.variants = measure(module, model_p, fast, policy, draw, ref_model, peers=peers, timer=timer,
-                                      progress=progress, composed_ok=verdict.ok)
+                                      progress=progress, composed_ok=verdict.ok, choice=report.choice)
             held = report.variant("fact-db")
             if held is not None and held.held_mib:
                 report.notes.append(
@@ -229,6 +233,7 @@ def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max
                     "(weights it concatenated or transposed" + (" or split into TF32 parts" if split_weights else "") +
                     (", its CUDA graph's pool" if held.held_mib > fast.held_mib(graphs=False) else "") +
                     "), counted in its peak memory")
+    report.choice.release()
     del ref_model
     fast.report = report
     fast.artifact = None

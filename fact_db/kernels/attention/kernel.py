@@ -14,7 +14,7 @@ import hashlib
 from pathlib import Path
 
 from fact_db.kernels.abi import KernelError, launch_status, raw_stream
-from fact_db.kernels.ops import factdb_op
+from fact_db.kernels.ops import SCHEMAS, factdb_op
 
 # The output dtype of each family, when it is not q's (fmha_fp32tc writes float32 for fp32 q).
 OUT_DTYPE: dict[str, str] = {}
@@ -101,14 +101,18 @@ class AttentionKernel:
         """This kernel as `torch.ops.factdb.attn_<hash>(q, k, v, scale, causal) -> Tensor`."""
         if self._op is not None:
             return self._op
-        import torch
         kernel = self
-        out_name = OUT_DTYPE.get(self.template)
-
-        def fake(q, k, v, scale, causal):
-            dt = getattr(torch, out_name) if out_name else q.dtype
-            return q.new_empty((*q.shape[:-1], v.shape[-1]), dtype=dt)
-
-        self._op = factdb_op(self.op_name, "(Tensor q, Tensor k, Tensor v, float scale, bool causal) -> Tensor",
-                             lambda q, k, v, scale, causal: kernel(q, k, v, scale=scale, causal=causal), fake)
+        self._op = factdb_op(self.op_name, SCHEMAS["attention"],
+                             lambda q, k, v, scale, causal: kernel(q, k, v, scale=scale, causal=causal),
+                             attention_fake(OUT_DTYPE.get(self.template)))
         return self._op
+
+
+def attention_fake(out_dtype: str | None = None):
+    """The fake of an attention op `(q, k, v, scale, causal) -> o`: o packed in [batch, heads,
+    lq, dv] (what the kernel allocates), in `out_dtype` (a torch dtype name), else q's."""
+    def fake(q, k, v, scale, causal):
+        import torch
+        dt = getattr(torch, out_dtype) if out_dtype else q.dtype
+        return q.new_empty((*q.shape[:-1], v.shape[-1]), dtype=dt)
+    return fake

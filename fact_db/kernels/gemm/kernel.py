@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fact_db.kernels.abi import KernelError, launch_status, raw_stream, torch_dtype
-from fact_db.kernels.ops import factdb_op
+from fact_db.kernels.ops import SCHEMAS, factdb_op
 
 @dataclass(frozen=True)
 class GemmSpec:
@@ -270,31 +270,65 @@ class GemmKernel:
         if b_lo and not self.takes_b_lo:
             raise KernelError(f"{self.template} kernel {self.path.parent.name} does not take B's lo parts")
         kernel = self
-        out_dt = torch_dtype(self.spec.out_dtype or self.spec.dtype)
-
-        def fake(a, b):
-            if a.dim() == 3 or b.dim() == 3:
-                lead = a.shape[:-2] if a.dim() == 3 else b.shape[:-2]
-                return a.new_empty((*lead, a.shape[-2], b.shape[-1]), dtype=out_dt)
-            return a.new_empty((a.shape[-2], b.shape[-1]), dtype=out_dt)
-
+        fake = gemm_fake(torch_dtype(self.spec.out_dtype or self.spec.dtype))
         if b_lo:
             existing = factdb_op(
-                self.op_name + "_blo",
-                "(Tensor a, Tensor b, Tensor b_lo, Tensor? bias, Tensor? c, float alpha, float beta) -> Tensor",
+                self.op_name + "_blo", SCHEMAS["gemm_blo"],
                 lambda a, b, b_lo, bias, c, alpha, beta: kernel(a, b, bias=bias, c=c, alpha=alpha, beta=beta,
                                                                 b_lo=b_lo),
-                lambda a, b, b_lo, bias, c, alpha, beta: fake(a, b))
+                lambda a, b, b_lo, bias, c, alpha, beta: fake(a, b, bias, c, alpha, beta))
         else:
             existing = factdb_op(
-                self.op_name, "(Tensor a, Tensor b, Tensor? bias, Tensor? c, float alpha, float beta) -> Tensor",
-                lambda a, b, bias, c, alpha, beta: kernel(a, b, bias=bias, c=c, alpha=alpha, beta=beta),
-                lambda a, b, bias, c, alpha, beta: fake(a, b))
+                self.op_name, SCHEMAS["gemm"],
+                lambda a, b, bias, c, alpha, beta: kernel(a, b, bias=bias, c=c, alpha=alpha, beta=beta), fake)
         if b_lo:
             self._op_blo = existing
         else:
             self._op = existing
         return existing
+
+
+def gemm_fake(out_dtype):
+    """The fake of a GEMM op `(a, b, bias, c, alpha, beta) -> d`: D is packed row-major, of A's
+    rows by B's columns, with a leading batch dim where A or B has one (as GemmKernel writes it)."""
+    def fake(a, b, bias, c, alpha, beta):
+        lead = a.shape[:-2] if a.dim() == 3 else (b.shape[:-2] if b.dim() == 3 else ())
+        return a.new_empty((*lead, a.shape[-2], b.shape[-1]), dtype=out_dtype)
+    return fake
+
+
+# ------------------------------------------------------------------------------------------
+# SwiGLU over one GEMM's output.
+
+def _op_name(op) -> str:
+    name = getattr(op, "__name__", None) if not hasattr(op, "_qualified_op_name") else op._qualified_op_name
+    return "".join(ch if ch.isalnum() else "_" for ch in str(name or op))
+
+
+def swiglu_fake(a, b, b_lo, n):
+    """SwiGLU's output is the gate half of the GEMM's M x 2N result, rows 2N apart."""
+    return a.new_empty((a.shape[0], 2 * n))[:, :n]
+
+
+def swiglu_op(gemm, gemm_lo=None):
+    """`torch.ops.factdb.swiglu_<gemm>(a, b, b_lo, n) -> silu(a b[:, :n]) * (a b[:, n:])`: one GEMM
+    over the concatenated gate and up weights (`gemm`, or `gemm_lo` with B's lo parts where
+    b_lo is given), then SiLU and the product in place in the gate half of its output, which
+    is what it returns: a strided M x N half of an M x 2N tensor, as its fake says, so the
+    call holds one M x 2N tensor and Inductor plans its readers for those strides. Registered
+    for every device: it only calls the GEMM op and two element-wise ones."""
+    import torch.nn.functional as F
+
+    def run(a, b, b_lo, n):
+        if b_lo is not None:
+            y = gemm_lo(a, b, b_lo, None, None, 1.0, 0.0)
+        else:
+            y = gemm(a, b, None, None, 1.0, 0.0)
+        gate = y[:, :n]
+        return F.silu(gate, inplace=True).mul_(y[:, n:])
+    name = f"swiglu_{_op_name(gemm)}" + (f"_lo_{_op_name(gemm_lo)}" if gemm_lo is not None else "")
+    return factdb_op(name, SCHEMAS["swiglu"], run, swiglu_fake,
+                     dispatch="CompositeExplicitAutograd")
 
 
 # ------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from fact_db.kernels.abi import launch_status, raw_stream, torch_dtype
 from fact_db.kernels.norm.workload import TEMPLATE, NormError, NormWorkload
-from fact_db.kernels.ops import factdb_op
+from fact_db.kernels.ops import SCHEMAS, factdb_op
 
 STATUS = {1: "misaligned operand", 4: "invalid problem (n differs from the kernel's width, or a pointer missing)"}
 
@@ -76,16 +76,20 @@ class NormKernel:
         the kernel does not write the sum. Has a fake implementation for torch.compile/export."""
         if self._op is not None:
             return self._op
-        import torch
-        kernel, w = self, self.workload
+        kernel = self
 
         def run(x, r, weight, bias):
             y, s = kernel(x, r, weight, bias)
             return y, (s if s is not None else x.new_empty(0))
 
-        def fake(x, r, weight, bias):
-            return torch.empty_like(x), (torch.empty_like(x) if w.write_sum else x.new_empty(0))
-
-        self._op = factdb_op(self.op_name, "(Tensor x, Tensor? r, Tensor weight, Tensor? bias) -> (Tensor, Tensor)",
-                             run, fake)
+        self._op = factdb_op(self.op_name, SCHEMAS["norm"], run, norm_fake(self.workload.write_sum))
         return self._op
+
+
+def norm_fake(write_sum: bool):
+    """The fake of a norm op `(x, r, weight, bias) -> (y, s)`: y, and s where the kernel writes
+    the sum, packed in x's shape whatever x's strides (the kernel reads x made contiguous and
+    writes packed rows); s is an empty tensor otherwise."""
+    def fake(x, r, weight, bias):
+        return x.new_empty(x.shape), (x.new_empty(x.shape) if write_sum else x.new_empty(0))
+    return fake

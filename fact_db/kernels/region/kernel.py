@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from fact_db.kernels.abi import KernelError, launch_status, raw_stream
-from fact_db.kernels.ops import factdb_op
+from fact_db.kernels.ops import SCHEMAS, factdb_op
 from fact_db.kernels.region.source import ENTRY, TEMPLATE
 from fact_db.kernels.region.spec import RegionSpec
 
@@ -81,9 +81,13 @@ class RegionKernel:
             xs = [t.contiguous() for t in inputs]
             return kernel(xs, torch.empty(out_shape, dtype=out_dt, device=xs[0].device))
 
-        self._op = factdb_op(self.op_name, "(Tensor[] inputs) -> Tensor", run,
-                             lambda inputs: inputs[0].new_empty(out_shape, dtype=out_dt))
+        self._op = factdb_op(self.op_name, SCHEMAS["region"], run, region_fake(out_shape, out_dt))
         return self._op
+
+
+def region_fake(out_shape: list, out_dtype):
+    """The fake of a region op `([inputs]) -> out`: the region's output, packed."""
+    return lambda inputs: inputs[0].new_empty(out_shape, dtype=out_dtype)
 
 
 # Worker jobs (fact_db/kernels/worker.py runs them in its subprocess; the parent never compiles).

@@ -1,0 +1,151 @@
+"""fact-db against torch.compile, in one process on one GPU, for one problem file: eager at the
+policy, torch.compile (default and max-autotune-no-cudagraphs, and reduce-overhead where
+fact-db's module replays a CUDA graph), the module `fact_db.optimize` returns, and
+`torch.compile(model, backend="factdb")` (after optimize, so the registry holds the kernels
+it tuned). Per variant: time (median of interleaved rounds), error against the float64 model,
+peak and held memory, compile time. Run on an H100/H200:
+
+    python benchmarks/compile_peers.py benchmarks/problems/hf_llama_decoder_4x2048.py --policy bf16
+    python benchmarks/compile_peers.py benchmarks/problems/relu_self_attention.py --policy fp32 \\
+        --out benchmarks/results/h100-DATE-compile-peers-relu_self_attention-fp32.json
+
+Writes a results JSON with device, date, commit and torch version (default:
+benchmarks/results/<gpu>-<date>-compile-peers-<problem>-<policy>.json).
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import sys
+import time
+from datetime import date
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+ROUNDS = 3
+
+
+def _variants(model_p, fast, policy: str, peers: tuple, with_reduce_overhead: bool, registry) -> list:
+    """(name, make) per variant; make() -> the callable, taking inputs at the policy's dtype."""
+    from fact_db.composition.compose import run_at_policy
+
+    def at_policy(m):
+        return lambda *x: run_at_policy(m, policy, x)
+    out = [("eager", lambda: at_policy(model_p))]
+    if "compile" in peers:
+        out.append(("torch.compile", lambda: at_policy(torch.compile(model_p))))
+    if "max-autotune" in peers:
+        out.append(("torch.compile max-autotune-no-cudagraphs",
+                    lambda: at_policy(torch.compile(model_p, mode="max-autotune-no-cudagraphs"))))
+    if with_reduce_overhead:  # fact-db replays a CUDA graph: compare with torch.compile's
+        out.append(("torch.compile reduce-overhead",
+                    lambda: (lambda c: lambda *x: run_at_policy(c, policy, x).clone())(
+                        torch.compile(model_p, mode="reduce-overhead"))))
+    out.append((f"fact-db ({fast.choice})", lambda: (lambda *x: fast(*x))))
+    out.append(('torch.compile(backend="factdb")',
+                lambda: at_policy(torch.compile(model_p, backend="factdb",
+                                                options={"policy": policy, "registry": registry}))))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("problem")
+    ap.add_argument("--policy", default="bf16")
+    ap.add_argument("--max-candidates", type=int, default=12)
+    ap.add_argument("--budget", type=float, default=None, help="minutes of tuning")
+    ap.add_argument("--db", default=None, help="registry URL (default: $FACTDB_DB, else $FACTDB_HOME/fact.duckdb)")
+    ap.add_argument("--max-held", default="eager", help="optimize's held-memory bound: eager, none, or MiB")
+    ap.add_argument("--peers", default="compile,max-autotune",
+                    help="torch.compile modes timed, and offered to optimize's choice: compile, max-autotune")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("compile_peers.py times on a GPU (H100/H200); none is visible")
+    sys.path.insert(0, str(HERE))
+    from _provenance import commit
+
+    from fact_db.composition.compose import cast_floats, policy_dtype
+    from fact_db.core.environment import device_info, toolchain_info
+    from fact_db.discovery.trace import load_problem
+    from fact_db.kernels.bench import held_mib, peak_mib, time_cuda
+    from fact_db.kernels.verify import _flat, rel_err
+    from fact_db.pipeline import backend
+    from fact_db.pipeline.run import at_policy, optimize
+    from fact_db.store.registry import Registry
+    backend.register()
+    registry = Registry.open(a.db)
+    problem = load_problem(a.problem)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = problem.make_model().eval()
+        sets = [tuple(problem.make_inputs()) for _ in range(3)]
+    max_held = None if a.max_held == "none" else a.max_held if a.max_held == "eager" else float(a.max_held)
+    peers = tuple(p for p in a.peers.split(",") if p)
+
+    def make_inputs():
+        with torch.device("cuda"):
+            return problem.make_inputs()
+    t0 = time.perf_counter()
+    fast = optimize(model, sets[0], policy=a.policy, registry=registry, max_candidates=a.max_candidates,
+                    budget=a.budget, bench=False, save=False, make_inputs=make_inputs, name=problem.name,
+                    max_held=max_held, progress=True, peers=peers)
+    optimize_s = time.perf_counter() - t0
+    model_p = at_policy(model, a.policy)
+    dt = policy_dtype(a.policy)
+    sets_p = [cast_floats(x, dt) for x in sets] if dt else sets
+    with torch.no_grad():
+        ref = _flat(copy.deepcopy(model).double()(*[x.double() if x.is_floating_point() else x for x in sets[0]]))
+    rows, fns = [], []
+    graphs = fast.choice == "composed, CUDA graph"
+    for name, make in _variants(model_p, fast, a.policy, peers, graphs, registry):
+        row = {"name": name, "ms": None, "err": None, "peak_mib": None, "held_mib": None, "compile_s": None,
+               "round_ms": [], "note": ""}
+        try:
+            with torch.no_grad():
+                fn = make()
+                t1 = time.perf_counter()
+                row["held_mib"] = held_mib(lambda: fn(*sets_p[0]))  # the first call: compiles, captures
+                row["compile_s"] = time.perf_counter() - t1
+                if name.startswith("fact-db"):  # warmed by optimize already: what its choice measured
+                    row["held_mib"] = fast.report.choice.candidate(fast.choice).held_mib
+                    row["compile_s"] = fast.report.choice.candidate(fast.choice).compile_s
+                out = fn(*sets_p[0])
+                back = _flat(cast_floats(out, torch.float64))
+                row["err"] = rel_err(back, ref) if back.shape == ref.shape else None
+                row["peak_mib"] = peak_mib(lambda: fn(*sets_p[0])) + row["held_mib"]
+            fns.append((row, fn))
+        except Exception as e:  # noqa: BLE001  (a variant that fails is a row with its error)
+            row["note"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+        rows.append(row)
+    with torch.no_grad():
+        for _ in range(ROUNDS):  # interleaved, so a clock drift hits every variant alike
+            for row, fn in fns:
+                row["round_ms"].append(time_cuda(lambda x, f=fn: f(*x), sets_p).median_ms)
+    for row, _ in fns:
+        row["ms"] = statistics.median(row["round_ms"])
+    eager = rows[0]["ms"]
+    for row in rows:
+        row["speedup_vs_eager"] = eager / row["ms"] if eager and row["ms"] else None
+    info = device_info(torch.device("cuda"))
+    doc = {"problem": Path(a.problem).stem, "policy": a.policy, "device": info["name"], "gpu": info["gpu"],
+           "date": date.today().isoformat(), "commit": commit(), "torch": torch.__version__,
+           "toolchain": toolchain_info(), "optimize_s": optimize_s, "returned": fast.choice,
+           "choice": fast.report.choice.as_dict() if fast.report.choice is not None else None,
+           "variants": rows, "backend_report": str(backend.report()), "notes": fast.report.notes}
+    out = Path(a.out) if a.out else HERE / "results" / \
+        f"{info['gpu']}-{date.today().isoformat()}-compile-peers-{Path(a.problem).stem}-{a.policy}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1, default=str))
+    for row in rows:
+        print(f"{row['name']:<45} {row['ms'] or float('nan'):9.3f} ms  err {row['err'] or float('nan'):.2e}  "
+              f"held {row['held_mib'] or 0:8.1f} MiB  compile {row['compile_s'] or 0:6.1f} s  {row['note']}")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

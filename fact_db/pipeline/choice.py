@@ -1,0 +1,259 @@
+"""Choice: what `optimize` returns -- the fastest verified way to run the model, within a bound
+on the memory it holds between calls (DESIGN.md, "fact-db and torch.compile").
+
+    >>> choice = choose(fast, model_p, "bf16", draw, verify, peers=("compile",))
+    >>> choice.chosen
+    'composed + torch.compile'
+    >>> choice.note
+    'returns composed + torch.compile: 1.66x over eager bf16 (1.350 against 2.240 ms); compiling it took ...'
+
+The candidates: eager PyTorch at the policy; torch.compile of the model; the composed module
+op by op, and replayed as a CUDA graph; the composed module under torch.compile; each compiled
+one in max-autotune-no-cudagraphs mode too where the peers include `max-autotune`. Every
+candidate is verified end to end under the policy before it can be chosen (eager is what the
+others are verified against), then timed on the same input sets. A candidate that fails to
+compile or to verify is out, with the reason; eager is always in, so the user gets a verified
+module whatever Inductor does.
+
+Memory is part of the choice: by default no candidate may hold more memory between calls
+(composition's weights, a CUDA graph's pool, what a compiled module allocates once) than
+eager's own per-call peak; `max_held` names another bound in MiB, or None for none. Every
+candidate's held memory is reported either way. On DenseNet201 a CUDA graph of eager ops held
+5,326 MiB, 26 times eager's peak, for 5%.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fact_db.core.errors import first_line
+from fact_db.pipeline.results import OptimizeError
+
+# A choice must beat the simpler ones by this much, or it is a tie, not a win: a CUDA graph
+# copies inputs in and outputs out (the minGPT block at fp32 timed 12.73 against 12.79 ms op
+# by op, then 13.41 against 12.45 in the benchmark after), and a compiled module costs a
+# compile on every load.
+MARGINS = {"composed, CUDA graph": 0.03, "composed + torch.compile": 0.02,
+           "composed + torch.compile max-autotune-no-cudagraphs": 0.02, "torch.compile": 0.02,
+           "torch.compile max-autotune-no-cudagraphs": 0.02}
+# On equal scores, the earlier wins: the composed module (what optimize built), then eager.
+ORDER = ("composed", "composed, CUDA graph", "composed + torch.compile",
+         "composed + torch.compile max-autotune-no-cudagraphs", "eager", "torch.compile",
+         "torch.compile max-autotune-no-cudagraphs")
+MODES = {"compile": "default", "max-autotune": "max-autotune-no-cudagraphs"}
+
+
+@dataclass
+class Candidate:
+    """One way to run the model for the signature it was optimized for."""
+
+    name: str
+    ms: float | None = None
+    err: float | None = None          # end to end, against float64 (the verification's worst)
+    verified: bool = False
+    held_mib: float = 0.0             # kept between calls beyond the model's parameters
+    compile_s: float | None = None    # its first call (torch.compile, a CUDA graph's capture)
+    why: str = ""                     # why it was not chosen
+    chosen: bool = False
+    run: object = field(default=None, repr=False)       # called like the model, inputs at the policy's dtype
+    compiled: object = field(default=None, repr=False)  # the torch.compile'd module of a compiled candidate
+
+    def as_dict(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k not in ("run", "compiled")}
+
+
+@dataclass
+class Choice:
+    """Which candidate `optimize` returns, and what every candidate measured."""
+
+    chosen: str
+    candidates: list
+    bound_mib: float | None = None       # the held-memory bound applied; None: none
+    eager_peak_mib: float | None = None  # eager's own per-call peak, the default bound
+    note: str = ""
+
+    def candidate(self, name: str) -> Candidate | None:
+        return next((c for c in self.candidates if c.name == name), None)
+
+    def release(self) -> None:
+        """Drop the modules of the candidates not chosen (compiled ones are only lent to the
+        benchmark), so the returned module's report holds none of them."""
+        for c in self.candidates:
+            if not c.chosen:
+                c.run = c.compiled = None
+
+    def as_dict(self) -> dict:
+        return {"chosen": self.chosen, "bound_mib": self.bound_mib, "eager_peak_mib": self.eager_peak_mib,
+                "note": self.note, "candidates": [c.as_dict() for c in self.candidates]}
+
+
+def bound_of(max_held, eager_peak_mib: float | None) -> float | None:
+    """The held-memory bound in MiB: eager's per-call peak for "eager" (None where it was not
+    measured, on the CPU), a number as given, None for no bound."""
+    if max_held is None:
+        return None
+    if max_held == "eager":
+        return eager_peak_mib
+    try:
+        value = float(max_held)
+    except (TypeError, ValueError):
+        raise OptimizeError(f"max_held {max_held!r} is not a bound: use 'eager' (eager's per-call peak), a number "
+                            "of MiB, or None for no bound") from None
+    if value < 0:
+        raise OptimizeError(f"max_held {value} MiB is negative: use 'eager', a number of MiB >= 0, or None")
+    return value
+
+
+def pick(candidates: list, policy: str, bound_mib: float | None = None,
+         eager_peak_mib: float | None = None) -> Choice:
+    """The fastest verified candidate holding at most `bound_mib` between calls (no bound for
+    None), scored as its time over (1 - its margin); ties go to the earlier in ORDER. Every
+    other candidate gets the reason it was not chosen."""
+    def eligible(c: Candidate) -> bool:
+        if not c.verified or c.ms is None:
+            return False
+        if bound_mib is not None and c.held_mib > bound_mib:
+            c.why = c.why or (f"holds {c.held_mib:.1f} MiB between calls, over the bound of {bound_mib:.1f} MiB"
+                              + (" (eager's per-call peak)" if bound_mib == eager_peak_mib else ""))
+            return False
+        return True
+
+    def score(c: Candidate) -> tuple:
+        rank = ORDER.index(c.name) if c.name in ORDER else len(ORDER)
+        return c.ms / (1.0 - MARGINS.get(c.name, 0.0)), rank
+
+    ok = [c for c in candidates if eligible(c)]
+    if not ok:
+        raise OptimizeError("no candidate verified and timed, not even eager PyTorch: "
+                            + "; ".join(f"{c.name}: {c.why or 'not timed'}" for c in candidates))
+    best = min(ok, key=score)
+    best.chosen = True
+    for c in ok:
+        if c is not best:
+            c.why = f"slower: {c.ms:.3f} ms against {best.ms:.3f}" if c.ms > best.ms else \
+                f"{c.ms:.3f} ms, within {MARGINS.get(c.name, 0.0):.0%} of {best.name}'s {best.ms:.3f}: a tie, not a win"
+    for c in candidates:
+        if c not in ok and not c.why:
+            c.why = "not verified" if not c.verified else "not timed"
+    return Choice(best.name, list(candidates), bound_mib, eager_peak_mib, _note(best, candidates, policy))
+
+
+def _note(best: Candidate, candidates: list, policy: str) -> str:
+    eager = next((c for c in candidates if c.name == "eager"), None)
+    text = f"returns {best.name}"
+    if eager is not None and eager.ms and best is not eager:
+        text += f": {eager.ms / best.ms:.2f}x over eager {policy} ({best.ms:.3f} against {eager.ms:.3f} ms)"
+    elif best is eager:
+        text += f" ({best.ms:.3f} ms): no other candidate verified, timed faster and held memory within the bound"
+    if best.compile_s is not None and best.name in MARGINS and best.name != "composed, CUDA graph":
+        text += f"; compiling it took {best.compile_s:.1f} s (again on each load, from Inductor's caches)"
+    if best.held_mib:
+        text += f"; holds {best.held_mib:.1f} MiB between calls"
+    return text
+
+
+# ------------------------------------------------------------------------------------------
+# The candidates of one composed module, verified, timed and measured.
+
+def _runner(name: str, fn, policy: str):
+    """`fn` as the model is called under `policy`, named after the candidate (what an injected
+    timer sees as the function's __name__)."""
+    import torch
+
+    from fact_db.composition.compose import run_at_policy
+
+    def run(*x):
+        with torch.no_grad():
+            return run_at_policy(fn, policy, x)
+    run.__name__ = run.__qualname__ = name
+    return run
+
+
+def candidates(fast, model_p, policy: str, *, peers=(), composed_ok: bool = True, on_gpu: bool = False) -> list:
+    """The candidates for composed module `fast` (see the module docstring), not yet run."""
+    from fact_db.composition.compose import compiled_target
+    out = [Candidate("eager", verified=True, run=_runner("eager", model_p, policy))]
+    modes = [(f"torch.compile{'' if m == 'default' else ' ' + m}", m) for p, m in MODES.items() if p in peers]
+    for name, mode in modes:
+        c = Candidate(name)
+        c.compiled = compiled_target(model_p, mode, fullgraph=False)
+        c.run = _runner(name, c.compiled, policy)
+        out.append(c)
+    if composed_ok:
+        out.append(Candidate("composed", verified=True, run=_runner("composed", fast.gm, policy)))
+        if getattr(fast, "cuda_graph", False) and on_gpu:
+            graphed = _runner("composed, CUDA graph", fast, policy)
+            out.append(Candidate("composed, CUDA graph", verified=True, run=graphed))
+        for name, mode in modes:
+            c = Candidate(name.replace("torch.compile", "composed + torch.compile"))
+            c.compiled = compiled_target(fast.gm, mode, fullgraph=True)
+            c.run = _runner(c.name, c.compiled, policy)
+            out.append(c)
+    return out
+
+
+def choose(fast, model_p, policy: str, draw, verify, *, peers=(), timer=None, max_held="eager",
+           composed_ok: bool = True) -> Choice:
+    """Verify, time and measure every candidate of composed module `fast`, pick one (`pick`),
+    and make `fast` run it for the signature it was optimized for (ComposedModule.use).
+
+    `draw(t) -> (inputs, dist)` gives fresh inputs; `verify(fn) -> ModelVerdict` checks a
+    candidate end to end under the policy (what optimize verified the composed module with);
+    `timer(fn, input_sets) -> ms` replaces CUDA timing (tests on the CPU). Without a GPU and a
+    timer nothing is timed: the composed module (eager where it did not verify) is returned."""
+    import time
+
+    import torch
+
+    from fact_db.composition.compose import cast_floats, policy_dtype
+    from fact_db.kernels.bench import held_mib, peak_mib, time_cuda
+    dt = policy_dtype(policy)
+    sets = [draw(2 * i + 1)[0] for i in range(3)]
+    sets = [cast_floats(x, dt) for x in sets] if dt else sets
+    on_gpu = torch.cuda.is_available() and any(isinstance(x, torch.Tensor) and x.is_cuda for x in sets[0])
+    cands = candidates(fast, model_p, policy, peers=peers, composed_ok=composed_ok, on_gpu=on_gpu)
+    if timer is None and not on_gpu:
+        chosen = fast.choice if composed_ok else "eager"
+        if not composed_ok:
+            fast.use("eager")
+        for c in cands:
+            c.chosen = c.name == chosen
+            c.why = "" if c.chosen else "not timed: no GPU"
+        return Choice(chosen, cands, note=f"returns {chosen}: no GPU to time the candidates on")
+    timer = timer or (lambda fn, xs: time_cuda(lambda x: fn(*x), xs))
+    eager = cands[0]
+    eager_peak = peak_mib(lambda: eager.run(*sets[0])) if on_gpu else None
+    for c in cands:
+        try:
+            t0 = time.perf_counter()
+            first = (lambda c=c: c.run(*sets[0]))
+            if on_gpu and c.compiled is not None:  # what a compiled module keeps: measured around its first call
+                c.held_mib = held_mib(first)
+            else:
+                first()
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            if c.compiled is not None or c.name == "composed, CUDA graph":
+                c.compile_s = time.perf_counter() - t0
+        except Exception as e:  # noqa: BLE001  (Inductor failing, or a capture: that candidate is out, said why)
+            c.verified, c.why = False, f"failed to {'compile' if c.compiled is not None else 'run'}: " \
+                                       f"{first_line(e, 200, typed=True)}"
+            continue
+        if c.name == "composed, CUDA graph" and getattr(fast, "graph_note", ""):
+            c.verified, c.why = False, fast.graph_note
+            continue
+        if c.name.startswith("composed"):  # buffers composition made, and the CUDA graph's pool and inputs
+            c.held_mib += fast.held_mib(graphs=c.name == "composed, CUDA graph")
+        if c.compiled is not None:
+            verdict = verify(c.run)
+            c.verified, c.err = verdict.ok, verdict.err
+            if not verdict.ok:
+                c.why = f"failed verification: {verdict.reason}"
+                continue
+        t = timer(c.run, sets)
+        c.ms = getattr(t, "median_ms", t)
+    choice = pick(cands, policy, bound_of(max_held, eager_peak), eager_peak)
+    if max_held == "eager" and eager_peak is None:
+        choice.note += "; no memory bound applied (eager's per-call peak is measured on a GPU only)"
+    best = choice.candidate(choice.chosen)
+    fast.use(best.name, best.compiled)
+    return choice
