@@ -5,9 +5,8 @@ to the registry (lookup only: nothing is tuned or compiled here, unless `tune` a
     >>> found.impl.op if found.impl else found.why
 
 A kernel is served only where its registry row is current for this environment and its
-library is already in the build cache: a compile never waits on nvcc. The registry's API is
-being rewritten into one lookup keyed by (family, key fields); this module is the one place
-the backend touches it.
+library is already in the build cache: a compile never waits on nvcc. This module is the one
+place the backend touches the registry, through each family's exact lookup.
 """
 from __future__ import annotations
 
@@ -44,7 +43,7 @@ def _gemm(registry, region, w, arch: str, gpu: str) -> Found:
 def _attention(registry, region, w, arch: str, gpu: str) -> Found:
     from fact_db.kernels.attention import family as attention
     from fact_db.kernels.attention import tune as attention_tune
-    hit = registry.attention_get(w, arch, gpu)
+    hit = attention_tune.from_registry(w, registry, arch, gpu)
     if hit is None or hit.kind != "kernel":
         return Found(why="no registry row" if hit is None else f"the registry's winner is {hit.label}, a library")
     fam = next((f for f in attention_tune.families() if f.TEMPLATE == hit.template), None)
