@@ -99,7 +99,7 @@ def test_discover_lists_what_no_region_covers_with_its_share(tmp_path):
         "    def __init__(self):\n"
         "        super().__init__()\n"
         "        self.conv = nn.Conv1d(64, 128, 5, padding=2)\n"
-        "        self.gru = nn.GRU(128, 256, num_layers=2)\n"
+        "        self.gru = nn.GRU(128, 256)\n"
         "        self.head = nn.Linear(256, 10)\n\n"
         "    def forward(self, x):\n"
         "        y, _ = self.gru(self.conv(x).permute(2, 0, 1))\n"

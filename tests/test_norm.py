@@ -350,12 +350,13 @@ def test_norm_family_takes_norms_over_trailing_dims_and_says_why_it_leaves_a_cha
     assert (ln.rule, ln.attrs["normalized"]) == ("layernorm", 3)
     assert norm_family.workload(ln, rep.graph, "fp32") == (NormWorkload("layernorm", 2, 256), "")
     assert (rms.form, "weight" in rms.operands) == ("op-weightless", False)
-    assert norm_family.workload(rms, rep.graph, "fp32") == (NormWorkload("rmsnorm", 64, 8, eps=1e-6, has_bias=False), "")
+    assert norm_family.workload(rms, rep.graph, "fp32") == (
+        NormWorkload("rmsnorm", 64, 8, eps=1e-6, has_bias=False), "")
     assert (divided.form, divided.operands.get("weight"), divided.attrs["dim"]) == ("divided", "p_g", -1)
     assert norm_family.workload(divided, rep.graph, "fp32") == (NormWorkload("rmsnorm", 64, 8, has_bias=False), "")
     assert (channels.form, channels.attrs["dim"]) == ("divided-weightless", -3)
     w, why = norm_family.workload(channels, rep.graph, "fp32")
-    assert w is None and why == ("a norm over dim -3 of [2, 4, 8, 8], not the last: the add_norm kernel normalizes "
+    assert w is None and why == ("a norm over dim 1 of [2, 4, 8, 8], not the last: the add_norm kernel normalizes "
                                  "contiguous rows, so eager runs it")
 
 

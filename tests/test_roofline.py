@@ -106,3 +106,19 @@ def test_a_big_model_of_convolutions_is_compute_bound_at_the_convolutions_real_c
     f = 2.0 * 10 * 256 * 56 * 56 * 256 * 9 + 10 * 256 * 56 * 56
     assert roofline.node_flops(n) == f
     assert roofline.node_time(n, dev, "fp32") == pytest.approx(f / (dev.tflops["fp32"] * 1e12) + dev.launch_s)
+
+
+def test_a_recurrent_layer_takes_at_least_a_launch_per_step_and_layer():
+    """Each step of each layer waits for the one before. KernelBench L3-39's GRU (6 layers, 512
+    steps of batch 10) is 0.46 ms of FLOPs and bytes on an H100 and 9.2 ms of chain; eager
+    PyTorch ran it in 34 ms (fp32, 2026-11). Two of its layers here, to trace quickly."""
+    gru = nn.GRU(128, 256, num_layers=2).to("meta")
+    n, _ = _node(gru, torch.randn(512, 10, 128, device="meta"), op="aten.gru")
+    dev = _h100()
+    work = max(roofline.node_flops(n) / (dev.tflops["fp32"] * 1e12), roofline.node_bytes(n) / dev.bandwidth)
+    assert work < 512 * 2 * dev.launch_s / 10
+    assert roofline.node_time(n, dev, "fp32") == pytest.approx(512 * 2 * dev.launch_s + dev.launch_s)
+    # batch_first: the steps are the second dimension; two directions run side by side
+    lstm = nn.LSTM(16, 32, num_layers=2, bidirectional=True, batch_first=True)
+    n, _ = _node(lstm, torch.randn(5, 7, 16), op="aten.lstm")
+    assert roofline.recurrent_chain_s(n, dev) == 7 * 2 * dev.launch_s

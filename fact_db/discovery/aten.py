@@ -12,6 +12,8 @@ from functools import lru_cache
 
 import torch
 
+from fact_db.discovery import einsum
+
 # Ops that move no data or only re-describe it. The matcher may look through them between
 # two pattern nodes, and they count as part of the region that consumes them.
 VIEW_OPS = frozenset({
@@ -156,7 +158,6 @@ def batched_layout(node) -> str:
 def einsum_lowering(node):
     """(einsum.Lowering, "") of an `aten.einsum` node that is one GEMM or batched GEMM, else
     (None, why not)."""
-    from fact_db.discovery import einsum
     ops = node.args[1] if len(node.args) > 1 and isinstance(node.args[1], (list, tuple)) else []
     if not ops or any(getattr(x, "shape", None) is None for x in ops):
         return None, "its operands' shapes are unknown"

@@ -20,6 +20,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+import torch
+
 
 class EinsumError(ValueError):
     """An equation this module cannot read (torch would have refused it at trace time)."""
@@ -54,7 +56,8 @@ def parse(equation: str, ranks: list) -> tuple[list, str]:
         out = out.replace("...", pad)
     else:
         counts = {c: sum(s.count(c) for s in spelled) for c in set("".join(spelled))}
-        out = "".join(c for c in pad if c in counts) + "".join(sorted(c for c, k in counts.items() if k == 1 and c not in pad))
+        once = sorted(c for c, k in counts.items() if k == 1 and c not in pad)
+        out = "".join(c for c in pad if c in counts) + "".join(once)
     return spelled, out
 
 
@@ -116,7 +119,6 @@ def _operand(shape, stride, letters: str, groups: tuple, size: dict, batched: bo
     """The lowering of one operand (index letters `letters`) to its three groups of letters
     (batch, rows, columns): a view where the merged dimensions are evenly strided and the
     result is row- or column-major, else a row-major copy."""
-    import torch
     x = torch.empty_strided(tuple(shape), tuple(stride or _contiguous(shape)), device="meta")
     perm = [letters.index(c) for g in groups for c in g]
     dims = [math.prod(size[c] for c in g) for g in groups][0 if batched else 1:]

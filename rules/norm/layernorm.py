@@ -1,4 +1,5 @@
-"""Fixture for layernorm: nn.LayerNorm / F.layer_norm over the last dim or several trailing dims, against GroupNorm, RMSNorm and hand-written norms."""
+"""Fixture for layernorm: nn.LayerNorm / F.layer_norm over the last dim or several trailing dims,
+against GroupNorm, RMSNorm and hand-written norms."""
 import torch
 import torch.nn as nn
 import torch.nn.functional as F

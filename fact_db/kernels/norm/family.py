@@ -48,7 +48,8 @@ def workload(region, graph, policy: str):
         return None, "norm input shape unknown"
     dim = attrs.get("dim", -1)
     if dim != -1:
-        return None, (f"a norm over dim {dim} of {list(x.shape)}, not the last: the add_norm kernel normalizes "
+        shown = dim + len(x.shape) if isinstance(dim, int) else dim
+        return None, (f"a norm over dim {shown} of {list(x.shape)}, not the last: the add_norm kernel normalizes "
                       "contiguous rows, so eager runs it")
     nd = int(attrs.get("normalized", 1) or 1)
     inner = tuple(x.shape[-nd:])
