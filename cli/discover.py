@@ -11,6 +11,7 @@ from .common import POLICIES, arch_choice, cli, handle_errors, jdump, model_arch
 # The choices are spelled out here so that `factdb --help` and commands other than
 # discover do not import torch (fact_db.discovery.roofline does); a test checks they match.
 GPUS = ("a100", "h100", "h200")
+SHARE_FLOOR_TEXT = "5%"  # fact_db.discovery.discover.SHARE_FLOOR, spelled out for the same reason
 
 
 def _t(s: float) -> str:
@@ -30,6 +31,49 @@ def _table(report) -> str:
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
 
 
+def _pct(share) -> str:
+    if share is None:
+        return "?"
+    return f"{share * 100:.0f}%" if share >= 0.01 else f"{share * 100:.1f}%"
+
+
+UNCOVERED_ROWS = 12  # rows of the uncovered table without --explain; --json lists every one
+
+
+def _print_uncovered(report, explain: bool):
+    """What no region covers: a table of the ops, largest share first (every one with
+    --explain), why each kind stays eager, and the rest of the estimate in one line."""
+    unc, rest = report.uncovered, getattr(report, "rest", None) or {}
+    if unc:
+        known = sum(u.share or 0.0 for u in unc)
+        click.echo(f"uncovered: {len(unc)} op{'s' if len(unc) != 1 else ''} no region covers, {_pct(known)} of the "
+                   f"estimate (heavy ops, and any op of {SHARE_FLOOR_TEXT} of it or more)")
+        shown = unc if explain else unc[:UNCOVERED_ROWS]
+        rows = [("SHARE", "EST EAGER", "OP", "NODE", "SOURCE")]
+        rows += [(_pct(u.share), _t(u.est_s) if u.est_s is not None else "?", u.op, u.node, u.source or "")
+                 for u in shown]
+        widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
+        for r in rows:
+            click.echo("  " + "  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip())
+        more = unc[len(shown):]
+        if more:
+            ops: dict = {}
+            for u in more:
+                ops[u.op] = ops.get(u.op, 0) + 1
+            click.echo(f"  ... {len(more)} more ({', '.join(f'{n} {op}' for op, n in ops.items())}), "
+                       f"{_pct(sum(u.share or 0.0 for u in more))} in all; --explain or --json lists them")
+        reasons: dict = {}
+        for u in unc:
+            reasons.setdefault((u.op, u.reason), []).append(u.node)
+        for (op, why), nodes in reasons.items():
+            who = f"`{nodes[0]}`" if len(nodes) == 1 else f"{len(nodes)} nodes"
+            click.echo(f"  why {op} ({who}): {why}")
+    if rest.get("ops"):
+        click.echo(f"rest: {rest['ops']} other op{'s' if rest['ops'] != 1 else ''} no region covers (elementwise, "
+                   "reductions, copies), "
+                   f"{_pct(rest['share'])} of the estimate ({_t(rest['est_s'])})")
+
+
 def _print(report, explain: bool):
     head = (f"{report.problem}: {report.n_ops} ops, {len(report.regions)} regions on {report.gpu} ({report.arch}), "
             f"policy {report.policy}; whole model est. eager {_t(report.eager_s)}")
@@ -44,8 +88,7 @@ def _print(report, explain: bool):
     for r in report.regions:
         for a in r.assumptions:
             click.echo(f"note: {r.rule} at {r.output}: {a}")
-    for node, op, why in report.uncovered:
-        click.echo(f"uncovered: `{node}` ({op}): {why}")
+    _print_uncovered(report, explain)
     if report.note:
         click.echo(f"note: {report.note}")
     if explain:

@@ -89,3 +89,41 @@ def test_one_vocabulary_for_arch_and_dtype_and_json_without_nan():
     assert r.exit_code == 2 and "'float32'" in r.output
     r = CliRunner().invoke(cli, ["discover", str(PROBLEMS / "layernorm.py"), "--arch", "sm90a"])
     assert r.exit_code == 0 and "(sm90)" in r.output
+
+
+def test_discover_lists_what_no_region_covers_with_its_share(tmp_path):
+    p = tmp_path / "conv_gru.py"
+    p.write_text(
+        "import torch\nfrom torch import nn\n\n"
+        "class Model(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.conv = nn.Conv1d(64, 128, 5, padding=2)\n"
+        "        self.gru = nn.GRU(128, 256)\n"
+        "        self.head = nn.Linear(256, 10)\n\n"
+        "    def forward(self, x):\n"
+        "        y, _ = self.gru(self.conv(x).permute(2, 0, 1))\n"
+        "        return self.head(y[-1])\n\n"
+        "def get_inputs():\n    return [torch.rand(16, 64, 512)]\n\n"
+        "def get_init_inputs():\n    return []\n")
+    r = CliRunner().invoke(cli, ["discover", str(p), "--no-registry"])
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    head = next(i for i, l in enumerate(lines) if l.startswith("uncovered: "))
+    assert lines[head + 1].split() == ["SHARE", "EST", "EAGER", "OP", "NODE", "SOURCE"]
+    rows = {l.split()[3]: l.split()[0] for l in lines[head + 2:head + 4]}
+    assert set(rows) == {"aten.gru", "aten.conv1d"} and all(v.endswith("%") for v in rows.values())
+    assert any(l.strip().startswith("why aten.gru (`gru`): no rule matches aten.gru: recurrent layers") for l in lines)
+    j = CliRunner().invoke(cli, ["discover", str(p), "--no-registry", "--json"])
+    data = json.loads(j.stdout)
+    unc = {u["op"]: u for u in data["uncovered"]}
+    assert unc["aten.gru"]["share"] > unc["aten.conv1d"]["share"] > 0
+    assert f"{unc['aten.gru']['share'] * 100:.0f}%" == rows["aten.gru"]
+    total = sum(x["share"] for x in data["regions"]) + sum(u["share"] for u in data["uncovered"])
+    assert total + data["uncovered_rest"]["share"] == pytest.approx(1.0)
+
+
+def test_the_share_floor_the_cli_prints_is_discoverys():
+    from fact_db.cli.discover import SHARE_FLOOR_TEXT
+    from fact_db.discovery.discover import SHARE_FLOOR
+    assert SHARE_FLOOR_TEXT == f"{SHARE_FLOOR * 100:.0f}%"

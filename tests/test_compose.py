@@ -769,3 +769,98 @@ def test_a_region_the_library_wins_runs_the_library_path_not_the_models_ops(tmp_
     back = load(fast.artifact)
     assert torch.allclose(back(x), model(x), atol=1e-5)
     assert not any(": eager:" in n for n in back.load_notes), back.load_notes
+
+
+# ------------------------------------------------------------------------------------------
+# Rank-4 GEMM operands and einsums lowered to GEMMs.
+
+class _ReluSelfAttention(torch.nn.Module):
+    """KernelBench L3-50's form, small: q @ k^T and att @ v on [B, H, T, D] head-split views."""
+
+    def __init__(self, n_embd=32, n_head=4, max_seqlen=16):
+        super().__init__()
+        self.c_attn = torch.nn.Linear(n_embd, 3 * n_embd)
+        self.register_buffer("bias", torch.tril(torch.ones(max_seqlen, max_seqlen)).view(1, 1, max_seqlen, max_seqlen))
+        self.n_head, self.n_embd = n_head, n_embd
+
+    def forward(self, x):
+        B, T, C = x.size()
+        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / (k.size(-1) ** 0.5))
+        att = torch.nn.functional.relu(att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf")))
+        return (att @ v).transpose(1, 2).contiguous().view(B, T, C)
+
+
+class _Broadcast4d(torch.nn.Module):
+    """Rank-4 operands whose batch dims broadcast: by a rank-3 one, and by a rank-4 one of batch 1."""
+
+    def forward(self, a, b, c):
+        return a @ b, a @ c
+
+    def example_inputs(self):
+        return torch.randn(2, 3, 5, 6), torch.randn(3, 6, 4), torch.randn(1, 3, 6, 7)
+
+
+def _gemm_standins(disc) -> dict:
+    impls = {}
+    for i, (r, p) in enumerate(zip(disc.regions, plan(disc, "fp32"))):
+        assert p.workload is not None and r.composable == "", (r.rule, p.note, r.composable)
+        e = p.workload.epilogue
+        impls[i] = Impl("gemm", f"stand-in {e}", standins.gemm_op(e), {"spec": {"epilogue": e}})
+    return impls
+
+
+@pytest.mark.parametrize("make", [_ReluSelfAttention, _Broadcast4d], ids=["relu-self-attention", "broadcast"])
+def test_rank4_gemm_regions_compose_as_batched_3d_gemms_and_equal_eager(make):
+    torch.manual_seed(0)
+    model = make().eval()
+    xs = model.example_inputs() if hasattr(model, "example_inputs") else (torch.rand(2, 16, 32),)
+    disc = __import__("fact_db").discover(model, xs)
+    batched = [r for r in disc.regions if r.problem.get("batch", 1) > 1]
+    assert batched and all(r.composable == "" for r in batched)
+    gm, notes = rewrite(disc.graph.program, disc.regions, _gemm_standins(disc))
+    assert notes == []
+    ops = [n for n in gm.graph.nodes if n.op == "call_function" and str(n.target).startswith("factdb_test.")]
+    assert len(ops) == len(disc.regions)
+    from torch.fx.passes.shape_prop import ShapeProp
+    ShapeProp(gm).propagate(*xs)
+    for n in ops:  # every kernel op is handed 2-D or 3-D operands, as the GEMM kernels take
+        assert all(len(a.meta["tensor_meta"].shape) in (2, 3) for a in n.args[:2]), n
+    before = standins.CALLS.copy()
+    for _ in range(2):  # fresh random inputs each time
+        fresh = tuple(torch.randn_like(x) for x in xs)
+        torch.testing.assert_close(gm(*fresh), model(*fresh), rtol=1e-5, atol=1e-5)
+    assert sum((standins.CALLS - before).values()) == 2 * len(disc.regions)
+    gm.graph.lint()
+
+
+def test_einsum_regions_compose_as_their_gemms_and_equal_eager():
+    class Einsums(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(8, 12))
+
+        def forward(self, x, q, k, r):
+            a = torch.einsum("bijl,lk->bijk", x, self.w)          # leading dims folded into M
+            s = torch.einsum("bhqd,bhkd->bhqk", q, k)              # batched, B read column-major
+            t = torch.einsum("ikb,kjb->bji", r, r.transpose(0, 1))  # batch index innermost: copies
+            return a.reshape(-1, 12), s, t.view(-1)                # readers that need packed tensors
+
+    torch.manual_seed(0)
+    model = Einsums().eval()
+    xs = (torch.randn(2, 3, 4, 8), torch.randn(2, 3, 5, 6), torch.randn(2, 3, 7, 6), torch.randn(4, 4, 3))
+    disc = __import__("fact_db").discover(model, xs)
+    assert [r.rule for r in disc.regions] == ["einsum-gemm"] * 3
+    assert [p.workload.rule for p in plan(disc, "fp32")] == ["gemm", "batched-gemm", "batched-gemm"]
+    gm, notes = rewrite(disc.graph.program, disc.regions, _gemm_standins(disc))
+    assert notes == []
+    assert not any(str(n.target).startswith("aten.einsum") for n in gm.graph.nodes if n.op == "call_function")
+    before = standins.CALLS.copy()
+    fresh = tuple(torch.randn_like(x) for x in xs)
+    for got, want in zip(gm(*fresh), model(*fresh)):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert sum((standins.CALLS - before).values()) == 3
+    gm.graph.lint()

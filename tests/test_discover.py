@@ -163,8 +163,9 @@ def test_unsupported_dtypes_are_named(ruleset, name, dtype):
     rep = analyse(trace_problem(load_problem(str(BAD / f"{name}.py"))), ruleset)
     assert rep.regions == []
     assert len(rep.uncovered) == 1
-    node, op, why = rep.uncovered[0]
-    assert op == "aten.matmul" and f"dtype {dtype} is not covered by any rule" in why
+    u = rep.uncovered[0]
+    assert u.op == "aten.matmul" and f"dtype {dtype} is not covered by any rule" in u.reason
+    assert u.share == pytest.approx(1.0)  # the model is that one product
 
 
 def test_import_spec_factory(tmp_path, monkeypatch, ruleset):
@@ -294,3 +295,117 @@ def test_regions_inside_the_wrappers_are_left_to_eager_by_composition():
     with torch.no_grad():
         torch.testing.assert_close(gm(x), model(x), rtol=1e-5, atol=1e-5)
     assert standins.CALLS - before == {"gemm_bias_gelu": 1}
+
+
+# ------------------------------------------------------------------------------------------
+# What discovery leaves uncovered, with its share; einsums; rank-4 GEMM operands.
+
+class _ConvLstm(nn.Module):
+    """A 3-D convolution, an LSTM over its pooled features and a Linear head."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv3d(4, 16, 3, padding=1)
+        self.lstm = nn.LSTM(16, 64, num_layers=2, batch_first=True)
+        self.head = nn.Linear(64, 10)
+
+    def forward(self, x):
+        f = torch.relu(self.conv(x)).mean(dim=(3, 4))   # B x 16 x T
+        h, _ = self.lstm(f.transpose(1, 2))              # B x T x 64
+        return self.head(h[:, -1])
+
+
+def test_uncovered_lists_a_conv3d_and_an_lstm_with_their_shares():
+    from fact_db.discovery import roofline
+    from fact_db.core.device import device
+    model, x = _ConvLstm().eval().to("meta"), torch.randn(8, 4, 32, 28, 28, device="meta")
+    rep = fact_db.discover(model, (x,))
+    assert regions(rep) == ["gemm-bias"]
+    by_op = {u.op: u for u in rep.uncovered}
+    assert {"aten.conv3d", "aten.lstm"} <= set(by_op)
+    dev = device("h100")
+    for op in ("aten.conv3d", "aten.lstm"):
+        u = by_op[op]
+        node = rep.graph[u.node]
+        assert u.est_s == pytest.approx(roofline.node_time(node, dev, "fp32"))
+        assert u.share == pytest.approx(u.est_s / rep.eager_s)
+        assert f"no rule matches {op}" in u.reason and "no kernel family yet" in u.reason
+    # the convolution is counted at its real cost, 2 * out * C_in * 27 FLOPs (+ the bias); the LSTM,
+    # 2 layers x 32 dependent steps, is the largest share
+    conv = rep.graph[by_op["aten.conv3d"].node]
+    assert roofline.node_flops(conv) == 2 * (8 * 16 * 32 * 28 * 28) * (4 * 27) + 8 * 16 * 32 * 28 * 28
+    assert by_op["aten.lstm"].est_s == pytest.approx((2 * 32 + 1) * dev.launch_s)
+    assert [u.op for u in rep.uncovered[:2]] == ["aten.lstm", "aten.conv3d"]
+    # largest share first, and every op of the model is in a region, in the list or in the rest
+    shares = [u.share for u in rep.uncovered]
+    assert shares == sorted(shares, reverse=True)
+    total = sum(r.share for r in rep.regions) + sum(shares) + rep.rest["share"]
+    assert total == pytest.approx(1.0)
+    d = rep.as_dict()
+    assert {"node", "op", "reason", "share", "est_s", "source"} <= set(d["uncovered"][0])
+    assert d["uncovered_rest"]["ops"] == rep.rest["ops"] > 0
+
+
+def test_an_op_of_a_large_share_is_listed_and_small_glue_is_summed_in_the_rest():
+    class Glue(nn.Module):
+        def forward(self, x, y):
+            return torch.exp(x) + y, x[:1, :16].sum()   # two passes over 2^26 elements, and a launch
+
+    big = torch.randn(64, 1 << 20, device="meta")
+    rep = fact_db.discover(Glue(), (big, big))
+    by_op = {u.op: u for u in rep.uncovered}
+    assert set(by_op) == {"aten.exp", "aten.add"} and all(u.share > 0.3 for u in by_op.values())
+    assert by_op["aten.exp"].reason == "no rule matches aten.exp; it stays in eager PyTorch"
+    assert "--explain" in by_op["aten.add"].reason  # rules name aten.add; none matched here
+    assert rep.rest["ops"] == 1 and 0 < rep.rest["share"] < 0.05  # the sum: no more than its launch
+
+
+def test_an_einsum_that_is_a_gemm_is_a_region_and_one_that_is_not_is_uncovered_with_the_reason():
+    class Mix(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(8, 12))
+
+        def forward(self, x, q, k):
+            a = torch.einsum("bijl,lk->bijk", x, self.w)         # KernelBench L1-11's form
+            s = torch.einsum("bhqd,bhkd->bhqk", q, k)
+            c = torch.einsum("bhqk,bhkd,bhqd->bhqd", s, k, q)     # three operands
+            return a, c
+
+    rep = fact_db.discover(Mix(), (torch.randn(2, 3, 4, 8), torch.randn(2, 3, 5, 6), torch.randn(2, 3, 5, 6)))
+    ein = [r for r in rep.regions if r.rule == "einsum-gemm"]
+    assert [r.problem for r in ein] == [{"M": 24, "N": 12, "K": 8, "batch": 1}, {"M": 5, "N": 5, "K": 6, "batch": 6}]
+    assert ein[1].layouts == {"a": "row", "b": "col"} and ein[1].composable == ""
+    assert ein[0].attrs["einsum"]["out_shape"] == [2, 3, 4, 12]
+    [u] = [u for u in rep.uncovered if u.op == "aten.einsum"]
+    assert "not one GEMM: einsum `bhqk,bhkd,bhqd->bhqd` has 3 operands" in u.reason
+    # the GEMM einsums are counted at 2 * batch * M * N * K
+    assert ein[0].estimate.flops == 2 * 24 * 12 * 8
+
+
+def test_explain_says_why_an_einsum_is_not_a_gemm(ruleset):
+    class Chain(nn.Module):
+        def forward(self, a, b, c):
+            return torch.einsum("ij,jk,kl->il", a, b, c)
+    rep = fact_db.discover(Chain(), (torch.randn(4, 5), torch.randn(5, 6), torch.randn(6, 7)))
+    assert rep.regions == []
+    assert "`is_gemm(gemm)` is false: einsum `ij,jk,kl->il` has 3 operands" in rep.misses["einsum-gemm"].reason
+
+
+def test_rank4_gemm_operands_are_a_batched_gemm_and_composable():
+    """q @ k.transpose(-2, -1) over [B, H, T, D] (KernelBench L3-50, Swin V2): the batched GEMM
+    over B*H, no longer 'not composable'. k^T of a head-split view cannot merge B and H without a
+    copy, so it is read row-major (the copy's layout)."""
+    class Heads(nn.Module):
+        def forward(self, x):
+            B, T, C = x.shape
+            q = x.view(B, T, 4, C // 4).transpose(1, 2)
+            return (q @ q.transpose(-2, -1)) @ q
+
+    rep = fact_db.discover(Heads(), (torch.randn(2, 16, 32),))
+    assert regions(rep) == ["batched-gemm", "batched-gemm"]
+    scores, out = rep.regions
+    assert scores.problem == {"M": 16, "N": 16, "K": 8, "batch": 8}
+    assert out.problem == {"M": 16, "N": 8, "K": 16, "batch": 8}
+    assert scores.composable == out.composable == ""
+    assert scores.layouts == {"a": "row", "b": "row"}

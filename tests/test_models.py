@@ -90,7 +90,7 @@ def test_unfollowed_higher_order_op_is_uncovered_not_a_crash():
             return torch.cond(x.sum() > 0, lambda y: self.l(y), lambda y: y * 2, (x,))
 
     r = discover(M(), (torch.randn(8, 64),))
-    assert any(op.startswith("hop.") and "higher-order op" in why for _, op, why in r.uncovered)
+    assert any(u.op.startswith("hop.") and "higher-order op" in u.reason and u.share is None for u in r.uncovered)
 
 
 def _composed_with_stand_ins(model, x):

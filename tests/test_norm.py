@@ -245,15 +245,16 @@ def test_norm_regions_get_workloads_from_what_discovery_kept():
     assert norm_family.workload(by_rule["layernorm"], rep.graph, "bf16")[0].dtype == "bfloat16"
 
 
-def test_a_norm_without_weight_or_constant_eps_stays_eager_with_the_reason():
+def test_a_weightless_norm_gets_a_workload_and_one_without_a_constant_eps_stays_eager_with_the_reason():
 
     class NoAffine(torch.nn.Module):
         def forward(self, x):
             return torch.nn.functional.layer_norm(x, (x.shape[-1],))
     rep = _analyse(NoAffine(), torch.randn(4, 32))
     [r] = rep.regions
-    w, why = norm_family.workload(r, rep.graph, "fp32")
-    assert w is None and "weightless" in why
+    # Composition passes ones for the weight (tests/test_compose.py composes one).
+    assert "weight" not in r.operands
+    assert norm_family.workload(r, rep.graph, "fp32") == (NormWorkload("layernorm", 4, 32, has_bias=False), "")
     r.attrs["eps"] = "eps"
     r.operands["weight"] = r.operands["x"]
     assert norm_family.workload(r, rep.graph, "fp32") == (None, "the norm's eps is not a constant")
@@ -322,3 +323,81 @@ def test_discovery_asks_the_registry_about_norm_regions_and_shows_the_measured_t
     assert counts == {"hit": 1, "miss": 2}
     assert r_ln.registry == "hit" and r_ln.measured_s == pytest.approx(4e-6)
     assert all(r.registry == "miss" and r.measured_s is None for r in rep.regions if r is not r_ln)
+
+
+# ---------------------------------------------------------------------------------------
+# LayerNorm over several trailing dims, RMSNorm written with a division, weightless norms.
+
+class _ManyNorms(torch.nn.Module):
+    """LayerNorm over (C, H, W) as KernelBench L1-40 writes it, weightless nn.RMSNorm, the
+    division form over the last dim with a weight, and L1-36's form over the channels."""
+
+    def __init__(self, c=4, h=8, w=8):
+        super().__init__()
+        self.ln = torch.nn.LayerNorm((c, h, w))
+        torch.nn.init.uniform_(self.ln.weight, 0.5, 1.5)
+        torch.nn.init.uniform_(self.ln.bias)
+        self.rms = torch.nn.RMSNorm(w, eps=1e-6, elementwise_affine=False)
+        self.g = torch.nn.Parameter(torch.rand(w) + 0.5)
+
+    def forward(self, x):
+        a = self.ln(x)
+        b = self.rms(x)
+        c = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * self.g
+        d = x / torch.sqrt(torch.mean(x ** 2, dim=1, keepdim=True) + 1e-5)
+        return a, b, c, d
+
+
+def test_norm_family_takes_norms_over_trailing_dims_and_says_why_it_leaves_a_channel_norm_eager():
+    rep = _analyse(_ManyNorms(), torch.randn(2, 4, 8, 8))
+    ln, rms, divided, channels = rep.regions
+    assert (ln.rule, ln.attrs["normalized"]) == ("layernorm", 3)
+    assert norm_family.workload(ln, rep.graph, "fp32") == (NormWorkload("layernorm", 2, 256), "")
+    assert (rms.form, "weight" in rms.operands) == ("op-weightless", False)
+    assert norm_family.workload(rms, rep.graph, "fp32") == (
+        NormWorkload("rmsnorm", 64, 8, eps=1e-6, has_bias=False), "")
+    assert (divided.form, divided.operands.get("weight"), divided.attrs["dim"]) == ("divided", "p_g", -1)
+    assert norm_family.workload(divided, rep.graph, "fp32") == (NormWorkload("rmsnorm", 64, 8, has_bias=False), "")
+    assert (channels.form, channels.attrs["dim"]) == ("divided-weightless", -3)
+    w, why = norm_family.workload(channels, rep.graph, "fp32")
+    assert w is None and why == ("a norm over dim 1 of [2, 4, 8, 8], not the last: the add_norm kernel normalizes "
+                                 "contiguous rows, so eager runs it")
+
+
+def test_a_layernorm_row_longer_than_the_kernel_holds_stays_eager_with_the_reason():
+    """KernelBench L1-40's rows are 64 x 256 x 256 = 4M elements; the add_norm kernel keeps a row in registers."""
+    model = torch.nn.LayerNorm((64, 32, 32)).to("meta")
+    rep = _analyse(model, torch.randn(2, 64, 32, 32, device="meta"))
+    [r] = rep.regions
+    w, why = norm_family.workload(r, rep.graph, "fp32")
+    assert w is None and why == ("rows of 65536 elements: the add_norm kernel holds a row in registers, at most "
+                                 f"{norm_tune.MAX_ROW_VALUES} float32 values, so eager runs it")
+    assert norm_tune.MAX_ROW_VALUES == 32768
+    assert norm_tune.candidates(NormWorkload("layernorm", 2, 32768)) and not norm_tune.candidates(
+        NormWorkload("layernorm", 2, 32768 + 4))
+
+
+def test_norms_over_trailing_dims_and_weightless_norms_compose_and_equal_eager():
+    import standins
+    from fact_db.composition.compose import rewrite
+    from fact_db.kernels.impl import Impl
+    torch.manual_seed(0)
+    model, x = _ManyNorms().eval(), torch.randn(2, 4, 8, 8)
+    rep = _analyse(model, x)
+    impls = {}
+    for i, r in enumerate(rep.regions):
+        w, _ = norm_family.workload(r, rep.graph, "fp32")
+        if w is not None:
+            impls[i] = Impl("norm", "stand-in", standins.norm_op(w.kind, w.eps), {})
+    assert sorted(impls) == [0, 1, 2]  # the channel norm stays eager
+    gm, notes = rewrite(rep.graph.program, rep.regions, impls)
+    assert notes == []
+    targets = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+    assert "aten.layer_norm.default" not in targets and "aten.rms_norm.default" not in targets
+    assert targets.count("aten.sqrt.default") == 1  # only the channel norm's
+    before = standins.CALLS.copy()
+    fresh = torch.randn_like(x)
+    for got, want in zip(gm(fresh), model(fresh)):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert sum((standins.CALLS - before).values()) == 3
+    gm.graph.lint()

@@ -128,10 +128,50 @@ def _held_weight(gm, g, fx, name: str, key: tuple, make_nk):
     return g.call_function(torch.ops.aten.t.default, (g.get_attr(name),)), w_nk.t()
 
 
+def _batched(g, x, shape: tuple, lead: list):
+    """Operand `x` (of `shape`, rank 3 or more) as the batched GEMM reads it: its batch dims
+    broadcast to the output's (`lead`), then merged into one, [prod(lead), rows, cols] (a
+    view where the merged dims are evenly strided, else a copy)."""
+    aten = torch.ops.aten
+    if list(shape[:-2]) != lead:
+        x = g.call_function(aten.expand.default, (x, [*lead, *shape[-2:]]))
+    if len(lead) != 1:
+        x = g.call_function(aten.reshape.default, (x, [-1, *shape[-2:]]))
+    return x
+
+
+def _einsum_nodes(gm, g, shapes, r, impl, fx, index: int):
+    """An einsum that is one GEMM (attrs["einsum"], discovery.einsum.Lowering): each operand
+    permuted and reshaped to the GEMM's, the kernel, and its result reshaped and permuted to
+    the einsum's output; copied to a packed tensor where a reader views it in a way only a
+    packed one allows."""
+    aten = torch.ops.aten
+    low, ops = r.attrs["einsum"], r.operands
+    xs = []
+    for role in ("a", "b"):
+        x, how = fx(ops[role]), low[role]
+        if how["perm"] != sorted(how["perm"]):
+            x = g.call_function(aten.permute.default, (x, list(how["perm"])))
+        xs.append(g.call_function(aten.reshape.default, (x, list(how["shape"]))))
+    y = _gemm_call(gm, g, fx, impl, xs[0], xs[1], None, None, None, 1.0, 0.0, index)
+    y = g.call_function(aten.view.default, (y, list(low["out_shape"])))
+    perm = list(low["out_perm"])
+    if perm != sorted(perm):
+        y = g.call_function(aten.permute.default, (y, perm))
+        meta = torch.empty(low["out_shape"], device="meta").permute(perm)
+        if any(u.op == "call_function" and u.target is aten.view.default and not _views(meta, u.args[1])
+               for u in fx(r.output).users):
+            y = g.call_function(aten.clone.default, (y,), {"memory_format": torch.contiguous_format})
+    return y
+
+
 def _gemm_nodes(gm, g, shapes, r, impl, fx, index: int):
-    """FX nodes computing region `r` with a GEMM kernel op; returns the node of its result."""
+    """FX nodes computing region `r` with a GEMM kernel op; returns the node of its result.
+    Operands of rank 4 and more are the batched 3-D GEMM over their merged batch dims."""
     aten = torch.ops.aten
     ops, attrs = r.operands, r.attrs
+    if attrs.get("einsum"):
+        return _einsum_nodes(gm, g, shapes, r, impl, fx, index)
     a, b = fx(ops["a"]), fx(ops["b"])
     weight = _attr_tensor(gm, b.target) if b.op == "get_attr" else None
     sa, sb, sout = shapes.get(ops["a"]), shapes.get(ops["b"]), shapes.get(r.output)
@@ -151,11 +191,20 @@ def _gemm_nodes(gm, g, shapes, r, impl, fx, index: int):
             b, weight = _held_weight(gm, g, fx, f"_factdb_wt_{index}", ("t", _ident(w)),
                                      lambda: w.detach().t().contiguous())
     k = sa[-1]
+    if len(sa) < 2 or len(sb) < 2:
+        raise ComposeError(f"region {r.rule} at `{r.output}`: a vector operand (ranks {len(sa)} and {len(sb)})")
     flatten = len(sb) == 2 and len(sa) != 2  # (..., K) @ (K, N): one 2-D GEMM over the leading dims
-    if len(sa) > 3 or (len(sb) == 3 and len(sa) not in (2, 3)):
-        raise ComposeError(f"region {r.rule} at `{r.output}`: operands of rank {len(sa)} and {len(sb)}")
+    # A batch of GEMMs: operands of rank 3 and more broadcast to the output's batch dims and
+    # merged into one ([B, H, T, D] @ [B, H, D, T] as [B*H, T, D] @ [B*H, D, T]), the result viewed back.
+    batched = not flatten and len(sout) > 3 or (len(sa) == len(sb) == 3 and sa[0] != sb[0])
     if flatten:
         a = g.call_function(aten.reshape.default, (a, [-1, k]))
+    elif batched:
+        lead = list(sout[:-2])
+        if len(sa) >= 3:
+            a = _batched(g, a, sa, lead)
+        if len(sb) >= 3:
+            b = _batched(g, b, sb, lead)
     bias = fx(ops.get("bias"))
     epi = spec.get("epilogue", "none")
     if bias is None and (epi.startswith("bias") or epi == "residual"):
@@ -182,11 +231,13 @@ def _gemm_nodes(gm, g, shapes, r, impl, fx, index: int):
     c = fx(ops.get("c"))
     if c is not None and two_d:
         c = g.call_function(aten.reshape.default, (c, [-1, n]))
+    elif c is not None and batched:
+        c = g.call_function(aten.reshape.default, (c, [-1, *sout[-2:]]))
     if weight is not None and len(sb) != 2:
         weight = None  # a batched constant B: split per call
     y = _gemm_call(gm, g, fx, impl, a, b, (weight.t() if nk else weight) if weight is not None else None, bias, c,
                    alpha, beta if c is not None else 0.0, index)
-    if two_d:
+    if two_d or batched:
         y = g.call_function(aten.view.default, (y, list(sout)))
     return y
 
@@ -319,25 +370,52 @@ def _norm_nodes(gm, g, shapes, r, impl, fx, index: int):
     """Residual add + norm (template add_norm): `impl.op(x, r, weight, bias) -> (y, s)`. Where
     the region exposes the sum (attrs["sum"]), its uses outside the region read s instead, so
     the add is erased; the op goes right after the add, where x, r and the sum's readers
-    are all in order."""
+    are all in order. A norm over several trailing dims (attrs["normalized"]) runs on rows of
+    their product; a weightless one gets a weight of ones."""
     import operator
+    aten = torch.ops.aten
     ops, attrs = r.operands, r.attrs
-    if "x" not in ops or "weight" not in ops:
-        raise ComposeError(f"region {r.rule} at `{r.output}`: no x or weight operand")
+    if "x" not in ops:
+        raise ComposeError(f"region {r.rule} at `{r.output}`: no x operand")
     total = attrs.get("sum") or ""
     anchor = fx(total) if total else None
     region = set(r.nodes)
     ctx = g.inserting_after(anchor) if anchor is not None else g.inserting_before(fx(r.output))
+    sx = shapes.get(ops["x"])
+    nd = int(attrs.get("normalized", 1) or 1)
+    if sx is None:
+        raise ComposeError(f"region {r.rule} at `{r.output}`: the input's shape is unknown")
+    width = math.prod(sx[-nd:])
+
+    def rows(name):
+        """Operand `name`, a norm over several trailing dims being one over their product:
+        x and the residual as rows of `width`, the weight and bias flattened alike."""
+        v = fx(ops[name]) if name in ops else None
+        if v is None or nd == 1:
+            return v
+        return g.call_function(aten.reshape.default, (v, [*sx[:-nd], width] if name in ("x", "res") else [width]))
+
+    def whole(node):
+        return g.call_function(aten.view.default, (node, list(sx))) if nd > 1 else node
+
     with ctx:
-        call = g.call_function(impl.op, (fx(ops["x"]), fx(ops["res"]) if "res" in ops else None, fx(ops["weight"]),
-                                         fx(ops["bias"]) if "bias" in ops else None))
+        x = rows("x")
+        weight = rows("weight")
+        if weight is None:  # a weightless norm: ones, made per call (no device is known here to hold them on)
+            weight = g.call_function(aten.new_ones.default, (x, [width]))
+        call = g.call_function(impl.op, (x, rows("res"), weight, rows("bias")))
     with g.inserting_after(call):
         y = g.call_function(operator.getitem, (call, 0))
-        if anchor is not None:
+    with g.inserting_after(y):
+        y = whole(y)
+    if anchor is not None:
+        with g.inserting_after(y):
             s = g.call_function(operator.getitem, (call, 1))
-            for u in list(anchor.users):
-                if u is not call and u.name not in region:
-                    u.replace_input_with(anchor, s)
+        with g.inserting_after(s):
+            s = whole(s)
+        for u in list(anchor.users):
+            if u is not call and u.name not in region:
+                u.replace_input_with(anchor, s)
     return y
 
 

@@ -12,6 +12,8 @@ from functools import lru_cache
 
 import torch
 
+from fact_db.discovery import einsum
+
 # Ops that move no data or only re-describe it. The matcher may look through them between
 # two pattern nodes, and they count as part of the region that consumes them.
 VIEW_OPS = frozenset({
@@ -139,12 +141,53 @@ def layout(node) -> str:
     return "strided"
 
 
+def batched_layout(node) -> str:
+    """The layout of an operand of rank 4 or more as the batched GEMM reads it: its leading
+    dimensions merged into one batch (`x.reshape(-1, rows, cols)`). Where they cannot merge
+    without a copy (a [B, T, H, D] tensor transposed to [B, H, T, D]), the copy is row-major."""
+    if node.shape is None or len(node.shape) <= 3 or node.stride is None:
+        return layout(node)
+    x = torch.empty_strided(node.shape, node.stride, device="meta")
+    try:
+        x.view(-1, *node.shape[-2:])
+    except RuntimeError:
+        return "row"
+    return layout(node)
+
+
+def einsum_lowering(node):
+    """(einsum.Lowering, "") of an `aten.einsum` node that is one GEMM or batched GEMM, else
+    (None, why not)."""
+    ops = node.args[1] if len(node.args) > 1 and isinstance(node.args[1], (list, tuple)) else []
+    if not ops or any(getattr(x, "shape", None) is None for x in ops):
+        return None, "its operands' shapes are unknown"
+    return einsum.lower(str(node.args[0]), [x.shape for x in ops], [x.stride for x in ops])
+
+
+def gemm_operands(node) -> tuple | None:
+    """(A, B): the two multiplied operands of a GEMM-like node (an einsum that is one GEMM
+    included), else None."""
+    if node.op == "aten.einsum":
+        return tuple(node.args[1]) if einsum_lowering(node)[0] is not None else None
+    if node.op not in GEMM_OPERANDS:
+        return None
+    ia, ib = GEMM_OPERANDS[node.op]
+    return node.args[ia], node.args[ib]
+
+
 def gemm_problem(node) -> dict | None:
     """M, N, K, batch and operand layouts of a GEMM-like node, or None for other ops.
 
     Layouts are of the logical operands A (M x K) and B (K x N): nn.Linear's weight is
-    stored N x K row-major, which is B in column-major.
+    stored N x K row-major, which is B in column-major. An einsum that is one GEMM is read
+    as that GEMM (discovery.einsum); operands of rank 4 or more as the batched 3-D GEMM
+    they are.
     """
+    if node.op == "aten.einsum":
+        low, _ = einsum_lowering(node)
+        if low is None:
+            return None
+        return {**low.problem, "layout_a": low.a.layout, "layout_b": low.b.layout}
     if node.op not in GEMM_OPERANDS:
         return None
     ia, ib = GEMM_OPERANDS[node.op]
@@ -173,4 +216,4 @@ def gemm_problem(node) -> dict | None:
         batch = 1
         for s in out[:-2]:
             batch *= s
-    return {"M": M, "N": N, "K": K, "batch": batch, "layout_a": layout(a), "layout_b": layout(b)}
+    return {"M": M, "N": N, "K": K, "batch": batch, "layout_a": batched_layout(a), "layout_b": batched_layout(b)}

@@ -20,7 +20,31 @@ from fact_db.discovery.match import GroupMatch, match_all, select
 from fact_db.discovery.rules import RuleSet, load_rules
 from fact_db.discovery.trace import Graph, load_problem, trace_module, trace_problem
 
-HEAVY_OPS = frozenset(aten.GEMM_OPERANDS) | {"aten.scaled_dot_product_attention", "aten.convolution", "aten.conv2d"}
+# Ops worth a kernel of their own: every one no region covers is listed as uncovered, however
+# small its share. Any other op is listed when its own estimate is at least SHARE_FLOOR of
+# the model's and more than a launch of work (in a small model every op is a large share of
+# launches, which CUDA graphs take care of, not a kernel); the rest of what no region covers
+# is summed up (Report.rest).
+HEAVY_OPS = (frozenset(aten.GEMM_OPERANDS) | roofline.CONV_OPS | roofline.CONV_TRANSPOSE_OPS
+             | frozenset(roofline.RECURRENT_OPS)
+             | {"aten.scaled_dot_product_attention", "aten.einsum", "aten.cumsum", "aten.cumprod", "aten.logcumsumexp"})
+SHARE_FLOOR = 0.05
+
+
+@dataclass
+class Uncovered:
+    """An op no region covers: why, and its share of the model's estimated eager time (None
+    where discovery cannot see inside it: a higher-order op it does not follow)."""
+
+    node: str
+    op: str
+    reason: str
+    share: float | None = None
+    est_s: float | None = None
+    source: str | None = None
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
 
 
 @dataclass
@@ -66,13 +90,15 @@ class Report:
     policy: str
     regions: list
     misses: dict  # rule id -> NoMatch, for rules that matched nowhere
-    uncovered: list  # (node name, op, reason) for heavy ops no region covers
+    uncovered: list  # Uncovered: heavy ops no region covers, and any other op of a large share
     eager_s: float
     trace_s: float
     match_s: float
     partial: bool = False
     note: str = ""
     n_ops: int = 0
+    # What no region covers and `uncovered` does not list: {"ops": count, "share", "est_s"}.
+    rest: dict = field(default_factory=lambda: {"ops": 0, "share": 0.0, "est_s": 0.0})
     graph: Graph | None = field(default=None, repr=False)  # the traced graph; graph.program is the ExportedProgram
 
     def as_dict(self) -> dict:
@@ -81,7 +107,7 @@ class Report:
             "partial": self.partial, "note": self.note, "ops": self.n_ops,
             "est_eager_s": self.eager_s, "trace_s": self.trace_s, "match_s": self.match_s,
             "regions": [r.as_dict() for r in self.regions],
-            "uncovered": [{"node": n, "op": op, "reason": why} for n, op, why in self.uncovered],
+            "uncovered": [u.as_dict() for u in self.uncovered], "uncovered_rest": dict(self.rest),
             "misses": {rid: {"reason": m.reason, "nearest": m.node.name if m and m.node is not None else None,
                              "source": m.node.source if m and m.node is not None else None}
                        for rid, m in self.misses.items()},
@@ -205,23 +231,23 @@ def _operands(m, template: str) -> tuple[dict, dict, str]:
     comp = m.compute_nodes
     out_shape = m.output.shape
     if template.startswith("gemm"):
-        g = next((n for n in comp if n.op in aten.GEMM_OPERANDS), None)
+        g = next((n for n in comp if aten.gemm_operands(n) is not None), None)
         if g is None:
             return {}, {}, "no GEMM node in the region"
-        ia, ib = aten.GEMM_OPERANDS[g.op]
-        a, b = g.args[ia], g.args[ib]
+        a, b = aten.gemm_operands(g)
         ops = {"a": _name(a), "b": _name(b)}
         attrs = {"b_layout": "nk" if g.op == "aten.linear" else "kn"}
-        if getattr(b, "op", None) in ("parameter", "constant") and len(b.shape or ()) == 2:
+        if g.op == "aten.einsum":
+            # How composition lowers it to the GEMM: each operand permuted and reshaped, the result back.
+            attrs["einsum"] = aten.einsum_lowering(g)[0].as_dict()
+        elif getattr(b, "op", None) in ("parameter", "constant") and len(b.shape or ()) == 2:
             attrs["b_weight"] = True  # B is the same on every call: composition may hold it in another layout
         why = ""
         if not (hasattr(a, "shape") and hasattr(b, "shape")) or a.shape is None or b.shape is None:
             return ops, attrs, "an operand has no known shape"
-        if g.op == "aten.linear":
-            if len(b.shape) != 2:
-                why = f"Linear weight of rank {len(b.shape)}"
-        elif len(b.shape) > 3 or len(a.shape) > 3:
-            why = f"operands of rank {len(a.shape)} and {len(b.shape)} (the kernels take 2-D or 3-D operands)"
+        # Operands of rank 4 and more are the batched GEMM over their merged leading dims (compose).
+        if g.op == "aten.linear" and len(b.shape) != 2:
+            why = f"Linear weight of rank {len(b.shape)}"
         # The other tensors the region reads: a bias (rank 1) and a residual (the output's shape).
         for x in m.inputs:
             if x is a or x is b or x.shape is None:
@@ -273,17 +299,21 @@ def _operands(m, template: str) -> tuple[dict, dict, str]:
     if template in ("layernorm", "rmsnorm"):
         out = m.output
         ops, attrs = {}, {}
+        # `normalized`: how many trailing dimensions the norm is over (one norm over their
+        # product); `dim`: the one dimension a hand-written norm reduces, as a negative index.
         if out.op == "aten.layer_norm":
             ops = {"x": _name(out.args[0]), "weight": _name(out.arg("weight")), "bias": _name(out.arg("bias"))}
-            attrs = {"eps": out.arg("eps", 1e-5)}
+            attrs = {"eps": out.arg("eps", 1e-5), "normalized": len(out.arg("normalized_shape") or [0])}
         elif out.op == "aten.rms_norm":
             ops = {"x": _name(out.args[0]), "weight": _name(out.arg("weight"))}
-            attrs = {"eps": out.arg("eps")}
+            attrs = {"eps": out.arg("eps"), "normalized": len(out.arg("normalized_shape") or [0])}
         else:
             x, w = m.captures.get("x"), m.captures.get("weight")
-            eps_node = m.bindings.get("eps")
+            eps_node, ms = m.bindings.get("eps"), m.bindings.get("ms")
             ops = {"x": _name(x), "weight": _name(w)}
-            attrs = {"eps": eps_node.args[1] if eps_node is not None and len(eps_node.args) > 1 else None}
+            dims = list(ms.arg("dim") or []) if ms is not None else [-1]
+            attrs = {"eps": eps_node.args[1] if eps_node is not None and len(eps_node.args) > 1 else None,
+                     "dim": dims[0] if len(dims) == 1 else dims}
         return {k: v for k, v in ops.items() if v}, attrs, ""
     if template == "add_norm":  # residual add + norm (rules/norm/add-layernorm.yaml)
         out, add = m.output, m.bindings.get("add")
@@ -340,19 +370,54 @@ def analyse(graph: Graph, rules: RuleSet, *, arch: str = "sm90", gpu: str | None
             sorted({n.dtype for n in m.compute_nodes if n.dtype and n.dtype != "bool"}), layouts, est,
             est.eager_s / total if total else 0.0, "miss", m.output.source, m.assumptions, lost,
             epilogue, operands, attrs, why))
+    uncovered, rest = _uncovered(graph, rules, regions, dev, policy, total)
+    return Report(graph.name, arch, dev.name, policy, regions, misses, uncovered, total, trace_s, match_s,
+                  graph.partial, graph.note, len(graph.calls()), graph=graph, rest=rest)
+
+
+def _uncovered(graph: Graph, rules: RuleSet, regions: list, dev, policy: str, total: float) -> tuple[list, dict]:
+    """(Uncovered entries, the rest) of the ops no region covers: every heavy op, and any
+    other op whose estimate is at least SHARE_FLOOR of `total` and at least two launches,
+    largest share first; then the calls discovery could not look inside. The rest sums what
+    is left."""
     covered = {n for r in regions for n in r.nodes}
     all_dtypes = {d for r in rules for p in r.patterns for d in p.dtypes}
-    uncovered = []
+    named = {op for r in rules for p in r.patterns for pn in p.nodes.values() for op, _ in pn.ops}
+    out, rest = [], {"ops": 0, "share": 0.0, "est_s": 0.0}
     for n in graph.calls():
-        if n.op in HEAVY_OPS and n.name not in covered:
-            if n.dtype not in all_dtypes:
-                why = f"dtype {n.dtype} is not covered by any rule (rules cover {', '.join(sorted(all_dtypes))}); it stays in eager PyTorch"
-            else:
-                why = "no rule matched it; run with --explain to see each rule's reason"
-            uncovered.append((n.name, n.op, why))
-    uncovered.extend(getattr(graph, "opaque", None) or [])
-    return Report(graph.name, arch, dev.name, policy, regions, misses, uncovered, total, trace_s, match_s,
-                  graph.partial, graph.note, len(graph.calls()), graph)
+        if n.name in covered:
+            continue
+        t = roofline.node_time(n, dev, policy)
+        share = t / total if total else 0.0
+        if n.op not in HEAVY_OPS and (share < SHARE_FLOOR or t < 2 * dev.launch_s):
+            if t > 0:
+                rest["ops"] += 1
+                rest["share"] += share
+                rest["est_s"] += t
+            continue
+        out.append(Uncovered(n.name, n.op, _why_uncovered(n, all_dtypes, named), share, t, n.source))
+    out.sort(key=lambda u: -u.share)
+    out.extend(Uncovered(name, op, why) for name, op, why in getattr(graph, "opaque", None) or [])
+    return out, rest
+
+
+def _why_uncovered(n, all_dtypes: set, named: set) -> str:
+    """Why no region covers node `n`, in one sentence."""
+    dtype = roofline.node_dtype(n)
+    if n.op == "aten.einsum":
+        low, why = aten.einsum_lowering(n)
+        if low is None:
+            return f"not one GEMM: {why}; it stays in eager PyTorch"
+    if dtype not in all_dtypes:
+        return (f"dtype {dtype} is not covered by any rule (rules cover {', '.join(sorted(all_dtypes))}); "
+                "it stays in eager PyTorch")
+    if n.op not in named:
+        kind = ("convolutions have" if n.op in roofline.CONV_OPS | roofline.CONV_TRANSPOSE_OPS else
+                "recurrent layers have" if n.op in roofline.RECURRENT_OPS else "")
+        if kind:
+            return f"no rule matches {n.op}: {kind} no kernel family yet; eager PyTorch (cuDNN) runs it"
+        return f"no rule matches {n.op}; it stays in eager PyTorch"
+    return "no rule matched it; run with --explain to see each rule's reason"
 
 
 def discover_problem(spec: str, *, arch: str = "sm90", gpu: str | None = None, policy: str = "fp32",

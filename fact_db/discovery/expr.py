@@ -39,6 +39,7 @@ def _prod(xs):
 FUNCTIONS = {
     "min": min, "max": max, "abs": abs, "len": len, "prod": _prod, "all": all, "any": any,
     "is_tril": None,  # resolved by the caller's environment (needs tensor values)
+    "is_gemm": None,  # resolved by the caller's environment (reads the node's GEMM form)
     "isclose": lambda a, b, rtol=1e-4: math.isclose(a, b, rel_tol=rtol),
 }
 

@@ -303,9 +303,10 @@ def _env(rule, p: Pattern, bound: dict, caps: dict) -> dict:
     for name, n in bound.items():
         if "/" not in name:
             env[name] = TensorView(n)
-    for name in set().union(*(q.captures() for q in getattr(rule, "patterns", [p]))):
-        if "/" not in name:
-            env[name] = None  # a capture of another alternative: absent here
+    for q in getattr(rule, "patterns", [p]):
+        for name in q.captures() | set(q.nodes):
+            if "/" not in name and name not in bound:
+                env[name] = None  # a capture or node of another alternative: absent here
     for name, v in caps.items():
         if "/" not in name:
             env[name] = TensorView(v)
@@ -359,6 +360,21 @@ def _post_checks(p: Pattern, st: _State, root: Node, rule) -> tuple:
                 return True
             return False
         env["is_tril"] = is_tril
+        reasons = []
+
+        def is_gemm(view):
+            """True when the node is one GEMM or batched GEMM (an einsum that lowers to one
+            included); else False, and the reason goes into the failure message."""
+            n = view._v if isinstance(view, TensorView) else None
+            if not isinstance(n, Node):
+                reasons.append("not a graph node")
+                return False
+            if aten.gemm_problem(n) is not None:
+                return True
+            why = aten.einsum_lowering(n)[1] if n.op == "aten.einsum" else f"{n.op} is not a GEMM"
+            reasons.append(why)
+            return False
+        env["is_gemm"] = is_gemm
         for w in p.where:
             try:
                 ok = w.evaluate(env)
@@ -369,7 +385,8 @@ def _post_checks(p: Pattern, st: _State, root: Node, rule) -> tuple:
             if not ok:
                 shown = {k: v for k, v in env.items() if k in w.names and isinstance(v, (int, float))}
                 vals = ", ".join(f"{k}={v}" for k, v in sorted(shown.items()))
-                return None, f"`{w.source}` is false" + (f" ({vals})" if vals else "")
+                return None, f"`{w.source}` is false" + (f" ({vals})" if vals else "") + \
+                    (f": {'; '.join(reasons)}" if reasons else "")
     order = {id(n): i for i, n in enumerate(_graph_order(root))}
     return (sorted(set(region), key=lambda n: order.get(id(n), 0)), assumptions), None
 

@@ -49,7 +49,8 @@ def asks(report, rules) -> list:
     out = []
     if graph is not None:
         by_name = {n.name: n for n in graph.nodes}
-        for name, op, why in report.uncovered:
+        for u in report.uncovered:
+            name, why = u.node, u.reason
             n = by_name.get(name)
             chain, cur = [], n
             while cur is not None and len(chain) < 5:

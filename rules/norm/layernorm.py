@@ -1,4 +1,5 @@
-"""Fixture for layernorm: nn.LayerNorm / F.layer_norm over the last dim, against GroupNorm and multi-dim shapes."""
+"""Fixture for layernorm: nn.LayerNorm / F.layer_norm over the last dim or several trailing dims,
+against GroupNorm, RMSNorm and hand-written norms."""
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -78,8 +79,8 @@ class GroupNormModule(nn.Module):
         return (torch.randn(2, 32, 8),)
 
 
-# LayerNorm over the last two dimensions is not a per-row norm.
-# no-match: layernorm
+# LayerNorm over the last two dimensions: one norm over rows of 8 x 32 = 256 elements.
+# match: layernorm
 class LayerNormLastTwoDims(nn.Module):
     def __init__(self):
         super().__init__()
@@ -90,6 +91,33 @@ class LayerNormLastTwoDims(nn.Module):
 
     def example_inputs(self):
         return (torch.randn(2, 8, 32),)
+
+
+# match: layernorm
+class LayerNormChannelsAndImage(nn.Module):
+    """normalized_shape (C, H, W) over an image batch, as KernelBench L1-40 writes it."""
+
+    def __init__(self):
+        super().__init__()
+        self.ln = nn.LayerNorm((4, 6, 6))
+
+    def forward(self, x):
+        return self.ln(x)
+
+    def example_inputs(self):
+        return (torch.randn(2, 4, 6, 6),)
+
+
+# A norm over the channel dimension of NCHW written by hand (mean and var over dim 1) is not
+# aten.layer_norm: nothing here says it normalizes trailing dimensions.
+# no-match: layernorm
+class ChannelNormByHand(nn.Module):
+    def forward(self, x):
+        mu = x.mean(1, keepdim=True)
+        return (x - mu) / torch.sqrt(x.var(1, keepdim=True, unbiased=False) + 1e-5)
+
+    def example_inputs(self):
+        return (torch.randn(2, 4, 6, 6),)
 
 
 # RMSNorm does not subtract the mean: a different op (rmsnorm).

@@ -1,4 +1,5 @@
-"""Fixture for rmsnorm: nn.RMSNorm and the hand-written Llama form, against LayerNorm and wrong-axis near misses."""
+"""Fixture for rmsnorm: nn.RMSNorm, the hand-written Llama (rsqrt) form and the division form, with and
+without a weight, against LayerNorm and near misses (no square, no keepdim, sqrt as a factor, two dims)."""
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -85,8 +86,11 @@ class LayerNormModule(nn.Module):
         return (torch.randn(2, 8, 32),)
 
 
-# The mean of squares is taken over dim 0 (across rows), not the last dimension.
-# no-match: rmsnorm
+# The mean of squares is taken over dim 0 (across rows): the weight runs along the last
+# dimension, so it is not this norm's weight. x * rsqrt(...) alone is matched, a weightless
+# RMSNorm over dim 0 (which the norm family leaves eager: not a row norm); the product by
+# the weight stays outside the region.
+# match: rmsnorm
 class MeanOverFirstDim(nn.Module):
     def __init__(self):
         super().__init__()
@@ -128,8 +132,9 @@ class SqrtNotRsqrt(nn.Module):
         return (torch.randn(8, 32),)
 
 
-# The normalized activation is also returned, so it must be written: no fusion.
-# no-match: rmsnorm
+# The normalized activation is also returned, so it must be written: the weight's product
+# is not fused; the norm itself is matched, weightless, with its output read twice.
+# match: rmsnorm
 class NormalizedEscapes(nn.Module):
     def __init__(self):
         super().__init__()
@@ -165,18 +170,77 @@ class HfRms(nn.Module):
     def example_inputs(self): return (torch.randn(2, 8, 32),)
 
 
-# the 'weight' is a full activation, not a per-channel vector
-# no-match: rmsnorm
+# The 'weight' is a full activation, not a per-channel vector: the weightless norm is
+# matched and the product by y stays outside the region.
+# match: rmsnorm
 class RmsTimesActivation(nn.Module):
     def forward(self, x, y):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * y
     def example_inputs(self): return (torch.randn(2, 8, 32), torch.randn(2, 8, 32))
 
 
-# weightless RMSNorm is not covered yet (the rule needs a per-channel weight)
-# no-match: rmsnorm
+# Weightless nn.RMSNorm: aten.rms_norm without a weight.
+# match: rmsnorm
 class RmsNoWeightOp(nn.Module):
     def __init__(self):
         super().__init__(); self.n = nn.RMSNorm(32, elementwise_affine=False)
     def forward(self, x): return self.n(x)
     def example_inputs(self): return (torch.randn(2, 8, 32),)
+
+
+# match: rmsnorm
+class DividedChannelNorm(nn.Module):
+    """KernelBench L1-36's form: x / sqrt(mean(x ** 2, dim=1) + eps) over the channels of NCHW,
+    no weight (matched over dim 1; the norm family leaves it eager: not the last dimension)."""
+
+    def forward(self, x):
+        rms = torch.sqrt(torch.mean(x ** 2, dim=1, keepdim=True) + 1e-5)
+        return x / rms
+
+    def example_inputs(self):
+        return (torch.rand(2, 4, 6, 6),)
+
+
+# match: rmsnorm
+class DividedLastDimWeighted(nn.Module):
+    """The division form over the last dimension with a per-channel weight."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(32))
+
+    def forward(self, x):
+        return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
+
+    def example_inputs(self):
+        return (torch.randn(2, 8, 32),)
+
+
+# The mean of x, not of its square: not a root mean square.
+# no-match: rmsnorm
+class DividedByMeanNotSquare(nn.Module):
+    def forward(self, x):
+        return x / torch.sqrt(x.mean(-1, keepdim=True) + 1e-6)
+
+    def example_inputs(self):
+        return (torch.rand(8, 32),)
+
+
+# The mean of squares over two dimensions at once is not matched (a norm over one dimension).
+# no-match: rmsnorm
+class DividedOverTwoDims(nn.Module):
+    def forward(self, x):
+        return x / torch.sqrt((x ** 2).mean((-2, -1), keepdim=True) + 1e-6)
+
+    def example_inputs(self):
+        return (torch.randn(2, 8, 32),)
+
+
+# x divided by the RMS of another tensor y: a scale, not a norm of x.
+# no-match: rmsnorm
+class DividedByOthersRms(nn.Module):
+    def forward(self, x, y):
+        return x / torch.sqrt(y.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+    def example_inputs(self):
+        return (torch.randn(8, 32), torch.randn(8, 32))

@@ -59,6 +59,8 @@ def plan_region(region, policy: str) -> tuple[GemmWorkload | None, str]:
     # weights: keyed as that GEMM (the rule its epilogue implies), so the registry's rows
     # for the shape serve it and what is tuned for it serves them.
     rule = "gemm" if r.attrs.get("members") else r.rule
+    if r.attrs.get("einsum"):  # an einsum lowered to a GEMM is keyed as the GEMM it is
+        rule = "gemm" if p.get("batch", 1) == 1 else "batched-gemm"
     note = ""
     if lb == "row" and r.attrs.get("b_weight") and POLICY_DTYPE[policy] == "float32" and p.get("batch", 1) == 1:
         # A K x N weight (GPT-2's Conv1D, `x @ W`): the float32 kernels read B K-major (TF32

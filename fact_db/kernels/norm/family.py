@@ -1,5 +1,6 @@
-"""The norm family (fact_db.kernels.family): LayerNorm and RMSNorm over the last dimension,
-with the residual add before them fused in; eager always among the candidates.
+"""The norm family (fact_db.kernels.family): LayerNorm and RMSNorm over the last dimension (or
+the flattened trailing ones), with the residual add before them fused in; eager always among
+the candidates.
 
     >>> w, note = workload(region, graph, "fp32")      # a NormWorkload from a norm region
     >>> out = realize(w, region, Context(registry=reg))
@@ -21,24 +22,41 @@ TEMPLATES = {"add_norm", "layernorm", "rmsnorm"}
 
 def workload(region, graph, policy: str):
     """The NormWorkload of a LayerNorm / RMSNorm region, with or without the residual add
-    before it ((None, why) when the region has none: an eps that is not a constant, a weight
-    that is not one value per channel, a dtype the template does not take); None for a region
-    of another family."""
+    before it; (None, why) where the region is a norm the add_norm kernel cannot take (an eps
+    that is not a constant, a norm over a dimension other than the last ones, a weight that
+    is not one value per normalized element, a row too long to hold in registers, a dtype
+    the template does not take); None for a region of another family.
+
+    A norm over several trailing dimensions (attrs["normalized"], LayerNorm((C, H, W))) is one
+    norm over rows of their product; a norm without a weight gets ones from composition."""
     from math import prod
     if region.template not in TEMPLATES:
         return None
     ops, attrs = region.operands, region.attrs
-    if "x" not in ops or "weight" not in ops:
-        return None, "norm operands unknown (no input or no weight: a weightless norm stays eager)"
+    if "x" not in ops:
+        return None, "norm input unknown"
     eps = attrs.get("eps")
     if isinstance(eps, bool) or not isinstance(eps, (int, float)):
         return None, "the norm's eps is not a constant"
     try:
-        x, wt = graph[ops["x"]], graph[ops["weight"]]
+        x = graph[ops["x"]]
+        wt = graph[ops["weight"]] if "weight" in ops else None
+        bias = graph[ops["bias"]] if "bias" in ops else None
     except (KeyError, TypeError):
         return None, "norm operand shapes unknown"
-    if not x.shape or wt.shape != (x.shape[-1],):
-        return None, f"norm over {x.shape} with a weight of shape {wt.shape}: one weight per channel needed"
+    if not x.shape:
+        return None, "norm input shape unknown"
+    dim = attrs.get("dim", -1)
+    if dim != -1:
+        shown = dim + len(x.shape) if isinstance(dim, int) else dim
+        return None, (f"a norm over dim {shown} of {list(x.shape)}, not the last: the add_norm kernel normalizes "
+                      "contiguous rows, so eager runs it")
+    nd = int(attrs.get("normalized", 1) or 1)
+    inner = tuple(x.shape[-nd:])
+    for name, t in (("weight", wt), ("bias", bias)):
+        if t is not None and tuple(t.shape or ()) not in (inner, (prod(inner),)):
+            return None, (f"norm over {list(inner)} of {list(x.shape)} with a {name} of shape {list(t.shape or ())}: "
+                          f"one {name} per normalized element needed")
     # bf16/fp16 policies run the whole model in that dtype (compose.run_at_policy), whatever it was traced in.
     dtype = HALF_POLICIES.get(policy, x.dtype)
     if dtype not in ELEMENT:
@@ -51,11 +69,15 @@ def workload(region, graph, policy: str):
             return None, "the residual's shape is unknown"
     kind = attrs.get("kind") or ("rmsnorm" if region.template == "rmsnorm" else "layernorm")
     try:
-        w = NormWorkload(kind, rows=prod(x.shape[:-1]), width=x.shape[-1], residual="res" in ops,
+        w = NormWorkload(kind, rows=prod(x.shape[:-nd]), width=prod(inner), residual="res" in ops,
                          write_sum="res" in ops and bool(attrs.get("sum")), eps=float(eps), dtype=dtype,
                          policy=policy, has_bias="bias" in ops)
     except NormError as e:
         return None, str(e)
+    from fact_db.kernels.norm.tune import MAX_ROW_VALUES, candidates
+    if not candidates(w):
+        return None, (f"rows of {w.width} elements: the add_norm kernel holds a row in registers, at most "
+                      f"{MAX_ROW_VALUES} {dtype} values, so eager runs it")
     return w, ""
 
 

@@ -36,15 +36,21 @@ def render(w: NormWorkload, c: NormCandidate) -> str:
     return template.render(TEMPLATE, params(w, c))
 
 
+MAX_THREADS = 1024           # per CTA, the template's limit
+MAX_VALUES = 64              # of the row per thread, in registers
+CTA_THREADS = (64, 512)      # the threads per CTA `candidates` tries
+MAX_ROW_VALUES = CTA_THREADS[1] * MAX_VALUES  # the longest row any candidate holds
+
+
 def valid(w: NormWorkload, c: NormCandidate) -> bool:
     """The template's static limits (see kernels_cpp/add_norm.cu.j2), checked before a build."""
     size = {"float32": 4, "bfloat16": 2, "float16": 2}[w.dtype]
-    if w.width % c.vec or c.vec * size > 16 or c.threads * c.rows_per_cta > 1024:
+    if w.width % c.vec or c.vec * size > 16 or c.threads * c.rows_per_cta > MAX_THREADS:
         return False
     if not ((c.threads <= 32 and 32 % c.threads == 0) or c.threads % 32 == 0):
         return False
     items = -(-(w.width // c.vec) // c.threads)
-    if items > 64 or items * c.vec > 64:  # registers: at most 64 floats of the row per thread
+    if items > MAX_VALUES or items * c.vec > MAX_VALUES:  # registers: at most 64 floats of the row per thread
         return False
     return (w.width // c.vec) >= c.threads // 2  # no thread group more than half idle
 
@@ -60,7 +66,7 @@ def candidates(w: NormWorkload, limit: int = 12) -> list[NormCandidate]:
         for threads in (32, 64, 128, 256, 512, 1024, 16, 8):
             for rows in (1, 2, 4, 8, 16):
                 c = NormCandidate(threads, vec, rows)
-                if not valid(w, c) or not 64 <= threads * rows <= 512:
+                if not valid(w, c) or not CTA_THREADS[0] <= threads * rows <= CTA_THREADS[1]:
                     continue
                 out.append(c)
     seen, uniq = set(), []
