@@ -47,15 +47,24 @@ def realize_problem(problem: str, *, policy: str = "tf32", arch: str = "sm90a", 
     region. Returns (report, [(Planned, TuneResult | None)]).
 
     Regions with the same workload (a Llama block's K and V projections) are tuned once and
-    share the result; `on_result(planned, result)` is called as each region is done, in order.
+    share the result; `on_result(planned, result)` is called as each region is done, in order
+    (with a team registry, in the order they are done: hosts running this at once divide the
+    regions between them, each taking first those no other host holds).
     """
     from fact_db.discovery.discover import discover_problem
-    from fact_db.kernels.gemm.tune import tune
+    from fact_db.kernels.gemm.tune import tune, with_rule
     report = discover_problem(problem, arch="sm90", policy=policy, rules=rules)
-    results = []
+    planned = plan(report, policy)
+    results: list = [None] * len(planned)
     done: dict[GemmWorkload, tuple[int, object]] = {}
-    for i, p in enumerate(plan(report, policy)):
-        r = None
+    gpu = tune_kw.get("gpu") or "h100"
+
+    def lease_key(i):
+        w = planned[i].workload
+        return None if w is None or w in done else with_rule(w).key(arch, gpu)
+    team = registry is not None and registry.coordinated
+    for i in lease.each(range(len(planned)), lease_key, registry.claim) if team else range(len(planned)):
+        p, r = planned[i], None
         if p.workload is not None:
             if p.workload in done:
                 j, r = done[p.workload]
@@ -64,7 +73,7 @@ def realize_problem(problem: str, *, policy: str = "tf32", arch: str = "sm90a", 
             else:
                 r = tune(p.workload, arch=arch, registry=registry, **tune_kw)
                 done[p.workload] = (i, r)
-        results.append((p, r))
+        results[i] = (p, r)
         if on_result is not None:
             on_result(p, r)
     return report, results

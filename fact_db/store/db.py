@@ -1,8 +1,9 @@
 """The fact-db database: where it is, opening it safely, locking, and numbered migrations.
 
-One file holds the registry (tables `factdb_meta`, `kernels`, `trials`, `rules`, `leases`, `outbox`,
-`examples`; fact_db.store.migrations creates and upgrades them) and the index (tables named `index_*`, owned by fact_db.store.index; the checks
-and migrations here tolerate them and never touch them).
+One file holds the registry (tables `factdb_meta`, `kernels`, `trials`, `rules`, `examples`,
+`leases`, `outbox`; fact_db.store.migrations creates and upgrades them) and the index (tables
+named `index_*`, owned by fact_db.store.index; the checks and migrations here tolerate them and
+never touch them).
 
     >>> db = Database.open("memory")             # or None: $FACTDB_DB, else $FACTDB_HOME/fact.duckdb
     >>> with db.begin() as conn:                 # a short transaction on a short connection
