@@ -63,6 +63,8 @@ for m, n, k in shapes:
     r = tune_mod.tune(w, registry=reg, runner=stand_in_timer, gpu="h100", max_candidates=4, progress=False)
     print(json.dumps({"digest": current, "from_registry": r.from_registry, "notes": r.notes}), flush=True)
 if os.environ.get("HOST_SYNC") == "1":
+    print("done", flush=True)
+    sys.stdin.readline()   # every host is done: pull what the others tuned
     print("sync", json.dumps(reg.sync().as_dict()), flush=True)
 reg.close()
 """
@@ -74,14 +76,28 @@ def start_host(url, home, log, shapes, name, *, slow=0.2, sync=True, ttl=3.0):
     env.pop("FACTDB_CACHE", None)
     env.pop("FACTDB_DB", None)
     p = subprocess.Popen([sys.executable, "-c", HOST, url, name, str(log), json.dumps(shapes)], env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     p.lines = []
     p.reader = threading.Thread(target=lambda: p.lines.extend(iter(p.stdout.readline, "")), daemon=True)
     p.reader.start()
     return p
 
 
+def release(hosts, timeout=300):
+    """Wait until every host has tuned its list, then let them all sync."""
+    deadline = time.monotonic() + timeout
+    for p in hosts:
+        while "done\n" not in p.lines:
+            assert p.poll() is None and time.monotonic() < deadline, p.stderr.read()[-3000:]
+            time.sleep(0.05)
+    for p in hosts:
+        p.stdin.write("go\n")
+        p.stdin.flush()
+
+
 def finish(p, timeout=300):
+    if p.stdin:
+        p.stdin.close()
     try:
         err = p.stderr.read() if p.wait(timeout) is not None else ""
     except subprocess.TimeoutExpired:
@@ -132,6 +148,7 @@ def test_four_hosts_tune_twelve_workloads_each_exactly_once(pg, tmp_path):
     # host h tunes 9 of the 12, starting at 3h: every workload is wanted by three hosts
     plans = [[SHAPES[(3 * h + j) % 12] for j in range(9)] for h in range(4)]
     hosts = [start_host(url, tmp_path / f"home{h}", log, plans[h], f"host{h}") for h in range(4)]
+    release(hosts)
     outs = [finish(p)[0] for p in hosts]
     times = tuned(log)
     assert set(times) == digests(SHAPES) and set(times.values()) == {1}, times       # each timed exactly once
@@ -152,12 +169,12 @@ def test_a_host_killed_holding_a_lease_is_taken_over_after_it_expires(pg, tmp_pa
     log = tmp_path / "tuned.log"
     log.touch()
     shape = [SHAPES[0]]
-    a = start_host(url, tmp_path / "home-a", log, shape, "a", slow=120, ttl=2.0)
+    a = start_host(url, tmp_path / "home-a", log, shape, "a", slow=120, ttl=2.0, sync=False)
     deadline = time.monotonic() + 180
     while not any(line.startswith("tuning") for line in a.lines):
         assert a.poll() is None and time.monotonic() < deadline, a.stderr.read()[-3000:]
         time.sleep(0.1)
-    b = start_host(url, tmp_path / "home-b", log, shape, "b", slow=0.2, ttl=2.0)
+    b = start_host(url, tmp_path / "home-b", log, shape, "b", slow=0.2, ttl=2.0, sync=False)
     while not (tmp_path / "home-b" / "cache").is_dir():     # b is up and about to claim the workload a holds
         assert b.poll() is None and time.monotonic() < deadline, b.stderr.read()[-3000:]
         time.sleep(0.1)
