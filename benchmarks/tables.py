@@ -172,6 +172,22 @@ TABLES: dict[str, dict] = {
         ],
         "columns": [("measure", "{label}"), ("result", "{value}"), ("target", "{target}"), *_WHERE_CPU],
     },
+    "team-registry": {
+        "about": "a team registry: its local cache and its PostgreSQL server on loopback (`benchmarks/registry_shared_speed.py`)",
+        "files": ["team-registry-*.json"], "rows": "measures",
+        "measures": [
+            ("a lookup answered by the cache, its connection open from the call before (median)",
+             "cache_hit_ms.median", "msv", "targets.cache_hit_ms"),
+            ("the same, the cache's file opened again after 2 s idle (median)", "cache_hit_cold_ms.median", "msv", None),
+            ("a lookup answered by the server, loopback, pooled connection (median)", "server_hit_ms.median", "msv",
+             "targets.server_hit_ms"),
+            ("a cache miss answered by the server, the row written into the cache (median)", "cache_miss_ms.median",
+             "msv", None),
+            ("a put: merged in the server, copied into the cache (median)", "put_ms.median", "msv", None),
+            ("taking and releasing a lease (median)", "claim_ms.median", "msv", None),
+        ],
+        "columns": [("measure", "{label}"), ("result", "{value}"), ("target", "{target}"), *_WHERE_CPU],
+    },
     "registry-speed": {
         "about": "registry lookups with 100,000 rows (`benchmarks/registry_speed.py`)",
         "files": ["registry-*.json"], "rows": "measures",

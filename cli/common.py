@@ -127,6 +127,22 @@ def cli(debug):
       factdb rules list
     """
     Ctx.debug = debug
+    _plain_warnings()
+
+
+def _plain_warnings() -> None:
+    """fact-db's own warnings (a team registry's server away, ...) as one line on stderr, not
+    Python's file:line form."""
+    import warnings
+    shown = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if category.__module__.startswith("fact_db"):
+            click.echo(f"warning: {message}", err=True)
+        else:
+            shown(message, category, filename, lineno, file, line)
+    if getattr(shown, "__name__", "") != "show":
+        warnings.showwarning = show
 
 def open_registry(db: str | None, use: bool):
     if not use:

@@ -1,4 +1,4 @@
-"""`factdb registry ...`: list, show, export, import, revalidate and gc the kernel registry."""
+"""`factdb registry ...`: list, show, export, import, revalidate, gc, sync and status of the kernel registry."""
 from __future__ import annotations
 
 import json
@@ -281,3 +281,60 @@ def gc(days, dry_run, db_url, as_json):
         return
     verb = "would delete" if dry_run else "deleted"
     click.echo(f"{verb} {len(rep.kernels)} kernel rows and {rep.trials} orphan trials")
+
+
+@registry.command()
+@_db_option
+@_json_option
+@handle_errors
+def sync(db_url, as_json):
+    """Team registry: push the rows and trials this host's cache kept while the server was away,
+    then pull every row other hosts added or changed into the cache.
+
+    Pushed rows merge by key on the server and trials it already has are skipped, so a sync
+    repeated (or cut short and run again) stores nothing twice. Needs the server.
+
+    \b
+    Example:
+      FACTDB_DB=postgresql+psycopg://factdb@db.lab/factdb factdb registry sync
+    """
+    with _open(db_url) as reg:
+        rep = reg.sync()
+        where = reg.where
+    if as_json:
+        click.echo(jdump(rep.as_dict(), indent=2))
+        return
+    click.echo(f"{where}: pushed {rep.pushed} kernels and {rep.pushed_trials} trials; pulled {rep.pulled} kernels, "
+               f"removed {rep.removed}" + (f"; {rep.pending} still waiting" if rep.pending else ""))
+
+
+@registry.command()
+@_db_option
+@_json_option
+@handle_errors
+def status(db_url, as_json):
+    """Where the registry is and whether it answers: for a team registry the server (its
+    password masked), the local cache, the rows waiting there for the server, and the
+    workloads hosts are tuning now (their leases).
+
+    \b
+    Example:
+      factdb registry status --json
+    """
+    with _open(db_url) as reg:
+        st = reg.status()
+    if as_json:
+        click.echo(jdump(st, indent=2))
+        return
+    if st["kind"] != "team":
+        click.echo(f"registry: {st['where']} ({st['kind']}, schema {st['schema_version']}), {st['kernels']} kernels")
+    else:
+        state = "reachable" if st["reachable"] else f"UNREACHABLE ({st['error']})"
+        click.echo(f"server:  {st['server']}  {state}" + (f", {st['server_kernels']} kernels, schema "
+                                                          f"{st['schema_version']}" if st["reachable"] else ""))
+        click.echo(f"cache:   {st['cache']}  {st['cache_kernels']} kernels; waiting for the server: "
+                   f"{st['pending_kernels']} kernels, {st['pending_trials']} trials")
+    for lease in st.get("leases", []):
+        click.echo(_safe(f"tuning:  {lease['digest']} {lease['family']} on {lease['host']} (pid {lease['pid']}), "
+                         f"lease {lease['left_s']:.0f} s left"))
+

@@ -73,3 +73,30 @@ def traced():
             cache[name] = trace_problem(load_problem(str(PROBLEMS / f"{name}.py")))
         return cache[name]
     return get
+
+
+@pytest.fixture(scope="session")
+def pg():
+    """A PostgreSQL server of the session's own on 127.0.0.1 (tests/pg.py): tests marked
+    `postgres` use it, and skip where no PostgreSQL binaries are installed (fail with
+    FACTDB_TEST_POSTGRES=1, as CI sets)."""
+    import pg as pg_mod
+    if pg_mod.find_bin() is None:
+        why = ("no PostgreSQL server binaries (initdb, pg_ctl) found: install the distribution's postgresql "
+               "package, or point FACTDB_PG_BIN at its bin directory")
+        if os.environ.get("FACTDB_TEST_POSTGRES") == "1":
+            pytest.fail(why)
+        pytest.skip(why)
+    server = pg_mod.PgServer.start()
+    yield server
+    server.destroy()
+
+
+@pytest.fixture
+def own_pg(pg):
+    """A PostgreSQL server of this test's own, to stop and start (after `pg`, which skips where
+    there are no binaries)."""
+    import pg as pg_mod
+    server = pg_mod.PgServer.start()
+    yield server
+    server.destroy()

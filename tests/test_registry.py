@@ -89,9 +89,20 @@ SPEC = {"inputs": [{"name": "x", "kind": "input", "shape": [8, 64], "dtype": "fl
         "output": "relu", "out_shape": [8, 64], "policy": "fp32", "dtype": "float32", "nodes": ["add", "relu"]}
 
 
-@pytest.fixture
-def reg():
-    with Registry.memory() as r:
+BACKENDS = ["duckdb", pytest.param("postgres", marks=pytest.mark.postgres),
+            pytest.param("team", marks=pytest.mark.postgres)]
+
+
+@pytest.fixture(params=BACKENDS)
+def reg(request, tmp_path):
+    """The registry every test below runs against: in-memory DuckDB, a PostgreSQL schema of its
+    own (tests/pg.py), and a team registry (that server, read through a local DuckDB cache)."""
+    if request.param == "duckdb":
+        r = Registry.memory()
+    else:
+        url = request.getfixturevalue("pg").new_schema()
+        r = Registry.open(url, seed=False, cache=tmp_path / "cache.duckdb" if request.param == "team" else False)
+    with r:
         yield r
 
 
@@ -808,10 +819,16 @@ def test_default_database_is_created_under_factdb_home(monkeypatch, tmp_path):
         assert reg.count() == 1 and reg.where == str(tmp_path / "new" / "home" / "fact.duckdb")
 
 
-@pytest.mark.parametrize("backend", ["duckdb", "sqlite"])
-def test_file_backends_full_cycle(backend, tmp_path):
-    url = f"{backend}:///{tmp_path / ('r.' + backend)}"
-    with Registry.open(url, seed=False) as reg:
+def _url(backend, tmp_path, request, stem):
+    if backend == "postgres":
+        return request.getfixturevalue("pg").new_schema()
+    return f"{backend}:///{tmp_path / (stem + '.' + backend)}"
+
+
+@pytest.mark.parametrize("backend", ["duckdb", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_file_backends_full_cycle(backend, tmp_path, request):
+    url = _url(backend, tmp_path, request, "r")
+    with Registry.open(url, seed=False, cache=False) as reg:
         assert reg.put(make_rec(make_key(m=256)), **KW) == "inserted"
         assert reg.put(make_rec(make_key(m=256), time_ms=0.5), **KW) == "replaced"
         reg.add_trials([TrialRecord(key=make_key(m=256), template="gemm_sm90", config={}, status="timeout",
@@ -819,7 +836,7 @@ def test_file_backends_full_cycle(backend, tmp_path):
         with reg.pinned(write=True):
             reg.put(make_rec(make_key(m=512)), **KW)
             assert reg.lookup(make_key(m=512), **KW).exact
-    with Registry.open(url, seed=False) as reg:   # reopened: everything is there
+    with Registry.open(url, seed=False, cache=False) as reg:   # reopened: everything is there
         assert reg.lookup(make_key(m=256), **KW).record.time_ms == 0.5
         assert reg.lookup(make_key(m=384), **KW).record.key.m in (256, 512)
         assert reg.failed_configs(make_key(m=256), ENV, template_hashes=TH) == {R.config_hash({})}
@@ -827,10 +844,10 @@ def test_file_backends_full_cycle(backend, tmp_path):
         assert reg.count() == 2
 
 
-@pytest.mark.parametrize("backend", ["duckdb", "sqlite"])
-def test_migrated_schema_matches_the_models(backend, tmp_path):
-    url = f"{backend}:///{tmp_path / ('s.' + backend)}"
-    with Registry.open(url, seed=False) as reg, reg.transaction(write=False) as conn:
+@pytest.mark.parametrize("backend", ["duckdb", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_migrated_schema_matches_the_models(backend, tmp_path, request):
+    url = _url(backend, tmp_path, request, "s")
+    with Registry.open(url, seed=False, cache=False) as reg, reg.transaction(write=False) as conn:
         for table in R.METADATA.sorted_tables:
             if backend == "duckdb":  # duckdb-engine's inspector cannot reflect columns
                 got = conn.exec_driver_sql("select column_name, data_type from information_schema.columns where "

@@ -34,7 +34,7 @@ def rec(gpu, m, time_ms):
 
 WRITER = PRELUDE + """
 path, gpu, n, shared_ms = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
-reg = Registry.open(path, timeout=120, seed=False)
+reg = Registry.open(path, timeout=120, seed=False, cache=False)
 print("ready", flush=True)
 sys.stdin.readline()  # start together
 for i in range(n):
@@ -52,10 +52,10 @@ def child(code, *args, **kw):
                             env={**os.environ, "FACTDB_SEED": ""}, **kw)
 
 
-@pytest.mark.parametrize("backend", ["duckdb", "sqlite"])
-def test_two_writer_processes_both_land(tmp_path, backend):
+@pytest.mark.parametrize("backend", ["duckdb", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_two_writer_processes_both_land(tmp_path, backend, request):
     path = tmp_path / f"shared.{backend}"
-    url = f"{backend}:///{path}"
+    url = request.getfixturevalue("pg").new_schema() if backend == "postgres" else f"{backend}:///{path}"
     Registry.open(url, seed=False).close()
     n = 20
     procs = [child(WRITER, url, "h100", n, 0.5), child(WRITER, url, "h200", n, 0.3)]
@@ -69,7 +69,7 @@ def test_two_writer_processes_both_land(tmp_path, backend):
         assert p.returncode == 0, err
     printed = [line for out, _ in outs for line in out.split() if len(line) == 16]
     assert len(printed) == 2 * n
-    with Registry.open(url, seed=False) as reg:
+    with Registry.open(url, seed=False, cache=False) as reg:
         digests = {r.digest for r in reg.rows()}
         assert set(printed) <= digests and len(digests) == 2 * n + 1    # + the shared key, once
         assert reg.get(make_key(m=8192)).time_ms == pytest.approx(0.3)  # the faster writer's first row

@@ -19,6 +19,7 @@ from fact_db.kernels.gemm import family as gemm_family
 from fact_db.kernels.gemm.workload import GemmWorkload
 from fact_db.kernels.region import family as region_family
 from fact_db.kernels.impl import Impl
+from fact_db.store import lease
 
 
 @dataclass
@@ -46,15 +47,24 @@ def realize_problem(problem: str, *, policy: str = "tf32", arch: str = "sm90a", 
     region. Returns (report, [(Planned, TuneResult | None)]).
 
     Regions with the same workload (a Llama block's K and V projections) are tuned once and
-    share the result; `on_result(planned, result)` is called as each region is done, in order.
+    share the result; `on_result(planned, result)` is called as each region is done, in order
+    (with a team registry, in the order they are done: hosts running this at once divide the
+    regions between them, each taking first those no other host holds).
     """
     from fact_db.discovery.discover import discover_problem
-    from fact_db.kernels.gemm.tune import tune
+    from fact_db.kernels.gemm.tune import tune, with_rule
     report = discover_problem(problem, arch="sm90", policy=policy, rules=rules)
-    results = []
+    planned = plan(report, policy)
+    results: list = [None] * len(planned)
     done: dict[GemmWorkload, tuple[int, object]] = {}
-    for i, p in enumerate(plan(report, policy)):
-        r = None
+    gpu = tune_kw.get("gpu") or "h100"
+
+    def lease_key(i):
+        w = planned[i].workload
+        return None if w is None or w in done else with_rule(w).key(arch, gpu)
+    team = registry is not None and registry.coordinated
+    for i in lease.each(range(len(planned)), lease_key, registry.claim) if team else range(len(planned)):
+        p, r = planned[i], None
         if p.workload is not None:
             if p.workload in done:
                 j, r = done[p.workload]
@@ -63,7 +73,7 @@ def realize_problem(problem: str, *, policy: str = "tf32", arch: str = "sm90a", 
             else:
                 r = tune(p.workload, arch=arch, registry=registry, **tune_kw)
                 done[p.workload] = (i, r)
-        results.append((p, r))
+        results[i] = (p, r)
         if on_result is not None:
             on_result(p, r)
     return report, results
@@ -129,7 +139,8 @@ def realize_regions(report, policy: str, *, registry=None, arch: str = "sm90a", 
     attention, LayerNorm / RMSNorm with or without the residual add), within `budget_s`
     seconds; everything else stays eager, with the reason. Regions are tuned in order of
     estimated gain; a workload repeated across regions is tuned once. `plan_only` looks
-    things up and tunes nothing (what `factdb optimize` shows without a GPU).
+    things up and tunes nothing (what `factdb optimize` shows without a GPU). With a team
+    registry, hosts realizing the same model at once divide its regions between them.
 
     `attention_chooser(w) -> (rows, best)` and `norm_chooser(w) -> (trials, best, how)` replace
     the tuners, `norm_impl(w, best) -> Impl` the kernel loader (tests on the CPU).
@@ -153,12 +164,20 @@ def realize_regions(report, policy: str, *, registry=None, arch: str = "sm90a", 
             rz.registry = registry_answer(registry, rz.workload, arch, ctx.gpu_name)[0]
         out.append(rz)
     order = sorted(out, key=lambda z: -z.region.estimate.gain_s)
-    if not plan_only and runner is None and budget_s is None:
-        # Each family's candidates compile in one parallel batch, not region by region.
+    team = registry is not None and registry.coordinated and not plan_only
+    if not plan_only and runner is None and budget_s is None and not team:
+        # Each family's candidates compile in one parallel batch, not region by region (on a
+        # team registry each host builds only the regions it takes, as it takes them).
         for fam in families.FAMILIES:
             fam.prebuild([z.workload for z in order if fam.owns(z.workload) and not z.region.composable], ctx)
     done: dict = {}
-    for rz in order:
+
+    def lease_key(rz):
+        w = rz.workload
+        return None if w is None or rz.region.composable or w in done else w.key(arch, ctx.gpu_name)
+    # a team registry: hosts running this at once divide the regions (each takes those no other
+    # host holds, and comes back to the rest, by then usually in the registry)
+    for rz in lease.each(order, lease_key, registry.claim) if team else order:
         w = rz.workload
         if w is None or rz.region.composable:
             rz.how = "eager"

@@ -1,8 +1,9 @@
 """The fact-db database: where it is, opening it safely, locking, and numbered migrations.
 
-One file holds the registry (tables `factdb_meta`, `kernels`, `trials`, `rules`,
-`examples`; fact_db.store.migrations creates and upgrades them) and the index (tables named `index_*`, owned by fact_db.store.index; the checks
-and migrations here tolerate them and never touch them).
+One file holds the registry (tables `factdb_meta`, `kernels`, `trials`, `rules`, `examples`,
+`leases`, `outbox`; fact_db.store.migrations creates and upgrades them) and the index (tables
+named `index_*`, owned by fact_db.store.index; the checks and migrations here tolerate them and
+never touch them).
 
     >>> db = Database.open("memory")             # or None: $FACTDB_DB, else $FACTDB_HOME/fact.duckdb
     >>> with db.begin() as conn:                 # a short transaction on a short connection
@@ -12,6 +13,13 @@ DuckDB lets one process at a time open a file for writing, and no other process 
 open it at all meanwhile. So a connection lives for one transaction only, and opening
 retries with backoff while another process holds the file, up to `timeout` seconds
 (`FACTDB_DB_TIMEOUT`, default 30), then raises RegistryBusy naming the holder.
+
+A server database (PostgreSQL: `postgresql+psycopg://user@host/db`) keeps a small pool of
+connections instead, checked before each use. Two hosts opening a new or older database at
+once take turns on an advisory lock, so the migrations run once; writers of the same keys
+take turns the same way (lock_keys). A server that cannot be reached raises
+ServerUnreachable (unreachable() tells such an error from others); its URL is shown with
+the password masked (`where`).
 
 A file that is not a fact-db database (other bytes, a SQLite file, a DuckDB file with
 other tables, a newer schema) is refused before anything opens it for writing. DuckDB
@@ -38,7 +46,7 @@ from fact_db.store.migrations import MIGRATIONS, SCHEMA_VERSION
 # the tables a registry of any schema may hold (schema 4's per-family tables too: such a file is
 # ours, and migrating); MIGRATIONS and SCHEMA_VERSION are fact_db.store.migrations'
 REGISTRY_TABLES = ("factdb_meta", "kernels", "trials", "rules", "examples", "attention_kernels", "norm_kernels",
-                   "region_kernels")
+                   "region_kernels", "leases", "outbox")
 INDEX_PREFIX = "index_"
 DEFAULT_TIMEOUT_S = 30.0
 
@@ -64,6 +72,49 @@ class RegistryBusy(RegistryError):
 
 class NotARegistry(RegistryError):
     """The file is not a fact-db database (or has a newer schema); it was left untouched."""
+
+
+class ServerUnreachable(RegistryError):
+    """The registry's server could not be reached (down, or the network between)."""
+
+
+SERVER_BACKENDS = ("postgresql",)
+CONNECT_TIMEOUT_S = 5   # a server that does not answer within this is unreachable (the URL's connect_timeout wins)
+# pg_advisory_xact_lock(namespace, key): namespace "FACT" (0x46414354), keys apart from other users of the server's
+# advisory locks; (LOCK_NS, 0) serializes migrations and bulk writes, (LOCK_NS + 1, k) the writers of one key.
+LOCK_NS = 0x46414354
+_BULK_KEYS = 64
+# SQLSTATEs of a lost or refused connection: class 08, and the server shutting down or starting up
+_GONE_STATES = ("57P01", "57P02", "57P03")
+
+
+def unreachable(e: BaseException) -> bool:
+    """Whether `e` says the server cannot be reached (connection refused, lost, server shutting down),
+    as opposed to a fault in what was asked."""
+    if isinstance(e, ServerUnreachable):
+        return True
+    if not isinstance(e, (sa.exc.OperationalError, sa.exc.InterfaceError)):
+        return False
+    if getattr(e, "connection_invalidated", False):
+        return True
+    state = getattr(getattr(e, "orig", None), "sqlstate", None)
+    return state is None or state.startswith("08") or state in _GONE_STATES
+
+
+def lock_keys(conn: sa.Connection, digests=None) -> None:
+    """On a server database, make this transaction the only writer of these keys (all keys when
+    `digests` is None or many) until it ends. File databases need nothing: their file lock
+    already admits one writer."""
+    if conn.dialect.name not in SERVER_BACKENDS:
+        return
+    digests = sorted(set(digests)) if digests is not None else None
+    if digests is None or len(digests) > _BULK_KEYS:
+        conn.execute(sa.text("select pg_advisory_xact_lock(:ns, 0)"), {"ns": LOCK_NS})
+        return
+    conn.execute(sa.text("select pg_advisory_xact_lock_shared(:ns, 0)"), {"ns": LOCK_NS})
+    for d in digests:   # in sorted order: two writers of overlapping sets never deadlock
+        conn.execute(sa.text("select pg_advisory_xact_lock(:ns, :k)"),
+                     {"ns": LOCK_NS + 1, "k": int(d[:8], 16) - 2 ** 31})
 
 
 def default_path() -> Path:
@@ -179,26 +230,37 @@ def read_meta(conn: sa.Connection) -> dict[str, str]:
 
 def write_meta(conn: sa.Connection, **values) -> None:
     t = sa.table("factdb_meta", sa.column("key"), sa.column("value"))
+    lock_keys(conn)   # two hosts writing one meta key would both insert it
     for k, v in values.items():
         conn.execute(sa.delete(t).where(t.c.key == k))
         conn.execute(sa.insert(t).values(key=k, value=str(v)))
 
 
 class Database:
-    """An opened, checked and migrated fact-db database. Connections are per transaction."""
+    """An opened, checked and migrated fact-db database. Connections are per transaction.
 
-    def __init__(self, url: str, timeout: float):
+    `linger_s` > 0 (a DuckDB file that one process uses in bursts: the team registry's local
+    cache) keeps the connection open between transactions until it has been idle that long,
+    so a burst of lookups costs one open, not one each; other processes wait at most that long.
+    """
+
+    def __init__(self, url: str, timeout: float, *, linger_s: float = 0.0):
         self.url = url
         self.timeout = timeout
         u = sa.engine.make_url(url)
         self.backend = u.get_backend_name()
-        self.memory = u.database in (None, "", ":memory:")
+        self.server = self.backend in SERVER_BACKENDS
+        self.memory = u.database in (None, "", ":memory:") and not self.server
         self.path: Path | None = None
         if self.backend in ("duckdb", "sqlite") and not self.memory:
             self.path = Path(u.database).expanduser()
         self.where = str(self.path) if self.path else u.render_as_string(hide_password=True)
         self.meta: dict[str, str] = {}
         self._pinned: tuple[sa.Connection, bool] | None = None
+        self.linger_s = linger_s if self.path is not None else 0.0
+        self._held: sa.Connection | None = None
+        self._last_use = 0.0
+        self._closer: threading.Thread | None = None
         # writers in this process take turns (DuckDB's file lock only separates processes)
         with _LOCKS_GUARD:
             self._wlock = _WRITE_LOCKS.setdefault(self.where if self.path else id(self), threading.RLock())
@@ -232,27 +294,39 @@ class Database:
             def _begin(conn):
                 conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get("factdb_write") else "BEGIN")
             return eng, eng
+        if self.server:
+            args = {} if "connect_timeout" in u.query else {"connect_timeout": CONNECT_TIMEOUT_S}
+            # a few pooled connections, each checked before use: one lost to a server restart is replaced
+            eng = sa.create_engine(u, pool_size=2, max_overflow=6, pool_pre_ping=True, connect_args=args)
+            return eng, eng
         eng = sa.create_engine(u, poolclass=NullPool)
         return eng, eng
 
     @classmethod
-    def open(cls, url: str | None = None, *, timeout: float | None = None) -> Database:
+    def open(cls, url: str | None = None, *, timeout: float | None = None, linger_s: float = 0.0) -> Database:
         """Open (creating and migrating when new) the database at `url`; see resolve_url."""
-        db = cls(resolve_url(url), resolve_timeout(timeout))
+        db = cls(resolve_url(url), resolve_timeout(timeout), linger_s=linger_s)
         try:
-            db._check_file()
-            state = db._inspect(write=False) if not db._absent() else ("new", {})
-            if state[0] != "current":
-                with db.begin(write=True) as conn:
-                    state = db._inspect_conn(conn)
-                    if state[0] in ("new", "old"):
-                        db._migrate(conn, state[1])
-                        state = ("current", read_meta(conn))
-            db.meta = state[1]
+            db.prepare()
         except BaseException:
             db.close()
             raise
         return db
+
+    def prepare(self) -> None:
+        """Check the database and create or migrate it when new or older (what open() does;
+        the team registry calls it when its server first answers)."""
+        self._check_file()
+        state = self._inspect(write=False) if not self._absent() else ("new", {})
+        if state[0] != "current":
+            with self.begin(write=True) as conn:
+                if self.server:   # a second host migrating at once waits here, then finds it done
+                    conn.execute(sa.text("select pg_advisory_xact_lock(:ns, 0)"), {"ns": LOCK_NS})
+                state = self._inspect_conn(conn)
+                if state[0] in ("new", "old"):
+                    self._migrate(conn, state[1])
+                    state = ("current", read_meta(conn))
+        self.meta = state[1]
 
     def _absent(self) -> bool:
         return self.path is not None and (not self.path.exists() or self.path.stat().st_size == 0)  # sqlite: 0 is new
@@ -298,9 +372,11 @@ class Database:
             if ours or foreign:
                 shown = ", ".join(sorted(ours) + foreign)
                 shown = shown if len(shown) <= 200 else shown[:197] + "..."
+                fix = ("point --db/FACTDB_DB at an empty database, or give fact-db a schema of its own (see "
+                       "docs/registry.md, Team registry)" if self.server else
+                       "point --db/FACTDB_DB at a fact-db database or at a new file name")
                 raise NotARegistry(f"{self.where} holds objects that fact-db did not create ({shown}) and no "
-                                   "factdb_meta table, so it is not a fact-db database; it was left untouched: "
-                                   "point --db/FACTDB_DB at a fact-db database or at a new file name")
+                                   f"factdb_meta table, so it is not a fact-db database; it was left untouched: {fix}")
             return "new", {}
         meta = read_meta(conn)
         try:
@@ -338,6 +414,9 @@ class Database:
         if self._pinned is not None:
             yield from self._begin_pinned(write)
             return
+        if self.linger_s:
+            yield from self._begin_held(write)
+            return
         with self._wlock if write else _NOLOCK:
             conn = self._connect(write)  # with a transaction begun when writing
             try:
@@ -368,6 +447,43 @@ class Database:
         except BaseException:
             conn.rollback()
             raise
+
+    def _begin_held(self, write: bool):
+        """A transaction on the lingering connection (opened when none is held), one at a time."""
+        with self._wlock:
+            if self._held is None:
+                self._held = self._connect(True)
+                self._held.commit()
+            conn = self._held
+            try:
+                if conn.in_transaction():
+                    conn.commit()
+                conn.begin()
+                yield conn
+                conn.commit()
+            except BaseException:
+                self._held = None
+                try:
+                    conn.close()   # rolls back; a connection in an unknown state is not kept
+                except Exception:  # noqa: BLE001  (closing a broken connection: nothing more to do)
+                    pass
+                raise
+            finally:
+                self._last_use = time.monotonic()
+                if self._held is not None and (self._closer is None or not self._closer.is_alive()):
+                    self._closer = threading.Thread(target=self._close_idle, name="factdb-linger", daemon=True)
+                    self._closer.start()
+
+    def _close_idle(self) -> None:
+        while True:
+            time.sleep(self.linger_s / 4)
+            with self._wlock:
+                if self._held is None:
+                    return
+                if time.monotonic() - self._last_use >= self.linger_s:
+                    self._held.close()
+                    self._held = None
+                    return
 
     @contextmanager
     def pinned(self, write: bool = False):
@@ -424,9 +540,20 @@ class Database:
 
     def _wrap(self, e: sa.exc.DBAPIError) -> RegistryError:
         first = (str(e.orig) if e.orig is not None else str(e)).strip().splitlines()[0]
+        if self.server and unreachable(e):
+            return ServerUnreachable(f"cannot reach the registry server {self.where}: {first}; check that the server "
+                                     "is up and the URL's host, port and credentials (--db/FACTDB_DB, PGPASSWORD, "
+                                     "~/.pgpass or PGSERVICE)")
+        if self.server:
+            return RegistryError(f"the registry server {self.where} refused: {first}; check the URL's database and "
+                                 "user and the user's grants (docs/registry.md, Team registry)")
         return RegistryError(f"cannot open the registry {self.where}: {first}; check the file and its permissions, "
                              "or point --db/FACTDB_DB elsewhere")
 
     def close(self) -> None:
+        with self._wlock:
+            if self._held is not None:
+                self._held.close()
+                self._held = None
         for eng in {id(self._engine): self._engine, id(self._ro_engine): self._ro_engine}.values():
             eng.dispose()

@@ -11,6 +11,9 @@ fact_db.store.tables or the keys in fact_db.store.keys cannot alter what it does
     4  m004_region_kernels  region_kernels (the agent's kernels)
     5  m005_families        one kernels and one trials table for every family, keyed by
                             (family, key fields) with the environment key; every row carried over
+    6  m006_team            leases (a workload being tuned, claimed by one host until it expires)
+                            and outbox (rows the team registry's cache holds for a server that
+                            was unreachable); every backend gets both, used where they apply
 
 m005 carries every row of schema 4 over: GEMM rows re-digested under the one scheme, the
 attention, norm and region rows keyed from their columns, their trials JSON made trial rows.
@@ -31,7 +34,7 @@ import sqlalchemy as sa
 
 from fact_db.store.bulk import insert_rows
 
-SCHEMA_VERSION = 5  # the newest schema this fact-db writes; see MIGRATIONS
+SCHEMA_VERSION = 6  # the newest schema this fact-db writes; see MIGRATIONS
 
 
 def _m001_initial(conn: sa.Connection) -> None:
@@ -395,12 +398,33 @@ def _m005_families(conn: sa.Connection) -> None:
         conn.exec_driver_sql("CREATE INDEX ix_trials_digest ON trials (digest, config_hash)")
 
 
+def _m006_team(conn: sa.Connection) -> None:
+    # Small tables: keys and indexes on every backend but DuckDB, where deleting and inserting
+    # one key in one transaction trips its unique index (the writers below never need it there).
+    indexed = conn.dialect.name != "duckdb"
+    md = sa.MetaData()
+    S, T, Z = sa.String, sa.Text, sa.DateTime(timezone=True)
+    sa.Table(
+        "leases", md, sa.Column("digest", S, primary_key=indexed, nullable=False),
+        sa.Column("family", S, nullable=False), sa.Column("key", T, nullable=False),
+        sa.Column("holder", S, nullable=False), sa.Column("host", S, nullable=False),
+        sa.Column("pid", sa.Integer, nullable=False), sa.Column("taken_at", Z, nullable=False),
+        sa.Column("expires_at", Z, nullable=False),
+    )
+    sa.Table(
+        "outbox", md, sa.Column("kind", S, primary_key=indexed, nullable=False),
+        sa.Column("id", S, primary_key=indexed, nullable=False), sa.Column("queued_at", S, nullable=False),
+    )
+    md.create_all(conn, checkfirst=False)
+
+
 MIGRATIONS: list[tuple[int, str, object]] = [
     (1, "m001_initial", _m001_initial),
     (2, "m002_attention", _m002_attention),
     (3, "m003_norms", _m003_norms),
     (4, "m004_region_kernels", _m004_region_kernels),
     (5, "m005_families", _m005_families),
+    (6, "m006_team", _m006_team),
 ]
 # Versions increase and the last is SCHEMA_VERSION (helper branches number theirs apart, so
 # a gap may exist until they merge: 2 is attention's).

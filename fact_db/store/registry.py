@@ -21,6 +21,11 @@ fact_db.store.migrations.
 Every method takes the environment to judge rows against as `env` (default: this process's,
 fact_db.core.environment.current()) and `template_hashes` (template -> hash; default: hashed
 from kernels_cpp/): tests and benchmarks pass both.
+
+A server URL (`postgresql+psycopg://...`) opens a team registry: the server, read through a
+local DuckDB cache that keeps fact-db working while the server is away (fact_db.store.shared);
+`claim(key)` holds a workload's lease there while this host tunes it (fact_db.store.lease).
+The API is the same; on a file database a claim is a no-op.
 """
 from __future__ import annotations
 
@@ -42,17 +47,23 @@ from fact_db.core import paths
 from fact_db.core.device import canonical_gpu
 from fact_db.core.environment import Environment
 from fact_db.store import jsonl
+from fact_db.store import shared
 from fact_db.store.bulk import insert_rows
 from fact_db.store.db import (  # noqa: F401  (re-exported: callers catch these from here)
     Database,
     NotARegistry,
     RegistryBusy,
     RegistryError,
+    ServerUnreachable,
+    lock_keys,
     read_meta,
+    resolve_timeout,
     resolve_url,
     write_meta,
 )
 from fact_db.store.jsonl import ImportError_
+from fact_db.store.lease import Claim, Leases, no_claim  # noqa: F401
+from fact_db.store.merge import merge_into
 from fact_db.store.keys import (  # noqa: F401
     DTYPE_ALIASES,
     AttentionKey,
@@ -80,6 +91,7 @@ from fact_db.store.records import (  # noqa: F401
     merge_decision,
     utcnow,
 )
+from fact_db.store.shared import ServerOfflineWarning, SyncReport, TeamCache  # noqa: F401
 from fact_db.store.synthetic import SYNTHETIC_ENV, synthetic_records, synthetic_rows  # noqa: F401
 from fact_db.store.tables import (  # noqa: F401
     ENV_COLUMNS,
@@ -149,29 +161,51 @@ class Registry:
     'inserted'
     """
 
-    def __init__(self, db: Database):
-        self.db = db
+    def __init__(self, db: Database, team: TeamCache | None = None):
+        self.db = db            # the database: a file, or a team registry's server
+        self.team = team        # a team registry's cache and its server's state, or None
+        self.leases = team.leases if team is not None else Leases(db) if db.server else None
 
     def _cur(self, env, template_hashes) -> Current:
         return Current(env, template_hashes)
 
+    def _read(self, fn):
+        """fn(conn) on a read transaction: the database, or (team registry) the server, else the cache."""
+        if self.team is not None:
+            return self.team.read(fn)
+        with self.db.begin(write=False) as conn:
+            return fn(conn)
+
+    def _write(self):
+        """A write transaction on the database (team registry: the server, which must answer)."""
+        return self.team.transaction(write=True) if self.team is not None else self.db.begin()
+
     # ----------------------------------------------------------------------------------
     @classmethod
     def open(cls, url: str | None = None, *, timeout: float | None = None,
-             seed: str | os.PathLike | bool | None = None) -> Registry:
+             seed: str | os.PathLike | bool | None = None, cache: str | os.PathLike | bool | None = None) -> Registry:
         """Open the registry at `url` (None: $FACTDB_DB, else $FACTDB_HOME/fact.duckdb; "memory": in-memory).
 
         A new database is created and migrated; the seed file (`seed`, default seed_path(),
         not for in-memory databases; False: none) is imported whenever its content differs
         from the last one imported. `timeout` (default $FACTDB_DB_TIMEOUT, else 30 s) bounds
-        the wait for another process's lock.
+        the wait for another process's lock. A server URL opens a team registry with its local
+        cache (`cache`: a path, or False for none; default $FACTDB_CACHE, else one file per
+        server under $FACTDB_HOME/cache: fact_db.store.shared); an unreachable server is said
+        once, and the cache serves meanwhile.
         """
-        db = Database.open(url, timeout=timeout)
-        reg = cls(db)
+        url = resolve_url(url)
+        path = shared.cache_path(url, cache)
+        if path is None:
+            db, team = Database.open(url, timeout=timeout), None
+        else:
+            team = TeamCache.open(url, path, resolve_timeout(timeout))
+            db = team.server
+        reg = cls(db, team)
         try:
             if seed is None and not db.memory:
                 seed = seed_path()
-            if seed:
+            if seed and (team is None or team.online):
                 reg._maybe_seed(Path(seed))
         except BaseException:
             db.close()
@@ -189,9 +223,12 @@ class Registry:
 
     @property
     def where(self) -> str:
+        """Where the registry is, for messages: a file path, or a server URL with its password masked."""
         return self.db.where
 
     def close(self) -> None:
+        if self.team is not None:
+            self.team.close()
         self.db.close()
 
     def __enter__(self):
@@ -201,8 +238,9 @@ class Registry:
         self.close()
 
     def transaction(self, write: bool = True):
-        """A short SQLAlchemy transaction on this database (for fact_db.store.index's own tables)."""
-        return self.db.begin(write=write)
+        """A short SQLAlchemy transaction on this database (for fact_db.store.index's own tables;
+        a team registry's reads use its cache while the server is away)."""
+        return self.team.transaction(write) if self.team is not None else self.db.begin(write=write)
 
     def pinned(self, write: bool = False):
         """Hold one connection for a batch of calls (e.g. a lookup per region), then release it.
@@ -213,11 +251,50 @@ class Registry:
         >>> with reg.pinned():
         ...     hits = [reg.lookup(k) for k in keys]
         """
-        return self.db.pinned(write)
+        return (self.team.cache if self.team is not None else self.db).pinned(write)
 
     def meta(self) -> dict[str, str]:
-        with self.db.begin(write=False) as conn:
-            return read_meta(conn)
+        return self._read(read_meta)
+
+    # ----------------------------------------------------------------------------------
+    # the team registry: claims, sync, status
+    def claim(self, key: Key, *, wait: bool = True):
+        """Hold `key`'s lease while this host tunes it (a context manager yielding a Claim): on a
+        server, another host claiming it waits (wait=False: gets a Claim with held False) until
+        this one leaves the block, or its lease expires; on a file database, a no-op.
+
+        >>> with reg.claim(key) as c:
+        ...     hit = reg.lookup(key) if c.coordinated else None   # stored meanwhile by another host?
+        """
+        if self.leases is None or (self.team is not None and not self.team.ready()):
+            return no_claim(key)   # a file database, or the server away: nothing to share
+        return self.leases.claim(key, wait=wait)
+
+    @property
+    def coordinated(self) -> bool:
+        """Whether claims coordinate hosts (a server database), rather than being no-ops."""
+        return self.leases is not None
+
+    def sync(self, env: Environment | None = None, template_hashes: dict | None = None) -> SyncReport:
+        """Team registry: push the rows and trials the cache holds for the server, then pull every
+        row other hosts added or changed. Raises ServerUnreachable when the server does not answer."""
+        if self.team is None:
+            raise RegistryError(f"{self.where} is not a team registry (no server and cache): there is nothing to sync; "
+                                "set FACTDB_DB to the team's postgresql+psycopg:// URL")
+        return self.team.sync(self._cur(env, template_hashes))
+
+    def status(self) -> dict:
+        """Where the registry is (a server URL with its password masked), its schema and row count;
+        for a team registry also whether the server answers, its cache and what waits there, and
+        the leases held now."""
+        if self.team is not None:
+            out = {"kind": "team", "where": self.where, **self.team.status()}
+        else:
+            out = {"kind": self.db.backend, "where": self.where, "reachable": True, "kernels": self.count()}
+            if self.leases is not None:
+                out["leases"] = self.leases.held()
+        out["schema_version"] = self.meta().get("schema_version", "")
+        return out
 
     def _maybe_seed(self, path: Path) -> None:
         if not path.is_file():
@@ -236,10 +313,11 @@ class Registry:
         except ImportError_ as e:
             raise ImportError_(e.path, e.problems, "fix the seed file, or set FACTDB_SEED to another file (empty: "
                                "no seed)") from None
-        with self.db.begin() as conn:
+        with self._write() as conn:
             if read_meta(conn).get("seed_sha256") == sha:  # another process seeded it meanwhile
                 return
-            _merge_into(conn, records, self._cur(None, None))
+            lock_keys(conn)   # before the merge's own locks: two seeders never wait on each other
+            merge_into(conn, records, self._cur(None, None))
             write_meta(conn, seed_sha256=sha, seed_path=str(path), seeded_at=utcnow())
         self.db.meta["seed_sha256"] = sha
 
@@ -257,20 +335,24 @@ class Registry:
             if not isinstance(r, KernelRecord):
                 raise RegistryError(f"put takes KernelRecord, got {type(r).__name__}")
         cur = self._cur(env, template_hashes)
+        if self.team is not None:
+            return self.team.put_many(recs, cur)
         with self.db.begin() as conn:
-            return _merge_into(conn, recs, cur)
+            return merge_into(conn, recs, cur)
 
     def get(self, key_or_digest: Key | str) -> KernelRecord | None:
         """The row stored for exactly this key (or digest), whatever its status."""
+        if self.team is not None:
+            return self.team.get(_digest(key_or_digest))
         with self.db.begin(write=False) as conn:
             row = conn.execute(sa.select(K).where(K.c.digest == _digest(key_or_digest))).first()
         return kernel_record(row) if row else None
 
     def find_digest(self, prefix: str) -> list[str]:
         """Digests starting with `prefix` (like a short git hash)."""
-        with self.db.begin(write=False) as conn:
-            rows = conn.execute(sa.select(K.c.digest).where(K.c.digest.startswith(prefix, autoescape=True))
-                                .order_by(K.c.digest).limit(20)).all()
+        rows = self._read(lambda conn: conn.execute(
+            sa.select(K.c.digest).where(K.c.digest.startswith(prefix, autoescape=True)).order_by(K.c.digest)
+            .limit(20)).all())
         return [r[0] for r in rows]
 
     def lookup(self, key: Key, env: Environment | None = None, template_hashes: dict | None = None, *,
@@ -284,8 +366,11 @@ class Registry:
         if not isinstance(key, Key):
             raise RegistryError(f"lookup takes a family's key (GemmKey, AttentionKey, ...), got {type(key).__name__}")
         cur = self._cur(env, template_hashes)
-        with self.db.begin(write=False) as conn:
-            found = nearest_find(conn, key, cur, max_distance, nearest=nearest)
+        if self.team is not None:
+            found = self.team.find(key, cur, max_distance, nearest)
+        else:
+            with self.db.begin(write=False) as conn:
+                found = nearest_find(conn, key, cur, max_distance, nearest=nearest)
         if found is None:
             return None
         rec, d = found
@@ -298,13 +383,13 @@ class Registry:
 
         >>> [r.key.shape for r in reg.rows("gemm", gpu="h100", status="verified")]
         """
-        with self.db.begin(write=False) as conn:
-            rows = conn.execute(sa.select(K).where(*_filters({"family": family, **filters}))).all()
+        q = sa.select(K).where(*_filters({"family": family, **filters}))
+        rows = self._read(lambda conn: conn.execute(q).all())
         return iter(sorted((kernel_record(r) for r in rows), key=_order))
 
     def count(self, **filters) -> int:
-        with self.db.begin(write=False) as conn:
-            return conn.execute(sa.select(sa.func.count()).select_from(K).where(*_filters(filters))).scalar()
+        q = sa.select(sa.func.count()).select_from(K).where(*_filters(filters))
+        return self._read(lambda conn: conn.execute(q).scalar())
 
     # ----------------------------------------------------------------------------------
     # trials
@@ -315,17 +400,17 @@ class Registry:
             if not isinstance(t, TrialRecord):
                 raise RegistryError(f"add_trials takes TrialRecord, got {type(t).__name__}")
             rows.append(trial_row(t))
-        if rows:
+        if rows and self.team is not None:
+            self.team.add_trials(rows)
+        elif rows:
             with self.db.begin() as conn:
                 insert_rows(conn, TR, rows)
         return len(rows)
 
     def trials(self, key_or_digest: Key | str) -> list[TrialRecord]:
         """Every trial recorded for a key, oldest first."""
-        with self.db.begin(write=False) as conn:
-            rows = conn.execute(sa.select(TR).where(TR.c.digest == _digest(key_or_digest))
-                                .order_by(TR.c.created_at, TR.c.id)).all()
-        return [trial_record(r) for r in rows]
+        q = sa.select(TR).where(TR.c.digest == _digest(key_or_digest)).order_by(TR.c.created_at, TR.c.id)
+        return [trial_record(r) for r in self._read(lambda conn: conn.execute(q).all())]
 
     def failed_configs(self, key: Key, env: Environment | None = None, template_hashes: dict | None = None) -> set[str]:
         """Config hashes that failed for this key in this same environment (do not try them again).
@@ -336,9 +421,8 @@ class Registry:
         """
         cur = self._cur(env, template_hashes)
         cols = [TR.c.config_hash, TR.c.template, TR.c.template_hash, *(TR.c[c] for c in ENV_COLUMNS.values())]
-        with self.db.begin(write=False) as conn:
-            rows = conn.execute(sa.select(*cols).where(TR.c.digest == key.digest(),
-                                                       TR.c.status.in_(sorted(TRIAL_FAILURES)))).all()
+        q = sa.select(*cols).where(TR.c.digest == key.digest(), TR.c.status.in_(sorted(TRIAL_FAILURES)))
+        rows = self._read(lambda conn: conn.execute(q).all())
         return {r.config_hash for r in rows if not cur.mismatch(r.template, r.template_hash, env_of(r))}
 
     # ----------------------------------------------------------------------------------
@@ -348,8 +432,8 @@ class Registry:
 
         "-" writes to stdout. The format is what import_jsonl and the seed file read.
         """
-        with self.db.begin(write=False) as conn:
-            rows = conn.execute(sa.select(K).where(*_filters(filters)).order_by(K.c.digest)).all()
+        q = sa.select(K).where(*_filters(filters)).order_by(K.c.digest)
+        rows = self._read(lambda conn: conn.execute(q).all())
         lines = "".join(jsonl.dumps(export_dict(r)) for r in rows)
         if hasattr(path_or_file, "write"):
             path_or_file.write(lines)
@@ -387,14 +471,16 @@ class Registry:
         stale row; a KernelRecord it returns (same key) replaces the row as is, None leaves it
         stale. Returns what changed.
         """
+        if self.team is not None and not dry_run:
+            self.team.require("revalidate")
         cur = self._cur(env, template_hashes)
         changes: list[Change] = []
         updates: dict[tuple[str, str], list[str]] = {}   # (new status, reason) -> digests
         replacements: list[KernelRecord] = []
         cols = [K.c.digest, K.c.family, K.c.key, K.c.rule, K.c.status, K.c.stale_reason, K.c.template,
                 K.c.template_hash, *(K.c[c] for c in ENV_COLUMNS.values())]
-        with self.db.begin(write=False) as conn:
-            rows = conn.execute(sa.select(*cols).where(K.c.status != "failed").order_by(K.c.digest)).all()
+        rows = self._read(lambda conn: conn.execute(sa.select(*cols).where(K.c.status != "failed")
+                                                    .order_by(K.c.digest)).all())
         for r in rows:
             why = cur.mismatch(r.template, r.template_hash, env_of(r))
             if not why and r.status == "verified":
@@ -422,7 +508,7 @@ class Registry:
                 changes.append(Change(r.digest, r.rule, shape, "verified", "stale", why))
         if not dry_run and (updates or replacements):
             now = utcnow()
-            with self.db.begin() as conn:
+            with self._write() as conn:
                 for (status, reason), digests in updates.items():
                     for i in range(0, len(digests), 500):
                         conn.execute(sa.update(K).where(K.c.digest.in_(digests[i:i + 500]))
@@ -431,6 +517,8 @@ class Registry:
                 for i in range(0, len(done), 500):
                     conn.execute(sa.delete(K).where(K.c.digest.in_(done[i:i + 500])))
                 insert_rows(conn, K, [kernel_row(n) for n in replacements])
+            if self.team is not None:
+                self.team.pull()
         return changes
 
     def gc(self, older_than_days: float = 30.0, *, dry_run: bool = False, now: datetime | None = None) -> GcReport:
@@ -440,8 +528,10 @@ class Registry:
             raise RegistryError(f"--older-than {older_than_days:g}: use a number of days >= 0")
         cutoff = ((now or datetime.now(timezone.utc)) - timedelta(days=older_than_days)) \
             .strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        if self.team is not None and not dry_run:
+            self.team.require("gc")
         rep = GcReport(dry_run=dry_run)
-        with self.db.begin(write=not dry_run) as conn:
+        with (self._write() if not dry_run else self.transaction(write=False)) as conn:
             doomed = K.c.status.in_(("failed", "stale")) & (K.c.updated_at < cutoff)
             rep.kernels = [r[0] for r in conn.execute(sa.select(K.c.digest).where(doomed).order_by(K.c.digest))]
             if not dry_run and rep.kernels:
@@ -451,6 +541,8 @@ class Registry:
             rep.trials = conn.execute(sa.select(sa.func.count()).select_from(TR).where(orphan)).scalar()
             if not dry_run and rep.trials:
                 conn.execute(sa.delete(TR).where(orphan))
+        if self.team is not None and not dry_run:
+            self.team.pull()
         return rep
 
     # ----------------------------------------------------------------------------------
@@ -465,14 +557,12 @@ class Registry:
 
     def rules(self) -> list[RuleRecord]:
         t = RuleRow.__table__
-        with self.db.begin(write=False) as conn:
-            rows = conn.execute(sa.select(t).order_by(t.c.id)).all()
+        rows = self._read(lambda conn: conn.execute(sa.select(t).order_by(t.c.id)).all())
         return [RuleRecord(**{f.name: r._mapping[f.name] for f in dataclasses.fields(RuleRecord)}) for r in rows]
 
     def examples(self) -> list[ExampleRecord]:
         t = ExampleRow.__table__
-        with self.db.begin(write=False) as conn:
-            rows = conn.execute(sa.select(t).order_by(t.c.id)).all()
+        rows = self._read(lambda conn: conn.execute(sa.select(t).order_by(t.c.id)).all())
         return [ExampleRecord(**{f.name: r._mapping[f.name] for f in dataclasses.fields(ExampleRecord)}) for r in rows]
 
     def sync_rules(self, ruleset=None) -> int:
@@ -488,7 +578,8 @@ class Registry:
         now = utcnow()
         for r in rows:
             r["updated_at"] = now
-        with self.db.begin() as conn:
+        with self._write() as conn:
+            lock_keys(conn)
             if replace_all:
                 conn.execute(sa.delete(table))
             elif rows:
@@ -523,33 +614,6 @@ class Registry:
         return n
 
     def _insert_rows(self, rows: list[dict]) -> int:
-        with self.db.begin() as conn:
+        with self._write() as conn:
             insert_rows(conn, K, rows)
         return len(rows)
-
-
-
-def _merge_into(conn: sa.Connection, recs: list[KernelRecord], cur: Current) -> MergeResult:
-    """Merge `recs` into the kernels table on an open transaction (later rows see earlier ones)."""
-    res = MergeResult()
-    now = utcnow()
-    digests = sorted({r.digest for r in recs})
-    existing: dict[str, KernelRecord] = {}
-    for i in range(0, len(digests), 500):
-        for row in conn.execute(sa.select(K).where(K.c.digest.in_(digests[i:i + 500]))):
-            rec = kernel_record(row)
-            existing[rec.digest] = rec
-    stored = set(existing)
-    final: dict[str, KernelRecord] = {}
-    for rec in recs:
-        old = final.get(rec.digest, existing.get(rec.digest))
-        outcome = merge_decision(old, rec, cur)
-        res.outcomes.append(outcome)
-        setattr(res, outcome, getattr(res, outcome) + 1)
-        if outcome != "kept":
-            final[rec.digest] = rec.replace(updated_at=now)
-    replaced = sorted(d for d in final if d in stored)
-    for i in range(0, len(replaced), 500):
-        conn.execute(sa.delete(K).where(K.c.digest.in_(replaced[i:i + 500])))
-    insert_rows(conn, K, [kernel_row(r) for r in final.values()])
-    return res

@@ -16,6 +16,7 @@ One `kernels` table holds every family: `key` is the key's canonical JSON, `near
 from __future__ import annotations
 
 import json
+from datetime import datetime
 
 import sqlalchemy as sa
 from sqlalchemy.orm import registry as _sa_registry
@@ -127,6 +128,28 @@ class ExampleRow(_Base, table=True):
     updated_at: str
 
 
+class LeaseRow(_Base, table=True):
+    """A workload being tuned: claimed by `holder` (host:pid:nonce) until `expires_at` (server time)."""
+    __tablename__ = "leases"
+    digest: str = Field(primary_key=True)
+    family: str
+    key: str = Field(sa_type=sa.Text)
+    holder: str
+    host: str
+    pid: int
+    taken_at: datetime = Field(sa_type=sa.DateTime(timezone=True))
+    expires_at: datetime = Field(sa_type=sa.DateTime(timezone=True))
+
+
+class OutboxRow(_Base, table=True):
+    """A kernel row (kind `kernel`, id its digest) or trial (`trial`, its id) that the team
+    registry's cache holds and its server does not yet."""
+    __tablename__ = "outbox"
+    kind: str = Field(primary_key=True)
+    id: str = Field(primary_key=True)
+    queued_at: str
+
+
 class MetaRow(_Base, table=True):
     __tablename__ = "factdb_meta"
     key: str = Field(primary_key=True)
@@ -136,6 +159,8 @@ class MetaRow(_Base, table=True):
 METADATA = _Base.metadata
 K = KernelRow.__table__
 TR = TrialRow.__table__
+LEASES = LeaseRow.__table__
+OUTBOX = OutboxRow.__table__
 _KERNEL_OWN = ("template", "label", "time_ms", "baseline", "baseline_ms", "rel_err", "baseline_rel_err", "status",
                "provenance", "source_hash", "template_hash", "source", "factdb_version", "error", "stale_reason",
                "notes", "created_at", "updated_at")

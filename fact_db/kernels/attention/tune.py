@@ -200,7 +200,8 @@ def tune(w: AttentionWorkload, *, arch: str = "sm90a", gpu: str | None = None, m
          progress: bool = False) -> AttnResult:
     """Registry first (unless `force`), else build, verify and time every candidate; the
     winner is written to `registry` when one is given. Rows are keyed by `gpu` (the current
-    device's short name when None), so a winner timed on one GPU never serves another."""
+    device's short name when None), so a winner timed on one GPU never serves another. With a
+    team registry the workload is claimed while it is tuned (registry.claim)."""
     device_name = ""
     if registry is not None and gpu is None:
         from fact_db.kernels.abi import current_gpu
@@ -209,12 +210,24 @@ def tune(w: AttentionWorkload, *, arch: str = "sm90a", gpu: str | None = None, m
         hit = from_registry(w, registry, arch, gpu or "")
         if hit is not None:
             return AttnResult(w, [hit], ["registry hit"])
+    if registry is None:
+        return _search(w, arch, max_candidates, fams, jobs, progress, pool, gpus)
+    with registry.claim(w.key(arch, gpu or "")) as claim:   # a team registry: one host tunes it at a time
+        if claim.coordinated and not force:
+            hit = from_registry(w, registry, arch, gpu or "")
+            if hit is not None:
+                return AttnResult(w, [hit], ["registry hit", *claim.notes()])
+        res = _search(w, arch, max_candidates, fams, jobs, progress, pool, gpus)
+        res.notes += claim.notes()
+        if res.best is not None:
+            record(w, res, registry, arch, gpu or "", device_name)
+        return res
+
+
+def _search(w: AttentionWorkload, arch, max_candidates, fams, jobs, progress, pool, gpus) -> AttnResult:
     cands, notes = candidates(w, arch, max_candidates, fams)
     failed = build_all(cands, jobs=jobs, progress=progress)
-    res = AttnResult(w, failed + evaluate(w, cands, pool=pool, gpus=gpus), notes)
-    if registry is not None and res.best is not None:
-        record(w, res, registry, arch, gpu or "", device_name)
-    return res
+    return AttnResult(w, failed + evaluate(w, cands, pool=pool, gpus=gpus), notes)
 
 
 def _template_of(t) -> str:

@@ -480,7 +480,11 @@ def tune(w: GemmWorkload, *, arch: str = "sm90a", gpu: str | None = None, regist
          max_candidates: int = 24, gpus: list[int] | None = None, runner=None, jobs: int | None = None,
          compile_only: bool = False, force: bool = False, progress: bool = True, timeout: float = 120.0,
          trials: int = 5, reps: int = 20) -> TuneResult:
-    """Tune one workload. `runner(jobs) -> results` replaces the GPU worker pool (tests inject one)."""
+    """Tune one workload. `runner(jobs) -> results` replaces the GPU worker pool (tests inject one).
+
+    With a team registry, the workload is claimed first (registry.claim): while another host
+    tunes it this one waits, then uses the row that host stored, or tunes it when that host's
+    lease expired without one."""
     w = with_rule(w)
     rule = w.rule
     device_name = ""
@@ -503,6 +507,25 @@ def tune(w: GemmWorkload, *, arch: str = "sm90a", gpu: str | None = None, regist
                                  "(--force builds the candidates anyway)")
             return hit
 
+    # 2-5 while holding the workload's lease (a team registry: a host that waited for another
+    # one tuning it uses that host's row; a file database: no lease)
+    search = dict(arch=arch, gpu=gpu, registry=registry, rules=rules, max_candidates=max_candidates, gpus=gpus,
+                  runner=runner, jobs=jobs, compile_only=compile_only, progress=progress, timeout=timeout,
+                  trials=trials, reps=reps)
+    if registry is None or compile_only:
+        return _search(w, key, result, device_name, **search)
+    with registry.claim(key) as claim:
+        result.notes += claim.notes()
+        if claim.coordinated and not force:
+            hit = _from_registry(registry, key, w, result)
+            if hit:
+                return hit
+        return _search(w, key, result, device_name, **search)
+
+
+def _search(w: GemmWorkload, key, result: TuneResult, device_name: str, *, arch, gpu, registry, rules,
+            max_candidates, gpus, runner, jobs, compile_only, progress, timeout, trials, reps) -> TuneResult:
+    """Steps 2-5 of tune: candidates, build, verify and time, and the registry rows."""
     # 2. Candidates.
     cands, notes = candidate_list(w, arch=arch, gpu=gpu, registry=registry, rules=rules,
                                   max_candidates=max_candidates)

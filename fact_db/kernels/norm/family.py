@@ -110,19 +110,41 @@ def tune_region(w: NormWorkload, ctx: Context, tune: bool = True):
     from the build cache, built again when it is not there), else tune.tune_norm (every
     candidate and eager verified against float64 and timed in the worker; the winner written
     to the registry). `best` is a NormTrial (candidate None: eager won) or None; `how` is
-    "registry", "tuned", or "skipped" where `tune` is off and the registry has nothing usable."""
-    from fact_db.kernels.norm import tune as norm_tune
+    "registry", "tuned", or "skipped" where `tune` is off and the registry has nothing usable.
+    With a team registry the workload is claimed while it is tuned (registry.claim)."""
     if ctx.registry is not None and not ctx.force:
-        hit = norm_tune.from_registry(w, ctx.registry, ctx.arch, ctx.gpu_name)
-        if hit is not None:
-            if hit.candidate is None:
-                return [hit], hit, "registry"
-            b = norm_tune.build_candidates(w, [hit.candidate], arch=ctx.arch, progress=ctx.progress)[hit.candidate]
-            if b.ok:
-                hit.so, hit.build_key = str(b.path), b.key
-                return [hit], hit, "registry"
+        got = _stored(w, ctx)
+        if got is not None:
+            return got
     if not tune:
         return [], None, "skipped"
+    if ctx.registry is None:
+        return _tune(w, ctx)
+    with ctx.registry.claim(w.key(ctx.arch, ctx.gpu_name)) as claim:   # a team registry: one host at a time
+        if claim.coordinated and not ctx.force:
+            got = _stored(w, ctx)   # stored meanwhile by the host this one waited for
+            if got is not None:
+                return got
+        return _tune(w, ctx)
+
+
+def _stored(w: NormWorkload, ctx: Context):
+    """(trials, best, "registry") from the registry's current winner, or None."""
+    from fact_db.kernels.norm import tune as norm_tune
+    hit = norm_tune.from_registry(w, ctx.registry, ctx.arch, ctx.gpu_name)
+    if hit is None:
+        return None
+    if hit.candidate is None:
+        return [hit], hit, "registry"
+    b = norm_tune.build_candidates(w, [hit.candidate], arch=ctx.arch, progress=ctx.progress)[hit.candidate]
+    if b.ok:
+        hit.so, hit.build_key = str(b.path), b.key
+        return [hit], hit, "registry"
+    return None
+
+
+def _tune(w: NormWorkload, ctx: Context):
+    from fact_db.kernels.norm import tune as norm_tune
     trials = norm_tune.tune_norm(w, arch=ctx.arch, registry=ctx.registry, gpu=ctx.gpu_name, gpus=ctx.gpus,
                                  progress=ctx.progress)
     return trials, next((t for t in trials if t.status == "ok"), None), "tuned"

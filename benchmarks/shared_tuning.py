@@ -1,0 +1,140 @@
+"""Two hosts tuning one model's regions together through a team registry, against one host alone.
+
+On one GPU machine: the regions of a problem (default minGPT's block) are realized (registry
+first, then tuned: fact_db.realization.realize.realize_regions) by one process with a fresh home
+and an empty registry, timed; then by two processes at once, each with its own FACTDB_HOME (its
+own cache and build cache), sharing one PostgreSQL registry, and timed until both are done.
+With a team registry the two divide the regions (fact_db.store.lease.each). Target: the pair
+takes at most 60% of one host's time. Both processes use the same GPUs (--gpus).
+
+Writes benchmarks/results/<gpu>-<date>-shared-tuning.json (device, date, commit, each run's
+seconds and per-region outcomes) and prints the ratio.
+
+PostgreSQL: `--url` names a server (an empty database or schema the user may create tables in);
+without it, one is started from the installed binaries (tests/pg.py) on 127.0.0.1. With neither,
+the script says so and stops without measuring.
+
+    python benchmarks/shared_tuning.py [--problem benchmarks/problems/mingpt_block.py] [--policy fp32]
+                                       [--url postgresql+psycopg://...] [--gpus 0] [--out PATH]
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from _provenance import commit  # noqa: E402  (benchmarks/ is on sys.path)
+
+HOST = r"""
+import json, sys, time
+from fact_db.discovery.discover import discover_problem
+from fact_db.kernels.abi import current_gpu
+from fact_db.realization.realize import realize_regions
+from fact_db.store.registry import Registry
+
+problem, policy, url, gpus = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+gpu, device = current_gpu()
+report = discover_problem(problem, arch="sm90", policy=policy)
+reg = Registry.open(url, seed=False)
+t0 = time.perf_counter()
+realized = realize_regions(report, policy, registry=reg, gpu=gpu, gpus=[int(g) for g in gpus.split(",")],
+                           progress=False)
+seconds = time.perf_counter() - t0
+print(json.dumps({"seconds": seconds, "device": device, "gpu": gpu,
+                  "regions": [{"index": z.index + 1, "rule": z.region.rule, "how": z.how, "ms": z.ms,
+                               "notes": z.notes} for z in realized]}), flush=True)
+reg.close()
+"""
+
+
+def schema_url(server, url: str | None) -> str:
+    """A fresh place for the registry: a new schema on the server started here, or, on a given
+    server, a new schema when the URL's user may create one, else the URL as given."""
+    if server is not None:
+        return server.new_schema()
+    import sqlalchemy as sa
+    name = "factdb_bench_" + uuid.uuid4().hex[:8]
+    eng = sa.create_engine(url)
+    try:
+        with eng.begin() as conn:
+            conn.execute(sa.text(f"create schema {name}"))
+    except sa.exc.SQLAlchemyError:
+        return url
+    finally:
+        eng.dispose()
+    sep = "&" if "?" in url else "?"
+    return f"{url}{sep}options=-csearch_path%3D{name}"
+
+
+def run_hosts(n: int, url: str, args, tmp: Path) -> dict:
+    procs = []
+    t0 = time.perf_counter()
+    for h in range(n):
+        env = {**os.environ, "FACTDB_HOME": str(tmp / f"run{n}-host{h}"), "FACTDB_SEED": "",
+               "PYTHONPATH": str(ROOT)}
+        env.pop("FACTDB_DB", None)
+        env.pop("FACTDB_CACHE", None)
+        procs.append(subprocess.Popen([sys.executable, "-c", HOST, args.problem, args.policy, url, args.gpus],
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT))
+    outs = [p.communicate() for p in procs]
+    wall = time.perf_counter() - t0
+    for p, (_, err) in zip(procs, outs):
+        if p.returncode != 0:
+            raise SystemExit(f"a host failed ({p.returncode}): {err[-3000:]}")
+    hosts = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+    return {"hosts": n, "wall_s": round(wall, 2), "realize_s": [round(h["seconds"], 2) for h in hosts],
+            "per_host": hosts}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--problem", default=str(ROOT / "benchmarks" / "problems" / "mingpt_block.py"))
+    ap.add_argument("--policy", default="fp32")
+    ap.add_argument("--url", help="PostgreSQL URL of the team registry's server (default: start one here)")
+    ap.add_argument("--gpus", default="0", help="GPU indices each host uses (default 0: both share one)")
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args(argv)
+    server = None
+    if not args.url:
+        import pg as pg_mod
+        if pg_mod.find_bin() is None:
+            print("skipped: PostgreSQL is not installed on this machine and no --url was given; pass "
+                  "--url postgresql+psycopg://USER@HOST/DB of a reachable server, or install the postgresql "
+                  "package (its initdb and pg_ctl) and run again")
+            return 0
+        server = pg_mod.PgServer.start()
+    tmp = Path(tempfile.mkdtemp(prefix="factdb-shared-tuning-"))
+    try:
+        one = run_hosts(1, schema_url(server, args.url), args, tmp)
+        two = run_hosts(2, schema_url(server, args.url), args, tmp)
+    finally:
+        if server is not None:
+            server.destroy()
+    ratio = two["wall_s"] / one["wall_s"]
+    device = one["per_host"][0]["device"]
+    gpu = one["per_host"][0]["gpu"]
+    now = datetime.datetime.now(datetime.timezone.utc)
+    doc = {"benchmark": "shared_tuning", "date": now.isoformat(timespec="seconds"), "commit": commit(),
+           "device": device, "problem": Path(args.problem).name, "policy": args.policy, "gpus": args.gpus,
+           "one_host": one, "two_hosts": two, "ratio": round(ratio, 3), "target": "<= 0.6"}
+    out = args.out or HERE / "results" / f"{gpu}-{now.date().isoformat()}-shared-tuning.json"
+    out.write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"one host: {one['wall_s']:.1f} s; two hosts together: {two['wall_s']:.1f} s; ratio {ratio:.2f} "
+          f"(target <= 0.6) on {device}")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

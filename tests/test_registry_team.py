@@ -1,0 +1,262 @@
+"""The team registry against a real PostgreSQL server (tests/pg.py): the local cache in front of it,
+the server going away and coming back, sync, leases, and what `registry status` shows.
+
+Tests that stop the server start one of their own (`own_pg`); the rest share the session's.
+"""
+import json
+import threading
+import time
+import warnings
+
+import pytest
+import sqlalchemy as sa
+from click.testing import CliRunner
+from test_registry import ENV, KW, make_key, make_rec
+
+from fact_db.store import lease as lease_mod
+from fact_db.store.registry import (
+    Registry,
+    RegistryError,
+    ServerOfflineWarning,
+    ServerUnreachable,
+    TrialRecord,
+)
+from fact_db.store import shared as shared_mod
+
+pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture(autouse=True)
+def _warn_again():
+    shared_mod._WARNED.clear()   # "said once" is per process; each test starts afresh
+    yield
+
+
+def team(url, tmp_path, name="a", **kw) -> Registry:
+    return Registry.open(url, seed=False, cache=tmp_path / f"{name}.duckdb", **kw)
+
+
+def cache_rows(reg) -> dict:
+    with reg.team.cache.begin(write=False) as conn:
+        return dict(conn.execute(sa.text("select digest, time_ms from kernels")).all())
+
+
+def server_count(url, table="kernels") -> int:
+    with Registry.open(url, seed=False, cache=False) as srv, srv.transaction(write=False) as conn:
+        return conn.execute(sa.text(f"select count(*) from {table}")).scalar()
+
+
+def trial(m, i):
+    return TrialRecord(key=make_key(m=m), template="gemm_sm90", config={"i": i}, status="timeout",
+                       template_hash="aaaa", env=ENV)
+
+
+# ---------------------------------------------------------------------------------------
+# the cache in front of the server
+
+def test_lookups_hit_the_cache_first_and_keep_what_the_server_answers(pg, tmp_path):
+    url = pg.new_schema()
+    with team(url, tmp_path, "a") as a, team(url, tmp_path, "b") as b:
+        assert a.put(make_rec(make_key(m=256), time_ms=2.0), **KW) == "inserted"
+        assert cache_rows(a) == {make_key(m=256).digest(): 2.0}          # written through
+        assert cache_rows(b) == {}
+        hit = b.lookup(make_key(m=256), **KW)                            # a miss here: the server answers
+        assert hit.exact and hit.record.time_ms == 2.0
+        assert cache_rows(b) == {make_key(m=256).digest(): 2.0}          # and the cache keeps it
+        near = b.lookup(make_key(m=512), **KW)                           # the nearest shape, from the server
+        assert near.record.key.m == 256 and not near.exact
+        # a faster row from host A replaces the server's; B's cache still answers with its copy,
+        # until a sync brings the server's
+        assert a.put(make_rec(make_key(m=256), time_ms=1.0), **KW) == "replaced"
+        assert b.lookup(make_key(m=256), **KW).record.time_ms == 2.0
+        rep = b.sync()
+        assert (rep.pushed, rep.pulled, rep.removed, rep.pending) == (0, 1, 0, 0)
+        assert b.lookup(make_key(m=256), **KW).record.time_ms == 1.0
+        # listing, counting and trials read the server: every host's rows
+        b.add_trials([trial(256, 1)])
+        assert len(a.trials(make_key(m=256))) == 1 and a.count() == 1
+        assert [r.digest for r in b.rows()] == [make_key(m=256).digest()]
+
+
+def test_a_server_that_goes_away_is_said_once_and_the_cache_serves(own_pg, tmp_path):
+    url = own_pg.new_schema()
+    with team(url, tmp_path) as reg:
+        reg.team.retry_s = 0.0      # try the server at every call (the default waits 30 s)
+        reg.put(make_rec(make_key(m=64)), **KW)
+        own_pg.stop()
+        with pytest.warns(ServerOfflineWarning) as seen:
+            assert reg.lookup(make_key(m=64), **KW).exact                      # from the cache
+            assert reg.put(make_rec(make_key(m=128)), **KW) == "inserted"      # kept for the server
+            reg.add_trials([trial(128, i) for i in range(3)])
+            assert reg.lookup(make_key(m=128), **KW).exact
+            assert reg.count() == 2                                             # the cache's rows
+            with reg.claim(make_key(m=192)) as c:                               # nothing to coordinate with
+                assert c.held and not c.coordinated
+        assert len(seen) == 1, [str(w.message) for w in seen]
+        msg = str(seen[0].message)
+        assert "unreachable" in msg and "local cache" in msg and "factdb registry sync" in msg
+        assert "owner-s3cret" not in msg and "***" in msg
+        st = reg.status()
+        assert not st["reachable"] and (st["pending_kernels"], st["pending_trials"]) == (1, 3)
+        with pytest.raises(ServerUnreachable):
+            reg.sync()
+        with pytest.raises(RegistryError, match="run it again when the server is back"):
+            reg.revalidate(ENV, template_hashes=KW["template_hashes"])
+        own_pg.restart()
+        rep = reg.sync()
+        assert (rep.pushed, rep.pushed_trials, rep.pending) == (1, 3, 0)
+    assert server_count(url) == 2 and server_count(url, "trials") == 3
+
+
+def test_a_push_repeated_stores_nothing_twice(own_pg, tmp_path):
+    """A host that dies between the server's commit and emptying its queue pushes again: merged
+    by key, trials it already has skipped."""
+    url = own_pg.new_schema()
+    with team(url, tmp_path) as reg:
+        reg.team.retry_s = 0.0
+        own_pg.stop()
+        with pytest.warns(ServerOfflineWarning):
+            reg.put_many([make_rec(make_key(m=64 * i)) for i in (1, 2, 3)], **KW)
+            reg.add_trials([trial(64, i) for i in range(4)])
+        with reg.team.cache.begin(write=False) as conn:
+            queued = conn.execute(sa.text("select kind, id, queued_at from outbox")).all()
+        assert len(queued) == 7
+        own_pg.restart()
+        assert reg.sync().pushed == 3
+        with reg.team.cache.begin() as conn:   # the queue as it was before the push emptied it
+            conn.execute(sa.text("insert into outbox values (:k, :i, :q)"),
+                         [{"k": r.kind, "i": r.id, "q": r.queued_at} for r in queued])
+        rep = reg.sync()
+        assert (rep.pushed, rep.pushed_trials, rep.pending) == (3, 0, 0)
+    assert server_count(url) == 3 and server_count(url, "trials") == 4
+
+
+def test_opened_while_the_server_is_down_then_pushed_when_it_answers(own_pg, tmp_path):
+    url = own_pg.new_schema()
+    Registry.open(url, seed=False, cache=False).close()   # the schema exists; the server then goes away
+    own_pg.stop()
+    with pytest.warns(ServerOfflineWarning):
+        reg = team(url, tmp_path)
+    with reg:
+        reg.team.retry_s = 0.0
+        assert reg.lookup(make_key(), **KW) is None
+        assert reg.put(make_rec(), **KW) == "inserted"
+        own_pg.restart()
+        assert reg.lookup(make_key(m=8), **KW) is None    # the server answers again: the queue goes first
+        assert reg.status()["pending_kernels"] == 0
+    assert server_count(url) == 1
+
+
+def test_index_reads_the_servers_rows(pg, tmp_path):
+    """`factdb index build` indexes what every host added (its documents come from the server)."""
+    from fact_db.store.index.docs import kernel_docs
+    url = pg.new_schema()
+    with team(url, tmp_path, "a") as a, team(url, tmp_path, "b") as b:
+        a.put(make_rec(make_key(m=4096)), **KW)
+        assert cache_rows(b) == {}
+        assert [d.id for d in kernel_docs(b)] == [make_key(m=4096).digest()]
+
+
+# ---------------------------------------------------------------------------------------
+# leases
+
+def test_claims_wait_for_a_live_holder_and_take_over_an_expired_one(pg, tmp_path):
+    url = pg.new_schema()
+    a = Registry.open(url, seed=False, cache=False)
+    b = Registry.open(url, seed=False, cache=False)
+    a.leases.ttl = b.leases.ttl = 1.0
+    key = make_key(m=1024)
+    try:
+        with a.claim(key) as ca:
+            assert ca.held and ca.coordinated
+            with a.claim(key) as again:                     # re-entrant in one process
+                assert again.held
+            with b.claim(key, wait=False) as cb:
+                assert not cb.held and cb.holder == a.leases.holder
+            time.sleep(1.5)                                 # past one TTL: the heartbeat keeps it
+            with b.claim(key, wait=False) as cb:
+                assert not cb.held
+            got = {}
+
+            def wait_in_b():
+                with b.claim(key) as c:
+                    got["claim"] = c
+            t = threading.Thread(target=wait_in_b)
+            t.start()
+            time.sleep(0.6)
+            assert "claim" not in got
+        t.join(10)
+        assert got["claim"].held and got["claim"].waited_s >= 0.5 and not got["claim"].took_over
+        assert "waited" in got["claim"].notes()[0]
+        assert a.leases.held() == []                        # released on leaving the blocks
+        # a holder that stops renewing (killed: here, a lease row nobody renews) is taken over after its TTL
+        with a.transaction() as conn:
+            conn.execute(sa.text("insert into leases values (:d, 'gemm', '{}', 'gone:1:x', 'gone', 1, "
+                                 "clock_timestamp(), clock_timestamp() + interval '1 second')"),
+                         {"d": key.digest()})
+        t0 = time.monotonic()
+        with b.claim(key) as c:
+            assert c.held and c.took_over == "gone:1:x" and 0.5 < time.monotonic() - t0 < 10
+            assert "took over the lease of gone:1:x" in c.notes()[0]
+    finally:
+        a.close()
+        b.close()
+
+
+def test_each_divides_a_list_between_hosts(pg, tmp_path):
+    url = pg.new_schema()
+    regs = [Registry.open(url, seed=False, cache=False) for _ in range(2)]
+    items = list(range(8))
+    done: dict[int, list] = {0: [], 1: []}
+
+    def work(h):
+        for i in lease_mod.each(items, lambda i: make_key(m=64 * (i + 1)), regs[h].claim, poll_s=0.05):
+            if any(i in d for d in done.values()):
+                continue   # the other host did it while this one came back to it
+            done[h].append(i)
+            time.sleep(0.15)
+    try:
+        threads = [threading.Thread(target=work, args=(h,)) for h in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    finally:
+        for r in regs:
+            r.close()
+    assert sorted(done[0] + done[1]) == items
+    assert done[0] and done[1], done
+
+
+def test_claims_are_no_ops_on_a_file_database(tmp_path):
+    with Registry.open(str(tmp_path / "r.duckdb"), seed=False) as reg:
+        assert not reg.coordinated
+        with reg.claim(make_key()) as c, reg.claim(make_key()) as d:
+            assert c.held and d.held and not c.coordinated and c.notes() == []
+        with pytest.raises(RegistryError, match="not a team registry"):
+            reg.sync()
+
+
+# ---------------------------------------------------------------------------------------
+# the CLI
+
+def test_registry_status_and_sync_commands_mask_the_password(pg, tmp_path, monkeypatch):
+    from fact_db.cli.main import cli
+    url = pg.new_schema()
+    monkeypatch.setenv("FACTDB_CACHE", str(tmp_path / "cli-cache.duckdb"))
+    with team(url, tmp_path, "w") as w:
+        w.put(make_rec(), **KW)
+    runner = CliRunner()
+    r = runner.invoke(cli, ["registry", "status", "--db", url])
+    assert r.exit_code == 0, r.output
+    assert "owner-s3cret" not in r.output and "factdb_owner:***@127.0.0.1" in r.output
+    assert "reachable, 1 kernels" in r.output and "waiting for the server: 0 kernels, 0 trials" in r.output
+    r = runner.invoke(cli, ["registry", "sync", "--db", url, "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output[r.output.index("{"):])["pulled"] == 1
+    r = runner.invoke(cli, ["registry", "list", "--db", url])
+    assert r.exit_code == 0 and make_key().digest() in r.output and "owner-s3cret" not in r.output
+    bad = url.replace("owner-s3cret", "wrong-password")
+    r = runner.invoke(cli, ["registry", "status", "--db", bad], env={"FACTDB_CACHE": "off"})
+    assert r.exit_code != 0 and "wrong-password" not in r.output and "***" in r.output
+    assert "password authentication failed" in r.output and len(r.output.strip().splitlines()) == 1
