@@ -72,11 +72,18 @@ def test_single_pattern_problems(traced, ruleset, name, expected):
     assert rep.uncovered == []
 
 
+# Problems kept on purpose with ops no rule covers, and the ops that must stay uncovered:
+# relu_self_attention is the attention variant no rule covers (issue 25's target for
+# Inductor's glue around fact-db's GEMMs), its mask, ReLU and scaling left to PyTorch.
+UNCOVERED_ON_PURPOSE = {"relu_self_attention": {"aten.masked_fill", "aten.relu", "aten.mul", "aten.div"}}
+
+
 def test_every_benchmark_problem_is_fully_covered(traced, ruleset):
     for name in ALL_PROBLEMS:
         rep = analyse(traced(name), ruleset)
         assert rep.regions, name
-        assert rep.uncovered == [], (name, rep.uncovered)
+        left = {u.op.rsplit(".", 1)[0] if u.op.count(".") > 1 else u.op for u in rep.uncovered}
+        assert left <= UNCOVERED_ON_PURPOSE.get(name, set()), (name, rep.uncovered)
 
 
 def test_roofline_ranks_and_policies(traced, ruleset):
