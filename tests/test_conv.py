@@ -1,0 +1,412 @@
+"""The convolution family on the CPU: discovery's conv regions (geometry, the epilogue chain as
+data, why a convolution did not match), BatchNorm folding against eager, the registry key,
+the workload's reference, the kernel's template parameters and 3xTF32 split, candidate pruning,
+and composition with stand-in ops (layout conversions counted, composed == eager)."""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import fact_db
+from fact_db.kernels import families
+from fact_db.kernels.conv import family as conv_family
+from fact_db.kernels.conv.fold import fold_bn
+from fact_db.kernels.conv.kernel import (ConvConfig, channels_last_strides, groups_of, is_channels_last, params, render,
+                                         split_activation, tf32_lo, to_channels_last, why_not)
+from fact_db.kernels.conv.tune import MAX_TILE_AREA, candidates
+from fact_db.kernels.conv.workload import ConvError, ConvWorkload, canonical_chain
+from fact_db.kernels.impl import Impl
+from fact_db.store.db import RegistryError
+from fact_db.store.keys import ConvKey, Key
+from tests import standins
+
+
+class Chain3(nn.Module):
+    """Three convolutions in a row: conv+ReLU, conv+BN+residual+ReLU, conv*scale-0.25+HardSwish."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv2d(8, 16, 3, padding=1)
+        self.c2 = nn.Conv2d(16, 16, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(16)
+        self.c3 = nn.Conv2d(16, 32, 1)
+        self.s = nn.Parameter(torch.randn(32, 1, 1))
+        with torch.no_grad():  # statistics that are not the identity, so folding matters
+            self.bn.running_mean.uniform_(-0.5, 0.5)
+            self.bn.running_var.uniform_(0.5, 2.0)
+            self.bn.weight.uniform_(0.5, 1.5)
+            self.bn.bias.uniform_(-0.5, 0.5)
+
+    def forward(self, x):
+        y = torch.relu(self.c1(x))
+        y = torch.relu(self.bn(self.c2(y)) + y)
+        return F.hardswish(self.c3(y) * self.s - 0.25)
+
+
+# ------------------------------------------------------------------ discovery
+
+def test_a_chain_of_convolutions_is_three_regions_with_their_geometry_and_chain():
+    rep = fact_db.discover(Chain3().eval(), (torch.randn(2, 8, 8, 8),))
+    assert [r.rule for r in rep.regions] == ["conv-bias-act", "conv-bn", "conv-epilogue"]
+    r1, r2, r3 = rep.regions
+    assert r1.attrs["geometry"] | {} == r1.problem
+    assert r1.problem["k"] == 16 and r1.problem["filter"] == [3, 3] and r1.problem["padding"] == [1, 1]
+    assert r1.shape == "N2 C8 K16 8x8 f3x3 s1x1 p1x1"
+    assert [s["op"] for s in r2.attrs["chain"]] == ["add", "relu"]
+    assert r2.attrs["chain"][0]["kind"] == "full" and r2.attrs["chain"][0]["tensor"] == r1.output
+    assert {"bn_mean", "bn_var", "bn_weight", "bn_bias"} <= set(r2.operands) and "bias" not in r2.operands
+    assert r3.attrs["chain"][:2] == [{"op": "mul", "tensor": "p_s", "kind": "channel", "node": "mul"},
+                                     {"op": "sub", "scalar": 0.25, "node": "sub"}]
+    assert not any(r.composable for r in rep.regions)
+
+
+def test_chains_of_any_length_are_one_region():
+    class Long(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c = nn.Conv3d(4, 8, 3)
+
+        def forward(self, x):
+            x = self.c(x)
+            for i in range(12):
+                x = torch.tanh(x) * 2.0 + 0.1 * i
+            return x
+    rep = fact_db.discover(Long().eval(), (torch.randn(1, 4, 6, 6, 6),))
+    assert [r.rule for r in rep.regions] == ["conv-epilogue"]
+    assert len(rep.regions[0].attrs["chain"]) == 36
+
+
+@pytest.mark.parametrize("model,inputs,rule,reason", [
+    (nn.Conv2d(16, 16, 3, groups=16), (torch.randn(2, 16, 8, 8),), "conv", "`groups == 1` is false (groups=16)"),
+    (nn.Conv2d(16, 32, 3).double(), (torch.randn(2, 16, 8, 8, dtype=torch.float64),), "conv", "dtype float64"),
+])
+def test_explain_says_why_a_convolution_did_not_match(model, inputs, rule, reason):
+    rep = fact_db.discover(model.eval(), inputs)
+    assert not rep.regions
+    assert reason in rep.misses[rule].reason
+
+
+def test_explain_says_a_training_mode_batchnorm_is_not_folded():
+    class TrainBn(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c = nn.Conv2d(16, 32, 3)
+            self.register_buffer("m", torch.zeros(32))
+            self.register_buffer("v", torch.ones(32))
+
+        def forward(self, x):
+            return F.batch_norm(self.c(x), self.m, self.v, training=True)
+    rep = fact_db.discover(TrainBn().eval(), (torch.randn(2, 16, 8, 8),))
+    assert "training=True, the rule needs False" in rep.misses["conv-bn"].reason
+    assert [r.rule for r in rep.regions] == ["conv"]  # the convolution alone still is one
+
+
+# ------------------------------------------------------------------ BatchNorm folding
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 2e-5)])
+@pytest.mark.parametrize("dims", [1, 2, 3])
+@pytest.mark.parametrize("bias", [True, False])
+def test_folded_batchnorm_equals_eager(dtype, tol, dims, bias):
+    conv = (nn.Conv1d, nn.Conv2d, nn.Conv3d)[dims - 1](6, 10, 3, padding=1, bias=bias).to(dtype)
+    bn = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)[dims - 1](10, eps=1e-3).to(dtype).eval()
+    with torch.no_grad():
+        bn.running_mean.normal_()
+        bn.running_var.uniform_(0.1, 3.0)
+        bn.weight.normal_()
+        bn.bias.normal_()
+    x = torch.randn(2, 6, *([7] * dims), dtype=dtype)
+    w, b = fold_bn(conv.weight, conv.bias, bn.weight, bn.bias, bn.running_mean, bn.running_var, bn.eps)
+    assert w.dtype == dtype and b.dtype == dtype
+    ref = bn(conv(x))
+    got = conv._conv_forward(x, w, b)
+    assert (got - ref).abs().max().item() <= tol * max(1.0, ref.abs().max().item())
+
+
+def test_folding_a_transposed_grouped_convolution_scales_its_output_channels():
+    conv = nn.ConvTranspose2d(8, 6, 3, groups=2).double()
+    bn = nn.BatchNorm2d(6).double().eval()
+    with torch.no_grad():
+        bn.running_var.uniform_(0.5, 2.0)
+        bn.weight.normal_()
+    x = torch.randn(1, 8, 5, 5, dtype=torch.float64)
+    w, b = fold_bn(conv.weight, conv.bias, bn.weight, bn.bias, bn.running_mean, bn.running_var, bn.eps,
+                   transposed=True, groups=2)
+    assert torch.allclose(F.conv_transpose2d(x, w, b, groups=2), bn(conv(x)), atol=1e-12)
+
+
+def test_folding_without_affine_parameters():
+    conv, bn = nn.Conv2d(4, 4, 1).double(), nn.BatchNorm2d(4, affine=False).double().eval()
+    with torch.no_grad():
+        bn.running_mean.normal_()
+    x = torch.randn(1, 4, 3, 3, dtype=torch.float64)
+    w, b = fold_bn(conv.weight, conv.bias, None, None, bn.running_mean, bn.running_var, bn.eps)
+    assert torch.allclose(F.conv2d(x, w, b), bn(conv(x)), atol=1e-12)
+
+
+# ------------------------------------------------------------------ registry key
+
+def _key(**kw):
+    base = dict(rule="conv-bn", arch="sm_90a", gpu="NVIDIA H100 80GB HBM3", dtype="bf16", layout="nhwc", n=8, c=64,
+                k=64, input="56x56", filter="3x3", stride="1x1", padding="1x1", dilation="1x1", output_padding="0x0",
+                groups=1, transposed=False, bias=True, chain='[{"op": "relu"}]', policy="bf16")
+    return ConvKey(**(base | kw))
+
+
+def test_conv_key_canonicalizes_and_digests_stably():
+    k = _key()
+    assert (k.arch, k.gpu, k.dtype, k.chain) == ("sm90a", "h100", "bfloat16", '[{"op":"relu"}]')
+    assert k.summary == "conv-bn N8 C64 K64 56x56 f3x3 bf16"
+    assert Key.from_dict("conv", k.as_dict()) == k
+    assert k.digest() == _key(chain='[{"op":"relu"}]').digest()  # JSON spacing is not identity
+    assert k.digest() != _key(padding="0x0").digest() != _key(policy="fp16", dtype="fp16").digest()
+    assert k.near() == _key(n=32).near() and k.distance(_key(n=32)) == 2.0
+    assert k.near() != _key(chain='[{"op": "tanh"}]').near()
+
+
+@pytest.mark.parametrize("field,value,words", [
+    ("input", "56,56", "input"), ("groups", 0, "groups"), ("layout", "nwhc", "layout"),
+    ("chain", '{"op": "relu"}', "chain"), ("filter", "3x3x3", "one size per spatial dim"), ("policy", "tf16", "policy"),
+])
+def test_conv_key_refuses_a_bad_field_naming_it(field, value, words):
+    with pytest.raises(RegistryError, match=words):
+        _key(**{field: value})
+
+
+def test_conv_rows_go_through_the_one_registry_api():
+    from fact_db.kernels.conv.tune import ConvTrial, from_registry, record
+    from fact_db.store.registry import Registry
+    w = ConvWorkload(8, 64, 64, (56, 56), (3, 3), padding=(1, 1), chain='[{"op":"relu"}]', dtype="bfloat16",
+                     policy="bf16", rule="conv-bias-act")
+    cfg = ConvConfig(128, 64, 64)
+    trials = [ConvTrial(cfg.label, "ok", 0.5, 1e-3, config=cfg), ConvTrial("cudnn", "ok", 0.7, 1e-3),
+              ConvTrial("64x64x64 c1x1", "verify_failed", error="error 1 > bound", config=ConvConfig(64, 64, 64))]
+    with Registry.open("memory") as reg:
+        assert from_registry(w, reg, gpu="h100") is None
+        record(w, trials, reg, gpu="h100", device_name="NVIDIA H100")
+        hit = from_registry(w, reg, gpu="h100")
+        assert hit is not None and hit.config == cfg and hit.time_ms == 0.5
+        rec = reg.lookup(w.key("sm90a", "h100"), nearest=False).record
+        assert rec.baseline == "cudnn" and rec.baseline_ms == 0.7 and rec.template == "conv_sm90"
+        assert {t.status for t in reg.trials(w.key("sm90a", "h100"))} == {"ok", "verify_failed"}
+        assert conv_family.answer(reg, w, "sm90a", "h100") == ("hit", 0.5)
+        assert conv_family.answer(reg, ConvWorkload(**(w.as_dict() | {"policy": "fp16", "dtype": "float16"})),
+                                  "sm90a", "h100") == ("miss", None)
+        # cuDNN winning is recorded as the library's row
+        w2 = ConvWorkload(1, 16, 16, (8, 8), (3, 3), groups=16)
+        record(w2, [ConvTrial("cudnn", "ok", 0.01, 1e-7)], reg, gpu="h100")
+        assert from_registry(w2, reg, gpu="h100").config is None
+
+
+# ------------------------------------------------------------------ workload
+
+@pytest.mark.parametrize("kw", [
+    dict(n=2, c=4, k=8, input=(9, 11), filter=(3, 2), stride=(2, 1), padding=(1, 0), dilation=(1, 2)),
+    dict(n=1, c=4, k=6, input=(17,), filter=(5,), stride=(3,), padding=(2,), dilation=(2,)),
+    dict(n=1, c=4, k=4, input=(4, 5, 6), filter=(3, 3, 3), padding=(1, 1, 1)),
+    dict(n=2, c=8, k=6, input=(5, 5), filter=(3, 3), stride=(2, 2), padding=(1, 1), output_padding=(1, 1),
+         transposed=True, groups=2),
+])
+def test_workload_output_shape_and_reference_match_pytorch(kw):
+    w = ConvWorkload(**kw, chain=canonical_chain([{"op": "relu"}, {"op": "mul", "tensor": "t", "kind": "channel"}]))
+    inp = w.make_inputs("randn", device="cpu")
+    assert tuple(inp["x"].shape) == w.x_shape() and tuple(inp["w"].shape) == w.w_shape()
+    y = w.eager(inp)
+    assert tuple(y.shape) == w.y_shape()
+    ref = w.reference(inp)
+    assert ref.dtype == torch.float64 and (y.double() - ref).abs().max() < 1e-4
+
+
+def test_workload_chain_keys_without_graph_names_and_round_trips():
+    steps = [{"op": "sub", "scalar": 0.5, "node": "sub"}, {"op": "mul", "tensor": "p_s", "kind": "channel", "node": "m"}]
+    w = ConvWorkload(2, 16, 32, (8, 8), (3, 3), chain=canonical_chain(steps))
+    assert json.loads(w.chain) == [{"op": "sub", "scalar": 0.5}, {"kind": "channel", "op": "mul"}]
+    assert ConvWorkload(**json.loads(json.dumps(w.as_dict()))) == w
+    assert w.key_fields()["input"] == "8x8" and w.key("sm90a", "h100").family_class("conv") is ConvKey
+    with pytest.raises(ConvError, match="one size per spatial dim"):
+        ConvWorkload(2, 16, 32, (8, 8), (3,))
+    with pytest.raises(ConvError, match="not one of"):
+        ConvWorkload(2, 16, 32, (8, 8), (3, 3), chain='[{"op": "softmax"}]')
+
+
+def test_eager_fp32_runs_without_tf32_and_restores_the_flags():
+    seen = []
+
+    class Spy(ConvWorkload):
+        def _conv(self, x, w, b):
+            seen.append(torch.backends.cudnn.allow_tf32)
+            return super()._conv(x, w, b)
+    w = Spy(1, 4, 4, (5, 5), (3, 3), policy="fp32")
+    before = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = True
+    try:
+        w.eager(w.make_inputs(device="cpu"))
+        w.eager(w.make_inputs(device="cpu"), policy="tf32")
+        assert torch.backends.cudnn.allow_tf32 is True
+    finally:
+        torch.backends.cudnn.allow_tf32 = before
+    assert seen == [False, True]
+
+
+# ------------------------------------------------------------------ kernel: template, split, layout
+
+def test_template_parameters_group_the_chain_and_number_the_vectors():
+    steps = [{"op": "sub", "scalar": 0.5}, {"op": "hardswish"}, {"op": "mul", "kind": "channel"},
+             {"op": "add", "kind": "full"}, {"op": "leaky_relu", "slope": 0.2}, {"op": "clamp", "min": -1.0, "max": None}]
+    w = ConvWorkload(2, 16, 32, (8, 8), (3, 3), chain=canonical_chain(steps), dtype="bfloat16", policy="bf16")
+    g = groups_of(w)
+    assert [x["kind"] for x in g] == ["vec", "unary", "vec", "src", "unary"]
+    assert (g[0]["index"], g[2]["index"]) == (0, 1)
+    assert [s["value"] for s in g[1]["steps"]] == ["0.5f", None] and g[4]["steps"][0]["slope"] == "0.2f"
+    src = render(w, ConvConfig(128, 64, 64))
+    assert "x[i] * t[i]" in src and "Sm90SrcFetch<ElementC>" in src and "(v - 0.5f)" in src
+    assert "fmaxf(v, -1.0f)" in src and "cutlass::conv::KernelImplicitTmaWarpSpecializedSm90>" in src
+    assert params(w, ConvConfig(64, 64, 64))["element_c"] == "cutlass::bfloat16_t"
+    assert params(ConvWorkload(2, 16, 32, (8, 8), (3, 3)), ConvConfig(64, 64, 32))["element_c"] == "void"
+
+
+def test_tf32_split_recovers_what_truncation_loses():
+    x = torch.randn(4096, dtype=torch.float32)
+    lo = tf32_lo(x)
+    hi = x - lo
+    assert torch.equal(hi + lo, x)
+    assert torch.all((hi.view(torch.int32) & 0x1FFF) == 0)  # hi is what TF32 operands keep
+    assert lo.abs().max() <= hi.abs().max() * 2 ** -10
+
+
+def _trunc(t):
+    return (t.contiguous().view(torch.int32) & -8192).view(torch.float32)
+
+
+def test_split3_over_three_channel_blocks_is_fp32_class_where_one_tf32_product_is_not():
+    """What the kernel computes for split3, emulated on the CPU: TF32 operands truncated, three
+    channel blocks [x, x, lo(x)] . [w, lo(w), w] summed in one convolution."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 32, 9, 9)
+    w = torch.randn(16, 32, 3, 3) / math.sqrt(32 * 9)
+    ref = F.conv2d(x.double(), w.double())
+    xs = split_activation(x.movedim(1, -1)).movedim(-1, 1)
+    ws = torch.cat([w, tf32_lo(w), w], dim=1)
+    got = F.conv2d(_trunc(xs).double(), _trunc(ws).double())
+    one = F.conv2d(_trunc(x).double(), _trunc(w).double())
+    rel = lambda a: ((a - ref).norm() / ref.norm()).item()  # noqa: E731
+    assert rel(got) < 1e-6 < 1e-4 < rel(one)
+
+
+def test_channels_last_helpers_for_1d_2d_3d():
+    for shape in [(2, 3, 5), (2, 3, 4, 5), (2, 3, 4, 5, 6)]:
+        x = torch.randn(shape)
+        y = to_channels_last(x)
+        assert torch.equal(x, y) and is_channels_last(y) and not is_channels_last(x)
+        assert list(y.stride()) == channels_last_strides(shape)
+        assert to_channels_last(y) is y
+
+
+def test_why_not_says_which_convolutions_stay_with_cudnn():
+    assert "grouped or depthwise" in why_not(ConvWorkload(1, 16, 16, (8, 8), (3, 3), groups=16))
+    assert "multiples of 8" in why_not(ConvWorkload(1, 3, 64, (8, 8), (3, 3), dtype="bfloat16", policy="bf16"))
+    assert "multiples of 4" in why_not(ConvWorkload(1, 3, 64, (8, 8), (3, 3)))
+    assert "transposed" in why_not(ConvWorkload(1, 16, 16, (8, 8), (3, 3), transposed=True))
+    assert why_not(ConvWorkload(1, 16, 16, (8, 8), (3, 3))) == ""
+
+
+def test_candidates_respect_the_register_budget_and_the_policy():
+    half = ConvWorkload(8, 64, 128, (56, 56), (3, 3), padding=(1, 1), dtype="bfloat16", policy="bf16")
+    cands = candidates(half, limit=20)
+    assert cands and all(c.tile_m * c.tile_n <= MAX_TILE_AREA and c.tile_k == 64 and not c.split3 for c in cands)
+    assert len(set(cands)) == len(cands)
+    fp32 = ConvWorkload(8, 64, 128, (56, 56), (3, 3), padding=(1, 1))
+    assert all(c.split3 and c.tile_k == 32 for c in candidates(fp32))
+    assert not any(c.split3 for c in candidates(ConvWorkload(8, 64, 128, (56, 56), (3, 3), policy="tf32")))
+    small_k = ConvWorkload(8, 64, 32, (56, 56), (3, 3))
+    assert all(c.tile_n <= 64 for c in candidates(small_k, limit=20))
+    assert candidates(ConvWorkload(8, 64, 64, (56, 56), (3, 3), groups=4)) == []
+
+
+# ------------------------------------------------------------------ family and composition
+
+def _impls(rep, policy="fp32"):
+    impls = {}
+    for i, r in enumerate(rep.regions):
+        w, note = families.workload_of(r, rep.graph, policy)
+        assert families.of(w) is conv_family, note
+        cfg = ConvConfig(128, 64, 32, split3=policy == "fp32")
+        impls[i] = Impl("conv", "stand-in", standins.conv_op(w), {"workload": w.as_dict(), "config": asdict(cfg)})
+    return impls
+
+
+def test_workloads_read_channels_last_after_a_fact_db_convolution():
+    rep = fact_db.discover(Chain3().eval(), (torch.randn(2, 8, 8, 8),))
+    ws = [families.workload_of(r, rep.graph, "fp32")[0] for r in rep.regions]
+    assert [w.layout for w in ws] == ["nchw", "nhwc", "nhwc"]
+    assert [w.rule for w in ws] == ["conv-bias-act", "conv-bn", "conv-epilogue"]
+    assert ws[1].bias and ws[1].residual and ws[2].vec_steps == [{"op": "mul", "kind": "channel"}]
+
+
+def test_composed_three_conv_chain_equals_eager_with_one_layout_conversion():
+    from fact_db.composition.compose import rewrite
+    torch.manual_seed(1)
+    model = Chain3().eval()
+    x = torch.randn(2, 8, 8, 8)
+    rep = fact_db.discover(model, (x,))
+    standins.CALLS.clear()
+    gm, notes = rewrite(rep.graph.program, rep.regions, _impls(rep))
+    with torch.no_grad():
+        got, want = gm(x), model(x)
+    assert standins.CALLS["conv"] == 3 and standins.CALLS["conv_not_channels_last"] == 0
+    assert (got - want).abs().max().item() < 1e-4
+    assert gm.meta["factdb_layout_conversions"] == ["region 1 conv-bias-act: input `x` converted to channels-last"]
+    assert any(n.startswith("layout: 1 conversion(s) to channels-last left for 3 fact-db convolution(s)") for n in notes)
+    # BatchNorm is gone: folded into the held weight and bias, made once.
+    assert not any("batch_norm" in str(n.target) for n in gm.graph.nodes)
+    assert {b for b, _ in gm.named_buffers() if b.startswith("_factdb_conv")} == {
+        "_factdb_conv_weight_0", "_factdb_conv_weight_1", "_factdb_conv_bias_1", "_factdb_conv_weight_2"}
+
+
+def test_a_convolution_whose_input_comes_from_pytorch_gets_its_own_conversion():
+    from fact_db.composition.compose import rewrite
+
+    class Split(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Conv2d(8, 16, 3, padding=1), nn.Conv2d(16, 16, 1)
+
+        def forward(self, x):
+            y = torch.relu(self.a(x))
+            return self.b(y.flatten(2).view(y.shape))  # a reshape: PyTorch hands back contiguous NCHW
+    model = Split().eval()
+    x = torch.randn(1, 8, 6, 6)
+    rep = fact_db.discover(model, (x,))
+    gm, notes = rewrite(rep.graph.program, rep.regions, _impls(rep, "tf32"))
+    assert len(gm.meta["factdb_layout_conversions"]) == 2
+    standins.CALLS.clear()
+    with torch.no_grad():
+        assert torch.allclose(gm(x), model(x), atol=1e-5)
+    assert standins.CALLS["conv_not_channels_last"] == 0
+
+
+def test_composed_chain_runs_under_torch_compile():
+    from fact_db.composition.compose import rewrite
+    model = Chain3().eval()
+    x = torch.randn(2, 8, 8, 8)
+    rep = fact_db.discover(model, (x,))
+    gm, _ = rewrite(rep.graph.program, rep.regions, _impls(rep))
+    torch._dynamo.reset()
+    with torch.no_grad():
+        out = torch.compile(gm, fullgraph=True, backend="eager")(x)
+        assert torch.allclose(out, model(x), atol=1e-4)
+
+
+def test_realize_takes_the_choosers_result_and_cudnn_wins_leave_the_region_eager():
+    from fact_db.kernels.conv.tune import ConvTrial
+    from fact_db.kernels.family import Context
+    w = ConvWorkload(2, 16, 32, (8, 8), (3, 3))
+    cudnn = ConvTrial("cudnn", "ok", 0.2, 1e-7)
+    ctx = Context(hooks={"conv": lambda w: ([cudnn], cudnn, "tuned")})
+    out = conv_family.realize(w, None, ctx)
+    assert out.impl.kind == "eager" and "cuDNN is the fastest" in out.impl.note and out.eager_ms == 0.2
