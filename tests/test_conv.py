@@ -410,3 +410,32 @@ def test_realize_takes_the_choosers_result_and_cudnn_wins_leave_the_region_eager
     ctx = Context(hooks={"conv": lambda w: ([cudnn], cudnn, "tuned")})
     out = conv_family.realize(w, None, ctx)
     assert out.impl.kind == "eager" and "cuDNN is the fastest" in out.impl.note and out.eager_ms == 0.2
+
+
+def test_fp32_measurement_shows_pytorch_default_tf32_as_its_own_variant():
+    """Under fp32 the eager baseline runs cuDNN without TF32; a model with convolutions also
+    gets eager under PyTorch's default (cuDNN TF32 on), timed and with its error."""
+    import copy
+
+    from fact_db.pipeline.measure import TF32_DEFAULT, has_convolutions, measure, pytorch_default
+    from fact_db.pipeline.run import like_drawer
+    model, x = Chain3().eval(), torch.randn(2, 8, 8, 8)
+    ref = copy.deepcopy(model).double()
+    seen = []
+    spy = lambda *a: (seen.append(torch.backends.cudnn.allow_tf32), model(*a))[1]  # noqa: E731
+    variants = measure(model, model, spy, "fp32", like_drawer((x,)), ref, peers=(), timer=lambda fn, xs: 1.0,
+                       progress=False)
+    assert [v.name for v in variants] == ["eager fp32", TF32_DEFAULT, "fact-db"]
+    assert all(v.err is not None and v.err < 1e-5 for v in variants)
+    assert not [v.name for v in measure(model, model, spy, "tf32", like_drawer((x,)), ref, peers=(),
+                                        timer=lambda fn, xs: 1.0, progress=False) if v.name == TF32_DEFAULT]
+    assert has_convolutions(model, (x,)) and not has_convolutions(nn.Linear(4, 4), (torch.randn(2, 4),))
+    flags = []
+    before = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        pytorch_default(lambda t: flags.append((torch.backends.cudnn.allow_tf32,
+                                                torch.backends.cuda.matmul.allow_tf32)))(x)
+        assert flags == [(True, False)] and torch.backends.cudnn.allow_tf32 is False
+    finally:
+        torch.backends.cudnn.allow_tf32 = before
