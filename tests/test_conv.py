@@ -439,3 +439,70 @@ def test_fp32_measurement_shows_pytorch_default_tf32_as_its_own_variant():
         assert flags == [(True, False)] and torch.backends.cudnn.allow_tf32 is False
     finally:
         torch.backends.cudnn.allow_tf32 = before
+
+
+def _conv_realizer(files):
+    """realize_regions with the conv family's tuner and loader replaced (realize's conv hooks):
+    every conv region 'tuned' to a stand-in kernel that claims `files`' kernel.so as its library."""
+    from fact_db.kernels.conv.tune import ConvTrial
+    from fact_db.realization.realize import realize_regions
+
+    def realize(disc, policy):
+        def chooser(w):
+            cfg = ConvConfig(128, 64, 32 if w.dtype == "float32" else 64, split3=policy in ("fp32", "tf32x3"))
+            t = ConvTrial(cfg.label, "ok", 0.5, 1e-7, config=cfg, so=str(files / "kernel.so"), build_key="c" * 24)
+            return [t, ConvTrial("cudnn", "ok", 1.0, 1e-7)], t, "tuned"
+
+        def make(w, best):
+            return Impl("conv", f"stand-in {best.label}", standins.conv_op(w), {
+                "standin": "conv", "workload": w.as_dict(), "config": asdict(best.config), "template": "conv_sm90",
+                "build_key": best.build_key, "so": best.so})
+        return realize_regions(disc, policy, conv_chooser=chooser, conv_impl=make, progress=False)
+    return realize
+
+
+def _conv_loader(rec):
+    if rec.get("standin") == "conv":
+        return Impl("conv", rec.get("label", ""), standins.conv_op(ConvWorkload(**rec["workload"])), rec)
+    return None
+
+
+@pytest.mark.parametrize("policy", ["fp32", "bf16"])
+def test_optimize_composes_saves_and_loads_convolutions(tmp_path, policy):
+    """fact_db.optimize on a three-convolution model with stand-in kernels: verified end to end,
+    the layout conversions in the report, the artifact holding each conv kernel's workload and
+    config, and loading it composing the same module."""
+    from fact_db.composition.artifact import load
+    from fact_db.pipeline import optimize
+    from fact_db.pipeline.measure import TF32_DEFAULT
+    files = tmp_path / "build"
+    files.mkdir()
+    (files / "kernel.so").write_bytes(b"not a real library")
+    (files / "kernel.cu").write_text("// conv_sm90 source\n")
+    torch.manual_seed(0)
+    model, x = Chain3().eval(), torch.rand(2, 8, 8, 8)
+    fast = optimize(model, (x,), policy=policy, realizer=_conv_realizer(files), timer=lambda fn, xs: 1.0, peers=(),
+                    out=tmp_path / "art", progress=False)
+    assert fast.report.verification.ok, fast.report.verification.reason
+    standins.CALLS.clear()
+    tol = 1e-4 if policy == "fp32" else 3e-2
+    with torch.no_grad():
+        assert torch.allclose(fast(x), model(x), atol=tol, rtol=tol)
+    assert standins.CALLS["conv"] == 3 and standins.CALLS["conv_not_channels_last"] == 0
+    assert any(n.startswith("layout: 1 conversion(s) to channels-last left for 3") for n in fast.report.notes)
+    assert (TF32_DEFAULT in [v.name for v in fast.report.variants]) == (policy == "fp32")
+    m = json.loads((tmp_path / "art" / "manifest.json").read_text())
+    convs = [r["impl"] for r in m["regions"] if r["impl"]["kind"] == "conv"]
+    assert len(convs) == 3 and convs[1]["workload"]["layout"] == "nhwc" and convs[1]["config"]["tile_n"] == 64
+    assert [r["rule"] for r in m["regions"]] == ["conv-bias-act", "conv-bn", "conv-epilogue"]
+    again = load(tmp_path / "art", loader=_conv_loader)
+    standins.CALLS.clear()
+    with torch.no_grad():
+        assert torch.allclose(again(x), model(x), atol=tol, rtol=tol)
+    assert standins.CALLS["conv"] == 3
+
+
+def test_the_family_table_dispatches_convolutions():
+    w = ConvWorkload(2, 16, 32, (8, 8), (3, 3))
+    assert families.of(w) is conv_family and families.for_job("conv") is conv_family
+    assert families.for_impl("conv") is conv_family and families.by_name("conv") is conv_family

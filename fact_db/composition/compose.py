@@ -9,7 +9,9 @@ An `Impl` says how one region runs: `eager` (its nodes stay), `gemm` (a GEMM-fam
 kernel's op `(a, b, bias, c, alpha, beta) -> d`, see fact_db/kernels/gemm/kernel.py), `attention` (an
 op `(q, k, v, scale, causal) -> o` in SDPA's layout: a CUTLASS kernel or an SDPA backend
 forced, see fact_db/kernels/attention/workload.py), `sdpa` (`aten.scaled_dot_product_attention` itself,
-PyTorch choosing the backend), `norm` (add_norm's op `(x, r, weight, bias) -> (y, sum)`) or
+PyTorch choosing the backend), `norm` (add_norm's op `(x, r, weight, bias) -> (y, sum)`),
+`conv` (a convolution kernel's op `(x, w, bias, vecs, residual) -> y`, y channels-last, its
+weight held as the kernel reads it with a BatchNorm folded in; see fact_db/kernels/conv/) or
 `region` (a region kernel the agent proposed and the registry holds: `op([inputs]) -> out`,
 see fact_db/kernels/region/). Operands come from discovery (`Region.operands`), never
 re-derived here.
