@@ -167,6 +167,8 @@ def conv_op(workload):
         if not is_channels_last(x) or (residual is not None and not is_channels_last(residual)):
             CALLS["conv_not_channels_last"] += 1
         kcrs = w[..., :workload.c].movedim(-1, 1)
+        if workload.transposed:  # held as the forward convolution it equals (kernel.prepare_weight)
+            kcrs = kcrs.transpose(0, 1).flip(list(range(2, kcrs.dim())))
         inp = {"x": x, "w": kcrs, "bias": bias, **{f"v{i}": v for i, v in enumerate(vecs)}}
         if residual is not None:
             inp["r"] = residual

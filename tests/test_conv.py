@@ -17,8 +17,9 @@ import fact_db
 from fact_db.kernels import families
 from fact_db.kernels.conv import family as conv_family
 from fact_db.kernels.conv.fold import fold_bn
-from fact_db.kernels.conv.kernel import (ConvConfig, channels_last_strides, groups_of, is_channels_last, params, render,
-                                         split_activation, tf32_lo, to_channels_last, why_not)
+from fact_db.kernels.conv.kernel import (ConvConfig, channels_last_strides, forward_padding, groups_of, is_channels_last,
+                                         params, prepare_weight, render, split_activation, tf32_lo, to_channels_last,
+                                         why_not)
 from fact_db.kernels.conv.tune import MAX_TILE_AREA, candidates
 from fact_db.kernels.conv.workload import ConvError, ConvWorkload, canonical_chain
 from fact_db.kernels.impl import Impl
@@ -267,16 +268,19 @@ def test_template_parameters_group_the_chain_and_number_the_vectors():
     assert "x[i] * t[i]" in src and "Sm90SrcFetch<ElementC>" in src and "(v - 0.5f)" in src
     assert "fmaxf(v, -1.0f)" in src and "cutlass::conv::KernelImplicitTmaWarpSpecializedSm90>" in src
     assert params(w, ConvConfig(64, 64, 64))["element_c"] == "cutlass::bfloat16_t"
+    fp32 = ConvWorkload(2, 16, 32, (8, 8), (3, 3))
+    assert "split3_kernel<<<" in render(fp32, ConvConfig(128, 64, 32, split3=True))
+    assert "split3_kernel" not in render(fp32, ConvConfig(128, 64, 32))
     assert params(ConvWorkload(2, 16, 32, (8, 8), (3, 3)), ConvConfig(64, 64, 32))["element_c"] == "void"
 
 
 def test_tf32_split_recovers_what_truncation_loses():
     x = torch.randn(4096, dtype=torch.float32)
     lo = tf32_lo(x)
-    hi = x - lo
-    assert torch.equal(hi + lo, x)
-    assert torch.all((hi.view(torch.int32) & 0x1FFF) == 0)  # hi is what TF32 operands keep
-    assert lo.abs().max() <= hi.abs().max() * 2 ** -10
+    hi = (x.view(torch.int32) & -8192).view(torch.float32)
+    assert torch.all((lo.view(torch.int32) & 0x1FFF) == 0)  # lo is TF32 already: the kernel keeps all of it
+    assert torch.all((hi + lo - x).abs() <= (x - hi).abs() * 2 ** -11)
+    assert lo.abs().max() <= x.abs().max() * 2 ** -10
 
 
 def _trunc(t):
@@ -298,6 +302,18 @@ def test_split3_over_three_channel_blocks_is_fp32_class_where_one_tf32_product_i
     assert rel(got) < 1e-6 < 1e-4 < rel(one)
 
 
+@pytest.mark.parametrize("dims", [1, 2, 3])
+def test_a_stride_1_transposed_convolution_runs_as_the_forward_one_the_kernel_computes(dims):
+    w = ConvWorkload(2, 8, 12, (5,) * dims, (3,) * dims, padding=(1,) * dims, dilation=(2,) * dims, transposed=True)
+    inp = w.make_inputs("randn", device="cpu")
+    held = prepare_weight(inp["w"].double(), ConvWorkload(**(w.as_dict() | {"dtype": "float32"})), ConvConfig(64, 64, 32))
+    fwd = (F.conv1d, F.conv2d, F.conv3d)[dims - 1](inp["x"].double(), held.movedim(-1, 1).double(), None, 1,
+                                                   forward_padding(w), w.dilation)
+    ref = w.reference({**inp, "bias": None})
+    assert fwd.shape == ref.shape == (2, 12, *w.output)
+    assert torch.allclose(fwd, ref, atol=1e-5)
+
+
 def test_channels_last_helpers_for_1d_2d_3d():
     for shape in [(2, 3, 5), (2, 3, 4, 5), (2, 3, 4, 5, 6)]:
         x = torch.randn(shape)
@@ -311,7 +327,8 @@ def test_why_not_says_which_convolutions_stay_with_cudnn():
     assert "grouped or depthwise" in why_not(ConvWorkload(1, 16, 16, (8, 8), (3, 3), groups=16))
     assert "multiples of 8" in why_not(ConvWorkload(1, 3, 64, (8, 8), (3, 3), dtype="bfloat16", policy="bf16"))
     assert "multiples of 4" in why_not(ConvWorkload(1, 3, 64, (8, 8), (3, 3)))
-    assert "transposed" in why_not(ConvWorkload(1, 16, 16, (8, 8), (3, 3), transposed=True))
+    assert "transposed" in why_not(ConvWorkload(1, 16, 16, (8, 8), (3, 3), stride=(2, 2), transposed=True))
+    assert why_not(ConvWorkload(1, 16, 16, (8, 8), (3, 3), padding=(1, 1), transposed=True)) == ""
     assert why_not(ConvWorkload(1, 16, 16, (8, 8), (3, 3))) == ""
 
 
@@ -506,3 +523,31 @@ def test_the_family_table_dispatches_convolutions():
     w = ConvWorkload(2, 16, 32, (8, 8), (3, 3))
     assert families.of(w) is conv_family and families.for_job("conv") is conv_family
     assert families.for_impl("conv") is conv_family and families.by_name("conv") is conv_family
+
+
+def test_the_tuner_skips_configs_that_failed_before_and_cudnn_is_always_timed(monkeypatch):
+    from pathlib import Path
+
+    from fact_db.core import environment
+    from fact_db.kernels.build import Built, Source
+    from fact_db.kernels.conv import tune as conv_tune
+    from fact_db.store.records import TrialRecord
+    from fact_db.store.registry import Registry
+    w = ConvWorkload(8, 64, 64, (28, 28), (3, 3), padding=(1, 1), dtype="bfloat16", policy="bf16")
+    a, b = ConvConfig(128, 64, 64), ConvConfig(64, 64, 64)
+    seen = []
+
+    def evaluate(w_, so, cfg, trials=5, reps=20):
+        seen.append(cfg)
+        return {"status": "ok", "time_ms": {None: 1.0, a: 0.5, b: 0.7}[cfg], "err": 1e-3, "eager_err": 1e-3,
+                "device": "NVIDIA H100"}
+    monkeypatch.setattr(conv_tune, "evaluate_one", evaluate)
+    built = {c: Built(Source("conv_sm90", "", "sm90a"), "k" * 24, Path("/nowhere/kernel.so")) for c in (a, b)}
+    with Registry.open("memory") as reg:
+        reg.add_trials([TrialRecord(key=w.key("sm90a", "h100"), template="conv_sm90",
+                                    config={**asdict(a), "label": a.label}, status="verify_failed")
+                        .stamped(environment.current())])
+        trials = conv_tune.tune_conv(w, [a, b], built=built, in_process=True, registry=reg, progress=False)
+        assert seen == [None, b]
+        assert [t.label for t in trials] == [b.label, "cudnn"]
+        assert conv_tune.from_registry(w, reg, gpu="h100").config == b

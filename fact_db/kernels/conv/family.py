@@ -5,7 +5,7 @@ implicit-GEMM template; cuDNN (eager at the policy) always among the candidates.
     >>> w, note = workload(region, graph, "bf16")     # a ConvWorkload from a conv region
     >>> out = realize(w, region, Context(registry=reg))
 
-Transposed, grouped and depthwise convolutions, and channel counts TMA cannot address
+Strided transposed, grouped and depthwise convolutions, and channel counts TMA cannot address
 (kernel.why_not), are keyed and timed like the others with cuDNN as their only candidate, so
 the registry remembers that the library serves them.
 """
@@ -29,11 +29,11 @@ JOBS = ("conv",)
 def _geometry_ok(node, dtype: str) -> bool:
     """Would this family's kernel compute `node` (a conv of the discovery graph)?"""
     g = geometry(node)
-    if g is None or g["transposed"] or g["groups"] != 1 or g["why"]:
+    if g is None or g["why"]:
         return False
     try:
         return not why_not(ConvWorkload(g["n"], g["c"], g["k"], g["input"], g["filter"], g["stride"], g["padding"],
-                                        g["dilation"], dtype=dtype))
+                                        g["dilation"], g["output_padding"], g["groups"], g["transposed"], dtype=dtype))
     except ConvError:
         return False
 

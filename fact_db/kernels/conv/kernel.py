@@ -16,11 +16,12 @@ not channels-last is converted in the op (composition inserts that conversion ex
 where it plans one, fact_db/kernels/conv/layout.py).
 
 `split3` (the fp32 and tf32x3 candidates): 3xTF32 along the reduction. The weight is held
-once as [w, lo(w), w] and each call feeds [x, x, lo(x)] along the channels, so the one TF32
-implicit GEMM over 3C channels sums x w_hi + x w_lo + x_lo w_hi (the kernel's TF32 operands
-truncate the raw x and w to their high parts; lo(v) = v - tf32_trunc(v)). The partial sums
-are not promoted (they stay in the tensor cores' accumulators), unlike the GEMM family's
-fp32tc mainloop: kept only where it verifies under the policy.
+once as [w, lo(w), w] along its input channels (prepare_weight), and each launch first writes
+[x, x, lo(x)] into its workspace (one pass in the template), so the one TF32 implicit GEMM
+over 3C channels sums x w_hi + x w_lo + x_lo w_hi (the tensor cores truncate the raw x and w to
+their high parts; lo(v) = tf32_rna(v - tf32_trunc(v))). The partial sums are not promoted
+(they stay in the tensor cores' accumulators), unlike the GEMM family's fp32tc mainloop: kept
+only where it verifies under the policy.
 """
 from __future__ import annotations
 
@@ -102,7 +103,7 @@ def params(w: ConvWorkload, c: ConvConfig) -> dict:
     el = ELEMENT[w.dtype]
     return {"element": el, "element_out": el, "element_vec": el, "element_c": el if w.residual else "void",
             "spatial": w.spatial, "tile_m": c.tile_m, "tile_n": c.tile_n, "tile_k": c.tile_k, "cluster_m": c.cluster_m,
-            "cluster_n": c.cluster_n, "stages": c.stages, "groups": groups_of(w)}
+            "cluster_n": c.cluster_n, "stages": c.stages, "split3": c.split3, "groups": groups_of(w)}
 
 
 def render(w: ConvWorkload, c: ConvConfig) -> str:
@@ -117,8 +118,10 @@ def alignment(dtype: str) -> int:
 
 def why_not(w: ConvWorkload) -> str:
     """"" where the template can compute `w`, else why cuDNN keeps it."""
-    if w.transposed:
-        return "a transposed convolution: the sm90 dgrad kernel is not templated yet, cuDNN runs it"
+    if w.transposed and (any(x != 1 for x in w.stride) or any(w.output_padding)
+                         or any(d * (f - 1) < p for d, f, p in zip(w.dilation, w.filter, w.padding))):
+        return ("a transposed convolution with a stride, an output padding or a padding beyond its filter: the sm90 "
+                "dgrad kernel is not templated yet, cuDNN runs it")
     if w.groups != 1:
         return f"groups={w.groups}: CUTLASS's sm90 implicit GEMM has no grouped or depthwise kernel, cuDNN runs it"
     a = alignment(w.dtype)
@@ -144,24 +147,40 @@ def to_channels_last(t):
 
 
 def tf32_lo(t):
-    """t - tf32_trunc(t): what TF32 operands lose when the tensor cores truncate raw fp32 bits."""
+    """tf32_rna(t - tf32_trunc(t)): what TF32 operands lose when the tensor cores truncate raw
+    fp32 bits, rounded to TF32 (the template's split pass computes the same bits)."""
     import torch
-    hi = (t.contiguous().view(torch.int32) & -8192).view(torch.float32)  # keep sign, exponent, 10 mantissa bits
-    return t - hi.view(t.shape)
+    c = t.contiguous()
+    hi = (c.view(torch.int32) & -8192).view(torch.float32)  # sign, exponent, 10 mantissa bits
+    r = c - hi
+    return ((r.view(torch.int32) + 0x1000) & -8192).view(torch.float32).view(t.shape)
+
+
+def forward_padding(w: ConvWorkload) -> tuple:
+    """The padding the kernel runs with: the workload's; for a stride-1 transposed convolution,
+    that of the forward convolution it equals (dilation x (filter - 1) - padding)."""
+    if not w.transposed:
+        return w.padding
+    return tuple(d * (f - 1) - p for d, f, p in zip(w.dilation, w.filter, w.padding))
 
 
 def prepare_weight(w_kcrs, workload: ConvWorkload, cfg: ConvConfig):
     """The weight as the kernel reads it, made once: K x R... x C packed (KRSC), in the
-    workload's dtype; for split3 [w, lo(w), w] along C."""
+    workload's dtype; for split3 [w, lo(w), w] along C. A stride-1 transposed convolution's
+    weight (C x K x R...) becomes the forward one it equals: flipped in space, C and K swapped."""
     import torch
-    wt = w_kcrs.detach().to(torch_dtype(workload.dtype)).movedim(1, -1).contiguous()
+    w = w_kcrs.detach()
+    if workload.transposed:
+        w = w.flip(list(range(2, w.dim()))).transpose(0, 1)
+    wt = w.to(torch_dtype(workload.dtype)).movedim(1, -1).contiguous()
     if cfg.split3:
         wt = torch.cat([wt, tf32_lo(wt), wt], dim=-1).contiguous()
     return wt
 
 
 def split_activation(x_nhwc):
-    """[x, x, lo(x)] along the channels of a packed N, *spatial, C tensor (split3's per-call pass)."""
+    """[x, x, lo(x)] along the channels of a packed N, *spatial, C tensor: what split3's launch
+    writes into its workspace, in PyTorch ops (the CPU tests' reference)."""
     import torch
     return torch.cat([x_nhwc, x_nhwc, tf32_lo(x_nhwc)], dim=-1)
 
@@ -202,10 +221,10 @@ class ConvKernel:
 
     def geometry(self, n: int):
         w = self.workload
-        c = w.c * (3 if self.config.split3 else 1)
+        c = w.c
         pad = lambda v: list(v) + [1] * (3 - len(v))  # noqa: E731
         g = [n, c, w.k, *pad(w.input), *pad(w.filter), *pad(w.output), *pad(w.stride),
-             *(list(w.padding) + [0] * (3 - w.spatial)), *pad(w.dilation)]
+             *(list(forward_padding(w)) + [0] * (3 - w.spatial)), *pad(w.dilation)]
         return (ctypes.c_int64 * GEOMETRY_LEN)(*g)
 
     def __call__(self, x, w, bias=None, vecs=(), residual=None, out=None):
@@ -217,8 +236,6 @@ class ConvKernel:
                             f"{x.dtype} {tuple(x.shape)}")
         n = x.shape[0]
         xn = to_channels_last(x).movedim(1, -1)  # N, *spatial, C packed
-        if self.config.split3:
-            xn = split_activation(xn)
         k = wl.k
         vec_list = []
         if wl.bias:

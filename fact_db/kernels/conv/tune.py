@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 
 from fact_db.kernels.conv.kernel import TEMPLATE, ConvConfig, ConvKernel, prepare_weight, render, to_channels_last, why_not
 from fact_db.kernels.conv.workload import ConvWorkload
+from fact_db.store.records import config_hash
 
 SMS = 132  # H100 SXM; the ranking only needs the order of magnitude of a wave
 # One consumer warpgroup (the only conv schedule CUTLASS 4.2 builds) holds the whole
@@ -161,6 +162,9 @@ def tune_conv(w: ConvWorkload, cands: list[ConvConfig] | None = None, *, arch: s
     Candidates run in the worker subprocess (a faulting kernel takes down only the worker)
     unless `in_process`; with `registry`, the winner is written there."""
     cands = candidates(w, limit) if cands is None else cands
+    if registry is not None:  # configs that failed before in this environment are not tried again
+        failed = registry.failed_configs(w.key(arch, gpu))
+        cands = [c for c in cands if config_hash({**asdict(c), "label": c.label}) not in failed]
     built = built if built is not None else build_candidates(w, cands, arch=arch, jobs=jobs, progress=progress)
     trials: list[ConvTrial] = []
     runs = [("cudnn", None, None)]
