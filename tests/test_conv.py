@@ -108,6 +108,20 @@ def test_explain_says_a_training_mode_batchnorm_is_not_folded():
     assert [r.rule for r in rep.regions] == ["conv"]  # the convolution alone still is one
 
 
+def test_a_chain_that_reads_its_own_intermediate_stays_eager_with_the_reason():
+    class SelfRead(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c = nn.Conv2d(8, 16, 3)
+
+        def forward(self, x):
+            y = self.c(x)
+            return torch.relu(y) * y
+    rep = fact_db.discover(SelfRead().eval(), (torch.randn(1, 8, 6, 6),))
+    [r] = rep.regions
+    assert "a value computed inside the region" in r.composable
+
+
 # ------------------------------------------------------------------ BatchNorm folding
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 2e-5)])

@@ -155,8 +155,9 @@ def _operand_kind(t, out_shape) -> str:
     return ""
 
 
-def _step(n, prev, out_shape) -> tuple[dict | None, str]:
-    """(chain step, why-not) of element-wise node `n`, which reads `prev`."""
+def _step(n, prev, out_shape, region: set) -> tuple[dict | None, str]:
+    """(chain step, why-not) of element-wise node `n`, which reads `prev`; `region` holds the
+    ids of the region's nodes (an operand computed inside the region is no tensor to read)."""
     op = n.op
     if op in UNARY:
         return {"op": UNARY[op]}, ""
@@ -185,6 +186,8 @@ def _step(n, prev, out_shape) -> tuple[dict | None, str]:
             return None, f"`{n.name}` has a non-numeric operand"
         if isinstance(other, (int, float)):
             return {"op": kind, "scalar": float(other) * (alpha if kind in ("add", "sub") else 1.0)}, ""
+        if id(_strip(other)) in region or id(other) in region:
+            return None, f"`{n.name}` reads `{other.name}`, a value computed inside the region, besides the chain's"
         if alpha != 1.0:
             return None, f"`{n.name}` scales its tensor operand by alpha={alpha:g}"
         k = _operand_kind(other, out_shape)
@@ -228,7 +231,7 @@ def operands_of(match) -> tuple[dict, dict, str]:
                 why = why or f"`{n.name}`'s statistics are not buffers, so they cannot be folded once"
             prev = n
             continue
-        step, swhy = _step(n, prev, out_shape)
+        step, swhy = _step(n, prev, out_shape, {id(x) for x in match.nodes})
         if step is None:
             why = why or swhy
             break

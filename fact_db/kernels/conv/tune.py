@@ -11,11 +11,11 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+from fact_db.core.device import DEVICES
 from fact_db.kernels.conv.kernel import TEMPLATE, ConvConfig, ConvKernel, prepare_weight, render, to_channels_last, why_not
 from fact_db.kernels.conv.workload import ConvWorkload
 from fact_db.store.records import config_hash
 
-SMS = 132  # H100 SXM; the ranking only needs the order of magnitude of a wave
 # One consumer warpgroup (the only conv schedule CUTLASS 4.2 builds) holds the whole
 # accumulator tile: 128 x 128 fp32 is 128 registers a thread, the most that leaves room.
 MAX_TILE_AREA = 128 * 128
@@ -33,8 +33,9 @@ def _score(w: ConvWorkload, c: ConvConfig) -> float:
     not padding, times a mild preference for larger tiles (operand reuse)."""
     m, n = w.n * math.prod(w.output), w.k
     tiles = math.ceil(m / c.tile_m) * math.ceil(n / c.tile_n)
-    waves = math.ceil(tiles / SMS)
-    fill = tiles / (waves * SMS)
+    sms = DEVICES["h100"].sms  # the ranking only needs the size of a wave on an sm90 part
+    waves = math.ceil(tiles / sms)
+    fill = tiles / (waves * sms)
     pad = (m * n) / (math.ceil(m / c.tile_m) * c.tile_m * math.ceil(n / c.tile_n) * c.tile_n)
     return fill * pad * ((c.tile_m * c.tile_n) / MAX_TILE_AREA) ** 0.25
 
