@@ -565,3 +565,51 @@ def test_the_tuner_skips_configs_that_failed_before_and_cudnn_is_always_timed(mo
         assert seen == [None, b]
         assert [t.label for t in trials] == [b.label, "cudnn"]
         assert conv_tune.from_registry(w, reg, gpu="h100").config == b
+
+
+def test_where_cudnn_wins_a_conv_bn_region_its_batchnorm_is_still_folded():
+    """The library path for a conv-bn region (kernel.cudnn_op, whose function library_fn is
+    registered here for the CPU): cuDNN's convolution on the folded weight, as the model holds
+    it, then the chain; no BatchNorm left, no layout conversion, composed == eager."""
+    from fact_db.composition.compose import rewrite
+    from fact_db.kernels.conv.kernel import _library_strides, library_fn
+    from fact_db.kernels.conv.tune import ConvTrial
+
+    class ConvBnRelu(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c, self.bn = nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16)
+            with torch.no_grad():
+                self.bn.running_mean.normal_()
+                self.bn.running_var.uniform_(0.5, 2.0)
+
+        def forward(self, x):
+            return torch.relu(self.bn(self.c(x)))
+    model, x = ConvBnRelu().eval(), torch.randn(2, 3, 8, 8)
+    rep = fact_db.discover(model, (x,))
+    [r] = rep.regions
+    w, note = families.workload_of(r, rep.graph, "fp32")
+    assert "C=3" in note and w.bias  # tiny channels: cuDNN serves it
+    impl = conv_family.impl_of(w, ConvTrial("cudnn", "ok", 1.0, 1e-7), folds=True)
+    assert impl.kind == "conv" and impl.record["library"] == "cudnn"
+    fn = library_fn(w)
+
+    @torch.library.custom_op("factdb_test::cudnn_conv_bn_relu", mutates_args=(),
+                             schema="(Tensor x, Tensor w, Tensor? bias, Tensor[] vecs, Tensor? residual) -> Tensor")
+    def op(x, wt, bias, vecs, residual):
+        return fn(x, wt, bias, vecs, residual)
+
+    @op.register_fake
+    def _(x, wt, bias, vecs, residual):
+        shape = (x.shape[0], w.k, *w.output)
+        return torch.empty_strided(shape, _library_strides(x, shape), dtype=x.dtype, device=x.device)
+    impl.op = torch.ops.factdb_test.cudnn_conv_bn_relu
+    gm, notes = rewrite(rep.graph.program, rep.regions, {0: impl})
+    assert not any("batch_norm" in str(n.target) for n in gm.graph.nodes)
+    assert gm.meta["factdb_layout_conversions"] == [] and not any(n.startswith("layout") for n in notes)
+    assert tuple(gm._factdb_conv_weight_0.shape) == (16, 3, 3, 3)
+    with torch.no_grad():
+        assert torch.allclose(gm(x), model(x), atol=1e-5)
+    cl = x.contiguous(memory_format=torch.channels_last)
+    assert fn(cl, gm._factdb_conv_weight_0, gm._factdb_conv_bias_0, [], None).is_contiguous(
+        memory_format=torch.channels_last)

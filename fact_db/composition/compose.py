@@ -353,8 +353,9 @@ def _region_nodes(gm, g, shapes, r, impl, fx, index: int):
 
 def _conv_weights(gm, fx, r, wl, cfg, index: int):
     """(weight buffer node's name, folded bias buffer's name or None) of a conv region: the weight
-    held as the kernel reads it (KRSC; split3's [w, lo(w), w]), made once; with an eval-mode
-    BatchNorm in the region, folded into that weight and a bias first (kernels/conv/fold.py)."""
+    held as the kernel reads it (KRSC; split3's [w, lo(w), w]; `cfg` None, cuDNN's: as the model
+    holds it), made once; with an eval-mode BatchNorm in the region, folded into that weight
+    and a bias first (kernels/conv/fold.py)."""
     from fact_db.kernels.conv.fold import fold_bn
     from fact_db.kernels.conv.kernel import prepare_weight
     ops, attrs = r.operands, r.attrs
@@ -379,7 +380,10 @@ def _conv_weights(gm, fx, r, wl, cfg, index: int):
         bias_name = f"_factdb_conv_bias_{index}"
         _derived(gm, fx, bias_name, ("bn_bias", *key[1:]), lambda: tb.to(tw.dtype))
     name = f"_factdb_conv_weight_{index}"
-    _derived(gm, fx, name, ("conv_w", _ident(tw), cfg.split3, wl.dtype), lambda: prepare_weight(tw, wl, cfg))
+    if cfg is None:  # the library's: as the model holds it
+        _derived(gm, fx, name, ("conv_w_kcrs", _ident(tw)), lambda: tw.contiguous())
+    else:
+        _derived(gm, fx, name, ("conv_w", _ident(tw), cfg.split3, wl.dtype), lambda: prepare_weight(tw, wl, cfg))
     return name, bias_name
 
 
@@ -415,7 +419,9 @@ def _conv_nodes(gm, g, shapes, r, impl, fx, index: int):
     from fact_db.kernels.conv.layout import arrives_channels_last
     from fact_db.kernels.conv.workload import ConvWorkload
     ops, attrs = r.operands, r.attrs
-    wl, cfg = ConvWorkload(**impl.record["workload"]), ConvConfig(**impl.record["config"])
+    wl = ConvWorkload(**impl.record["workload"])
+    library = impl.record.get("library") == "cudnn"  # cuDNN on the folded weight, as the model holds it
+    cfg = None if library else ConvConfig(**impl.record["config"])
     wname, bname = _conv_weights(gm, fx, r, wl, cfg, index)
     bias = g.get_attr(bname) if bname else fx(ops.get("bias"))
     steps = attrs.get("chain") or []
@@ -426,14 +432,15 @@ def _conv_nodes(gm, g, shapes, r, impl, fx, index: int):
 
     def planned(name, role):
         node = fx(name)
-        if arrives_channels_last(node, lambda n: n in kernels, _fx_op, _first_tensor):
+        if library or arrives_channels_last(node, lambda n: n in kernels, _fx_op, _first_tensor):
             return node
         fx.conversions.append(f"region {index + 1} {r.rule}: {role} `{name}` converted to channels-last")
         return _channels_last_node(g, node, rank)
     x = planned(ops["x"], "input")
     res = planned(full, "residual") if full else None
     y = g.call_function(impl.op, (x, g.get_attr(wname), bias, vecs, res))
-    kernels.add(y)
+    if not library:
+        kernels.add(y)
     return y
 
 

@@ -116,13 +116,18 @@ def tune_region(w: ConvWorkload, ctx: Context, tune: bool = True):
     return trials, next((t for t in trials if t.status == "ok"), None), "tuned"
 
 
-def impl_of(w: ConvWorkload, best, arch: str = "sm90a", gpu: str = "h100") -> Impl:
-    """The Impl of a tuned conv region: its winner's kernel op, or eager where cuDNN won."""
-    from fact_db.kernels.conv.kernel import ConvKernel
+def impl_of(w: ConvWorkload, best, arch: str = "sm90a", gpu: str = "h100", folds: bool = False) -> Impl:
+    """The Impl of a tuned conv region: its winner's kernel op; where cuDNN won, the region's
+    own ops, or (`folds`: the region has a BatchNorm composition folds) cuDNN on the folded
+    weight as one op (kernel.cudnn_op), so the BatchNorm costs nothing either way."""
+    from fact_db.kernels.conv.kernel import ConvKernel, cudnn_op
     if best is None:
         return Impl.eager("no conv candidate verified")
     if best.config is None:
         t = f" ({best.time_ms:.3f} ms)" if best.time_ms else ""
+        if folds:
+            return Impl("conv", "library: cuDNN, BatchNorm folded", cudnn_op(w),
+                        {"library": "cudnn", "workload": w.as_dict()}, note=f"cuDNN is the fastest verified candidate{t}")
         return Impl.eager(f"cuDNN is the fastest verified candidate{t}")
     k = ConvKernel(best.so, w, best.config, build_key=best.build_key)
     key = w.key(arch, gpu)
@@ -139,7 +144,8 @@ def realize(w: ConvWorkload, region, ctx: Context) -> Outcome:
         trials, best, how = chooser(w)
     if how == "skipped":
         return Outcome(Impl.eager(), how, notes=["skipped: the tuning budget was spent; cuDNN serves it"])
-    make = ctx.hooks.get("conv_impl") or (lambda w, best: impl_of(w, best, ctx.arch, ctx.gpu_name))
+    folds = region is not None and "bn_mean" in (region.operands or {})
+    make = ctx.hooks.get("conv_impl") or (lambda w, best: impl_of(w, best, ctx.arch, ctx.gpu_name, folds))
     out = Outcome(make(w, best), how)
     eager = next((t for t in trials if t.config is None and t.status == "ok"), None)
     if eager is not None:
@@ -179,4 +185,8 @@ def reverify(path, impl: Impl, record: dict) -> tuple[bool, str]:
 
 
 def library(record: dict) -> Impl | None:
-    return None
+    """cuDNN on the folded weight, where the tuner found the library fastest for a conv-bn region."""
+    if record.get("library") != "cudnn":
+        return None
+    from fact_db.kernels.conv.kernel import cudnn_op
+    return Impl("conv", record.get("label", ""), cudnn_op(ConvWorkload(**record["workload"])), record)

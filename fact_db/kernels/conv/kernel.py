@@ -294,3 +294,49 @@ def conv_fake(w: ConvWorkload):
         shape = (x.shape[0], w.k, *w.output)
         return torch.empty_strided(shape, channels_last_strides(shape), dtype=x.dtype, device=x.device)
     return fake
+
+
+def _library_strides(x, shape) -> list:
+    """The strides cuDNN's output has for input `x`: channels-last where x is (PyTorch's
+    suggested memory format for 4-D and 5-D), else packed."""
+    if x.dim() in (4, 5) and is_channels_last(x) and not x.is_contiguous():
+        return channels_last_strides(shape)
+    strides, acc = [], 1
+    for d in reversed(shape):
+        strides.append(acc)
+        acc *= d
+    return strides[::-1]
+
+
+def library_fn(w: ConvWorkload):
+    """What the cuDNN op runs (and its CPU tests call): cuDNN's convolution on the weight as
+    the model holds it (K x C x R..., BatchNorm folded in by composition), then the chain op by
+    op, the output in the layout its fake promises."""
+    import torch
+
+    def run(x, wt, bias, vecs, residual):
+        inp = {"x": x, "w": wt, "bias": bias, **{f"v{i}": v for i, v in enumerate(vecs)}}
+        if residual is not None:
+            inp["r"] = residual
+        y = w.apply_chain(w._conv(x, wt, bias), inp)
+        want = _library_strides(x, tuple(y.shape))
+        if list(y.stride()) != want:
+            y = torch.empty_strided(tuple(y.shape), want, dtype=y.dtype, device=y.device).copy_(y)
+        return y
+    return run
+
+
+def cudnn_op(w: ConvWorkload):
+    """The library path with the kernel op's signature, for a region whose BatchNorm composition
+    folds where cuDNN won: `(x, w, bias, vecs, residual) -> y` (library_fn), so the BatchNorm's
+    pass is saved at every policy, whichever runs the convolution."""
+    import json
+
+    import torch
+    name = "cudnn_" + hashlib.sha256(json.dumps(w.as_dict(), sort_keys=True).encode()).hexdigest()[:12]
+
+    def fake(x, wt, bias, vecs, residual):
+        shape = (x.shape[0], w.k, *w.output)
+        return torch.empty_strided(shape, _library_strides(x, shape), dtype=x.dtype, device=x.device)
+    return factdb_op(name, "(Tensor x, Tensor w, Tensor? bias, Tensor[] vecs, Tensor? residual) -> Tensor",
+                     library_fn(w), fake)
