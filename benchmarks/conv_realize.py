@@ -53,7 +53,7 @@ SHAPES = [
     ("l1_76_conv1d", "L1-76 conv_standard_1D dilated strided",
      dict(n=32, c=64, k=128, input=(4096,), filter=(3,), stride=(3,), dilation=(2,)), []),
 ]
-POLICIES = {"fp32": "float32", "tf32": "float32", "bf16": "bfloat16"}
+POLICIES = {"fp32": "float32", "tf32x3": "float32", "tf32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 def workloads(quick: bool, policies: list[str]) -> list[tuple[str, str, ConvWorkload]]:
