@@ -236,6 +236,8 @@ class ConvKernel:
                             f"{x.dtype} {tuple(x.shape)}")
         n = x.shape[0]
         xn = to_channels_last(x).movedim(1, -1)  # N, *spatial, C packed
+        if xn.data_ptr() % 16:  # a view at an odd offset: TMA (and split3's float4 pass) need 16-byte bases
+            xn = xn.clone()
         k = wl.k
         vec_list = []
         if wl.bias:
@@ -252,6 +254,8 @@ class ConvKernel:
             if residual is None:
                 raise ConvError("this conv kernel adds a residual: pass it")
             r = to_channels_last(residual.to(dt))
+            if r.data_ptr() % 16:
+                r = r.clone(memory_format=torch.preserve_format)
         y = torch.empty((n, *wl.output, k), dtype=dt, device=x.device).movedim(-1, 1)
         ptrs = (ctypes.c_void_p * max(1, len(vec_list)))(*[v.data_ptr() for v in vec_list])
         geo = self.geometry(n)
