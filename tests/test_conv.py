@@ -67,6 +67,20 @@ def test_a_chain_of_convolutions_is_three_regions_with_their_geometry_and_chain(
     assert not any(r.composable for r in rep.regions)
 
 
+@pytest.mark.parametrize("padding,kernel,why", [("same", (3, 5), ""), ("same", (2, 3), "pads one side more"),
+                                               ("valid", (3, 3), "")])
+def test_string_padding_becomes_the_geometry_it_means(padding, kernel, why):
+    conv = nn.Conv2d(8, 16, kernel, padding=padding, dilation=(1, 2))
+    x = torch.randn(1, 8, 9, 9)
+    rep = fact_db.discover(conv.eval(), (x,))
+    [r] = rep.regions
+    assert (why in r.composable) if why else not r.composable
+    if not why:
+        g = r.attrs["geometry"]
+        w = ConvWorkload(g["n"], g["c"], g["k"], g["input"], g["filter"], g["stride"], g["padding"], g["dilation"])
+        assert w.y_shape() == tuple(conv(x).shape)
+
+
 def test_chains_of_any_length_are_one_region():
     class Long(nn.Module):
         def __init__(self):

@@ -57,6 +57,20 @@ class FunctionalConv2d(nn.Module):
         return (torch.randn(2, 16, 8, 8),)
 
 
+# padding="same" (aten.conv2d.padding): the padding read from the filter and dilation.
+# match: conv
+class PaddingSame(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c = nn.Conv2d(16, 32, (3, 5), padding="same", dilation=2)
+
+    def forward(self, x):
+        return self.c(x)
+
+    def example_inputs(self):
+        return (torch.randn(2, 16, 9, 9),)
+
+
 # Depthwise (groups == channels): stays with cuDNN.
 # no-match: conv
 class Depthwise(nn.Module):
