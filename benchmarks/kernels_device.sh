@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The kernel checks that have not run on a GPU yet (attention and norm families), in one
+# The kernel checks that have not run on a GPU yet (attention, norm and conv families), in one
 # device call, each step under its own wall-clock limit so one slow compile cannot cost the
 # others their results. Results JSON and logs go to OUTDIR (on the device tool: $OUT).
-# Usage: bash benchmarks/kernels_device.sh OUTDIR [STEP...]; steps: fmha-fp32tc attention norm tests
+# Usage: bash benchmarks/kernels_device.sh OUTDIR [STEP...]; steps: fmha-fp32tc attention norm tests conv conv-tests
 # Needs the project installed (pip install --no-deps --no-build-isolation -e .) and the wheels
 # of ../shared/gpu-host/wheels.sh on PYTHONPATH.
 set -u
@@ -22,6 +22,8 @@ for s in $steps; do
     norm)        run norm 120 python3 benchmarks/norm_realize.py --quick --out "$out/norm.json" ;;
     tests)       run gpu-tests 300 python3 -m pytest -q -x tests/test_norm_gpu.py tests/test_attention_fp32tc_gpu.py \
                    tests/test_attention_gpu.py ;;
-    *) echo "unknown step $s (fmha-fp32tc attention norm tests)"; exit 2 ;;
+    conv)        run conv 470 python3 benchmarks/conv_realize.py --quick --out "$out/conv.json" ;;
+    conv-tests)  run conv-tests 470 python3 -m pytest -q -s tests/test_conv_gpu.py ;;
+    *) echo "unknown step $s (fmha-fp32tc attention norm tests conv conv-tests)"; exit 2 ;;
   esac
 done

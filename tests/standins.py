@@ -144,3 +144,36 @@ def region_op(spec):
         return inputs[0].new_empty(out_shape, dtype=out_dt)
     _OPS[key] = getattr(torch.ops.factdb_test, key)
     return _OPS[key]
+
+
+def conv_op(workload):
+    """torch.ops.factdb_test.conv_<hash>(x, w, bias, vecs, residual): a stand-in for a conv kernel
+    op (fact_db/kernels/conv/kernel.py) of `workload`: w as the kernel holds it (KRSC; split3's
+    [w, lo(w), w] along C: the first third is w), the output channels-last. Counts its calls,
+    and separately the calls whose activation or residual did not arrive channels-last (the
+    real op would convert them)."""
+    import hashlib
+    import json
+
+    from fact_db.kernels.conv.kernel import conv_fake, is_channels_last, to_channels_last
+    name = "conv_" + hashlib.sha256(json.dumps(workload.as_dict(), sort_keys=True).encode()).hexdigest()[:12]
+    if name in _OPS:
+        return _OPS[name]
+
+    @torch.library.custom_op(f"factdb_test::{name}", mutates_args=(),
+                             schema="(Tensor x, Tensor w, Tensor? bias, Tensor[] vecs, Tensor? residual) -> Tensor")
+    def op(x, w, bias, vecs, residual):
+        CALLS["conv"] += 1
+        if not is_channels_last(x) or (residual is not None and not is_channels_last(residual)):
+            CALLS["conv_not_channels_last"] += 1
+        kcrs = w[..., :workload.c].movedim(-1, 1)
+        if workload.transposed:  # held as the forward convolution it equals (kernel.prepare_weight)
+            kcrs = kcrs.transpose(0, 1).flip(list(range(2, kcrs.dim())))
+        inp = {"x": x, "w": kcrs, "bias": bias, **{f"v{i}": v for i, v in enumerate(vecs)}}
+        if residual is not None:
+            inp["r"] = residual
+        return to_channels_last(workload.eager(inp)).clone()
+
+    op.register_fake(conv_fake(workload))
+    _OPS[name] = getattr(torch.ops.factdb_test, name)
+    return _OPS[name]

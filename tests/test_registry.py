@@ -175,7 +175,7 @@ def test_every_family_has_one_digest_scheme_and_checked_fields():
                        (lambda: norm_key(policy="int8"), "key field policy is 'int8'"),
                        (lambda: RegionKey(arch="sm90a", gpu="h100", policy="fp32", dtype="float32", ops="[]",
                                           inputs="[]", out="[1]"), "key field ops must be JSON text of a non-empty"),
-                       (lambda: Key.from_dict("conv", {}), "family 'conv' is not one of attention, gemm, norm, region")]:
+                       (lambda: Key.from_dict("pool", {}), "family 'pool' is not one of attention, conv, gemm, norm, region")]:
         with pytest.raises(RegistryError, match=words):
             bad()
 
@@ -463,8 +463,8 @@ def test_other_families_share_the_one_api(reg):
     assert [r.family for r in reg.rows()] == ["attention", "norm", "region"]
     assert [r.label for r in reg.rows("region")] == ["add_relu"] and reg.count(family="norm") == 1
     assert [r.family for r in reg.rows(rule="rmsnorm")] == ["norm"] and reg.count(rule="llm-region") == 1
-    with pytest.raises(RegistryError, match="family 'conv' is not one of"):
-        list(reg.rows("conv"))
+    with pytest.raises(RegistryError, match="family 'pool' is not one of"):
+        list(reg.rows("pool"))
     reg.add_trials([TrialRecord(key=attn_key(), template="library", config={"label": "cudnn"}, status="build_failed")])
     assert [t.status for t in reg.trials(attn_key())] == ["build_failed"]
 
@@ -573,7 +573,7 @@ def test_import_is_all_or_nothing_and_lists_every_bad_line(reg, tmp_path):
              json.dumps({**good, "m": 1024}),
              json.dumps({**good, "digest": "0000", "time_ms": "fast"}),
              json.dumps({**good, "rel_err": float("nan")}).replace("NaN", "NaN"),
-             json.dumps({**good, "family": "conv"})]
+             json.dumps({**good, "family": "pool"})]
     p = tmp_path / "bad.jsonl"
     p.write_text("\n".join(lines) + "\n")
     with pytest.raises(ImportError_) as ei:
@@ -583,7 +583,7 @@ def test_import_is_all_or_nothing_and_lists_every_bad_line(reg, tmp_path):
     reasons = dict(e.problems)
     assert "not valid JSON" in reasons[2] and "status 'great'" in reasons[3] and "JSON object" in reasons[5]
     assert "does not match the key fields" in reasons[6] and "time_ms must be a finite number" in reasons[7]
-    assert "NaN is not allowed" in reasons[8] and "family 'conv' is not one of" in reasons[9]
+    assert "NaN is not allowed" in reasons[8] and "family 'pool' is not one of" in reasons[9]
     msg = str(e)
     assert msg.startswith(f"{p}: 7 bad lines, nothing imported (line 2: not valid JSON")
     assert all(f"line {n}:" in msg for n in (2, 3, 5, 6, 7, 8, 9)) and "fix them and import again" in msg

@@ -181,6 +181,13 @@ def test_example_compiles(name, case, tmp_path):
         # D (2 x 256 x 512 halves) + row maxima and sums (2 x 4 n-tiles x 256 floats each)
         workspace_size.argtypes = [ctypes.c_int64] * 4
         assert workspace_size(256, 512, 64, 2) == 2 * 256 * 512 * 2 + 2 * (2 * 4 * 256 * 4)
+    if name == "conv_sm90":
+        # geometry n, c, k, input[3], filter[3], output[3], stride[3], padding[3], dilation[3]: 8 x 64 x 64 x 64
+        # images, 3x3. split3 writes [x, x, lo(x)] (3 x 64 floats a pixel) into the workspace first.
+        workspace_size.argtypes = [ctypes.c_void_p]
+        geo = (ctypes.c_int64 * 21)(8, 64, 128, 64, 64, 1, 3, 3, 1, 62, 62, 1, 1, 1, 1, 0, 0, 0, 1, 1, 1)
+        split = params_of(name, case)["split3"]
+        assert workspace_size(ctypes.addressof(geo)) == (8 * 64 * 64 * 3 * 64 * 4 if split else 0)
     if name == "fmha_sm80":
         # head dim 64 <= keys_per_block: O stays in registers, no fp32 accumulator buffer
         workspace_size.argtypes = [ctypes.c_int64] * 4

@@ -9,7 +9,9 @@ An `Impl` says how one region runs: `eager` (its nodes stay), `gemm` (a GEMM-fam
 kernel's op `(a, b, bias, c, alpha, beta) -> d`, see fact_db/kernels/gemm/kernel.py), `attention` (an
 op `(q, k, v, scale, causal) -> o` in SDPA's layout: a CUTLASS kernel or an SDPA backend
 forced, see fact_db/kernels/attention/workload.py), `sdpa` (`aten.scaled_dot_product_attention` itself,
-PyTorch choosing the backend), `norm` (add_norm's op `(x, r, weight, bias) -> (y, sum)`) or
+PyTorch choosing the backend), `norm` (add_norm's op `(x, r, weight, bias) -> (y, sum)`),
+`conv` (a convolution kernel's op `(x, w, bias, vecs, residual) -> y`, y channels-last, its
+weight held as the kernel reads it with a BatchNorm folded in; see fact_db/kernels/conv/) or
 `region` (a region kernel the agent proposed and the registry holds: `op([inputs]) -> out`,
 see fact_db/kernels/region/). Operands come from discovery (`Region.operands`), never
 re-derived here.
@@ -65,6 +67,8 @@ def _fx_resolver(gm, program):
         raise ComposeError(f"operand `{name}` is not a node of the exported program")
     fx.replaced = replaced
     fx.derived = {}  # key -> tensor: weights made for the composition (see _derived)
+    fx.conv_outputs = set()  # nodes of fact-db conv ops: their values are channels-last
+    fx.conversions = []  # the layout conversions composition inserted before conv ops
     return fx
 
 
@@ -433,8 +437,101 @@ def _region_nodes(gm, g, shapes, r, impl, fx, index: int):
     return g.call_function(impl.op, ([fx(n) for n in names],))
 
 
+def _conv_weights(gm, fx, r, wl, cfg, index: int):
+    """(weight buffer node's name, folded bias buffer's name or None) of a conv region: the weight
+    held as the kernel reads it (KRSC; split3's [w, lo(w), w]; `cfg` None, cuDNN's: as the model
+    holds it), made once; with an eval-mode BatchNorm in the region, folded into that weight
+    and a bias first (kernels/conv/fold.py)."""
+    from fact_db.kernels.conv.fold import fold_bn
+    from fact_db.kernels.conv.kernel import prepare_weight
+    ops, attrs = r.operands, r.attrs
+    wnode = fx(ops["w"])
+    if wnode.op != "get_attr":
+        raise ComposeError(f"region {r.rule} at `{r.output}`: the weight `{ops['w']}` is not a parameter")
+    tw = _attr_tensor(gm, wnode.target)
+    tensor = lambda role: _attr_tensor(gm, fx(ops[role]).target) if role in ops else None  # noqa: E731
+    bias_name = None
+    if "bn_mean" in ops:
+        roles = [x for x in ("bias", "bn_weight", "bn_bias", "bn_mean", "bn_var") if x in ops]
+        if any(fx(ops[x]).op != "get_attr" for x in roles):
+            raise ComposeError(f"region {r.rule} at `{r.output}`: a BatchNorm or bias tensor is not a parameter or buffer")
+        parts = {x: tensor(x) for x in roles}
+        key = ("bn_fold", _ident(tw), *(_ident(parts[x]) for x in roles), attrs.get("bn_eps"))
+        folded = fx.derived.get(key)
+        if folded is None:
+            folded = fx.derived[key] = fold_bn(tw, parts.get("bias"), parts.get("bn_weight"), parts.get("bn_bias"),
+                                               parts["bn_mean"], parts["bn_var"], float(attrs.get("bn_eps", 1e-5)),
+                                               transposed=wl.transposed, groups=wl.groups)
+        tw, tb = folded
+        bias_name = f"_factdb_conv_bias_{index}"
+        _derived(gm, fx, bias_name, ("bn_bias", *key[1:]), lambda: tb.to(tw.dtype))
+    name = f"_factdb_conv_weight_{index}"
+    if cfg is None:  # the library's: as the model holds it
+        _derived(gm, fx, name, ("conv_w_kcrs", _ident(tw)), lambda: tw.contiguous())
+    else:
+        _derived(gm, fx, name, ("conv_w", _ident(tw), cfg.split3, wl.dtype), lambda: prepare_weight(tw, wl, cfg))
+    return name, bias_name
+
+
+def _channels_last_node(g, x, rank: int):
+    """FX nodes converting `x` (N, C, *spatial) to a packed channels-last tensor of the same shape."""
+    aten = torch.ops.aten
+    if rank in (4, 5):
+        fmt = torch.channels_last if rank == 4 else torch.channels_last_3d
+        return g.call_function(aten.clone.default, (x,), {"memory_format": fmt})
+    perm = [0] + list(range(2, rank)) + [1]
+    inv = [0, rank - 1] + list(range(1, rank - 1))
+    t = g.call_function(aten.permute.default, (x, perm))
+    t = g.call_function(aten.clone.default, (t,), {"memory_format": torch.contiguous_format})
+    return g.call_function(aten.permute.default, (t, inv))
+
+
+def _fx_op(n) -> str:
+    from fact_db.discovery.aten import target_name
+    return target_name(n.target)[0] if n.op == "call_function" else n.op
+
+
+def _first_tensor(n):
+    return next((a for a in n.args if isinstance(a, torch.fx.Node)), None) if n.op == "call_function" else None
+
+
+def _conv_nodes(gm, g, shapes, r, impl, fx, index: int):
+    """A convolution region (kernels/conv): `impl.op(x, w, bias, vecs, residual) -> y`, y
+    channels-last. The weight is held as the kernel reads it (BatchNorm folded in first), made
+    once; an activation or residual that does not arrive channels-last from another fact-db
+    convolution (kernels/conv/layout.py) gets an explicit conversion here, counted in
+    `fx.conversions` for the report."""
+    from fact_db.kernels.conv.kernel import ConvConfig
+    from fact_db.kernels.conv.layout import arrives_channels_last
+    from fact_db.kernels.conv.workload import ConvWorkload
+    ops, attrs = r.operands, r.attrs
+    wl = ConvWorkload(**impl.record["workload"])
+    library = impl.record.get("library") == "cudnn"  # cuDNN on the folded weight, as the model holds it
+    cfg = None if library else ConvConfig(**impl.record["config"])
+    wname, bname = _conv_weights(gm, fx, r, wl, cfg, index)
+    bias = g.get_attr(bname) if bname else fx(ops.get("bias"))
+    steps = attrs.get("chain") or []
+    vecs = [fx(s["tensor"]) for s in steps if s.get("kind") in ("channel", "scalar")]
+    full = next((s["tensor"] for s in steps if s.get("kind") == "full"), None)
+    kernels = fx.conv_outputs
+    rank = wl.spatial + 2
+
+    def planned(name, role):
+        node = fx(name)
+        if library or arrives_channels_last(node, lambda n: n in kernels, _fx_op, _first_tensor):
+            return node
+        fx.conversions.append(f"region {index + 1} {r.rule}: {role} `{name}` converted to channels-last")
+        return _channels_last_node(g, node, rank)
+    x = planned(ops["x"], "input")
+    res = planned(full, "residual") if full else None
+    y = g.call_function(impl.op, (x, g.get_attr(wname), bias, vecs, res))
+    if not library:
+        kernels.add(y)
+    return y
+
+
 _BUILDERS = {"gemm": _gemm_nodes, "attention": _attention_nodes, "sdpa": _attention_nodes, "norm": _norm_nodes,
-             "region": _region_nodes}
+             "region": _region_nodes, "conv": _conv_nodes}
 
 
 def rewrite(program, regions: list, impls: dict, split_weights: bool = True, derived: dict | None = None):
@@ -492,6 +589,11 @@ def rewrite(program, regions: list, impls: dict, split_weights: bool = True, der
         for node in reversed(list(g.nodes)):
             if node.name in mine and not node.users and node.op == "call_function":
                 g.erase_node(node)
+    if fx.conv_outputs or fx.conversions:
+        notes.append(f"layout: {len(fx.conversions)} conversion(s) to channels-last left for {len(fx.conv_outputs)} "
+                     "fact-db convolution(s); the others read a fact-db convolution's channels-last output"
+                     + ("".join(f"; {c}" for c in fx.conversions)))
+    gm.meta["factdb_layout_conversions"] = list(fx.conversions)
     _drop_input_checks(gm)
     g.eliminate_dead_code()
     g.lint()

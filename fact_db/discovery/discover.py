@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from fact_db.core.device import device
 from fact_db.core.policy import POLICIES
-from fact_db.discovery import aten, roofline
+from fact_db.discovery import aten, conv, roofline
 from fact_db.discovery.match import GroupMatch, match_all, select
 from fact_db.discovery.rules import RuleSet, load_rules
 from fact_db.discovery.trace import Graph, load_problem, trace_module, trace_problem
@@ -117,6 +117,8 @@ class Report:
 def _problem_dims(m) -> tuple:
     """(problem dict, human shape, layouts) of a region, read off its main node; a sibling
     group's is the one GEMM over its concatenated weights (N summed, B read N x K)."""
+    if m.rule.realize.get("template", "").startswith("conv") and conv.problem_of(m) is not None:
+        return conv.problem_of(m)
     if isinstance(m, GroupMatch):
         dims = [aten.gemm_problem(_gemm_of(x)) for x in m.members]
         prob = {"M": dims[0]["M"], "N": sum(d["N"] for d in dims), "K": dims[0]["K"], "batch": 1}
@@ -228,6 +230,8 @@ def _operands(m, template: str) -> tuple[dict, dict, str]:
     """
     if isinstance(m, GroupMatch):
         return _group_operands(m)
+    if template.startswith("conv"):  # fact_db/discovery/conv.py: geometry, BatchNorm, the epilogue chain
+        return conv.operands_of(m)
     comp = m.compute_nodes
     out_shape = m.output.shape
     if template.startswith("gemm"):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from fact_db.discovery import aten
+from fact_db.discovery import aten, conv
 from fact_db.core.errors import ExprError
 from fact_db.discovery.pattern import Capture, Const, Pattern, Ref, Wildcard
 from fact_db.discovery.trace import Graph, Node
@@ -157,6 +157,9 @@ class _Matcher:
             else:
                 self.fail(st, f"pattern node `{pname}` would be both `{prev.name}` and `{g.name}`")
             return
+        if pn.repeat:
+            yield from self.chain(pname, pn, g, st, 0)
+            return
         if not _op_ok(pn, g):
             self.fail(st, f"`{g.name}` is {g.op}, not {pn.op_text()} (pattern node `{pname}`)")
             return
@@ -183,6 +186,47 @@ class _Matcher:
             orders.append([1, 0] + list(range(2, len(pn.inputs))))
         for order in orders:
             yield from self.inputs(pn, g, st, order, 0)
+
+    def chain(self, pname: str, pn, g: Node, st: _State, count: int):
+        """A repeated node: `g` is its element number `count` from the output end (bound as
+        `pname`, then `pname/1`, `pname/2`, ...); the element it reads is another one (longer
+        chains first) or, after at least `min`, the node's input. Each element keeps its
+        input's shape: an element-wise op, never a broadcast that grows it."""
+        lo, hi = pn.repeat
+        if not _op_ok(pn, g):
+            self.fail(st, f"`{g.name}` is {g.op}, not one of the chain's ops (pattern node `{pname}`)")
+            return
+        if any(v is g for _, v in st.bound):
+            self.fail(st, f"`{g.name}` is already matched by another pattern node")
+            return
+        if pn.dtypes and g.dtype not in pn.dtypes:
+            self.fail(st, f"`{g.name}` ({g.op}) has dtype {g.dtype}, not one of {list(pn.dtypes)}")
+            return
+        st = _State(st.bound + ((pname if count == 0 else f"{pname}/{count}", g),), st.caps, st.through)
+        spec = pn.inputs[0]
+        positions = [0, 1] if g.op in aten.COMMUTATIVE_OPS else [0]
+        for pos in positions:
+            actual = g.args[pos] if pos < len(g.args) else None
+            if not isinstance(actual, Node):
+                continue
+            walk = [actual]
+            while aten.passes_through(walk[-1]):
+                walk.append(walk[-1].args[0])
+            for k, cand in enumerate(walk):
+                if cand.shape != g.shape:
+                    self.fail(st, f"`{g.name}` ({g.op}) changes the shape {list(cand.shape or ())} of `{cand.name}` to "
+                                  f"{list(g.shape or ())}: not an element-wise step")
+                    continue
+                st2 = _State(st.bound, st.caps, st.through + tuple(walk[:k]))
+                if count + 1 < hi and _op_ok(pn, cand):
+                    yield from self.chain(pname, pn, cand, st2, count + 1)
+                if count + 1 >= lo:
+                    if isinstance(spec, Ref):
+                        yield from self.node(spec.node, cand, st2)
+                    else:
+                        have, v = st2.cap(spec.name)
+                        if not have or _same(v, cand):
+                            yield _State(st2.bound, st2.caps + (() if have else ((spec.name, cand),)), st2.through)
 
     def inputs(self, pn, g: Node, st: _State, order, i: int):
         if i == len(pn.inputs):
@@ -314,6 +358,11 @@ def _env(rule, p: Pattern, bound: dict, caps: dict) -> dict:
         dims = aten.gemm_problem(n)
         if dims:
             env.update({k: v for k, v in dims.items() if k in ("M", "N", "K", "batch")})
+            break
+    for n in bound.values():
+        geo = conv.geometry(n)
+        if geo is not None:
+            env.update(conv.where_names(geo))
             break
     return env
 

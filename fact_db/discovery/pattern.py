@@ -87,6 +87,10 @@ class PNode:
     args: tuple = ()  # of (schema arg name, Const)
     dtypes: tuple = ()
     ranks: tuple = ()
+    # (min, max) for a chain node: `min` to `max` ops of `ops` applied one after another, each
+    # reading the one before (its first operand; either of add's and mul's), the first reading
+    # the node's one input; other operands of each are free (scalars, per-channel tensors).
+    repeat: tuple = ()
 
     def op_text(self) -> str:
         names = [p if o is None else f"{p}.{o}" for p, o in self.ops]
@@ -169,8 +173,22 @@ def _parse_node(name: str, spec: dict, where: str) -> PNode:
         args.append((k, parse_input(c, f"{where}.args.{k}")))
     dt = spec.get("dtype") or ()
     rk = spec.get("rank") or ()
+    repeat = ()
+    if "repeat" in spec:
+        rp = spec["repeat"] or {}
+        lo, hi = rp.get("min", 1), rp.get("max", 32)
+        if not (isinstance(lo, int) and isinstance(hi, int) and 1 <= lo <= hi <= 64):
+            raise PatternError(f"{where}.repeat", f"repeat min={lo!r} max={hi!r} is not 1 <= min <= max <= 64",
+                               "write repeat: {min: 1, max: 32}")
+        if len(inputs) != 1 or not isinstance(inputs[0], (Ref, Capture)):
+            raise PatternError(f"{where}.inputs", f"a repeated node takes exactly one input (the node or capture the "
+                               f"chain reads), got {len(inputs)}", "write inputs: [conv]")
+        if args:
+            raise PatternError(f"{where}.args", "a repeated node cannot constrain arguments (its ops differ)",
+                               "constrain the chain in `where`, or write its ops as separate nodes")
+        repeat = (lo, hi)
     return PNode(name, tuple(resolved), inputs, tuple(args),
-                 tuple([dt] if isinstance(dt, str) else dt), tuple([rk] if isinstance(rk, int) else rk))
+                 tuple([dt] if isinstance(dt, str) else dt), tuple([rk] if isinstance(rk, int) else rk), repeat)
 
 
 def _substitute(spec, mapping: dict, prefix: str):
@@ -237,9 +255,10 @@ def expand(section: dict, fragments: dict, where: str = "match", _depth: int = 0
                     for iname, inode in fnodes.items():
                         new = name if iname == fout else f"{name}/{iname}"
                         renamed[new] = PNode(new, inode.ops, tuple(_substitute(s, mapping, name) for s in inode.inputs),
-                                             inode.args, inode.dtypes or _tuple(spec.get("dtype")), inode.ranks)
+                                             inode.args, inode.dtypes or _tuple(spec.get("dtype")), inode.ranks,
+                                             inode.repeat)
                     # References to the fragment output inside it point at the use-site name.
-                    renamed = {k: PNode(v.name, v.ops, tuple(Ref(name) if isinstance(s, Ref) and s.node == fout else s for s in v.inputs), v.args, v.dtypes, v.ranks)
+                    renamed = {k: PNode(v.name, v.ops, tuple(Ref(name) if isinstance(s, Ref) and s.node == fout else s for s in v.inputs), v.args, v.dtypes, v.ranks, v.repeat)
                                for k, v in renamed.items()}
                     options.append((f"{frag.name}[{flabel}]" if flabel else frag.name, renamed))
                 per_node.append(options)
@@ -300,8 +319,9 @@ def _check_refs(nodes: dict, output: str, where: str):
 
 
 # Names a `where` constraint may read besides the pattern's nodes and captures: the GEMM
-# problem of the matched region (see match.py).
-PROBLEM_NAMES = frozenset({"M", "N", "K", "batch"})
+# problem of the matched region, and a convolution's geometry (see match.py, discovery/conv.py).
+PROBLEM_NAMES = frozenset({"M", "N", "K", "batch", "groups", "spatial", "channels_in", "channels_out",
+                           "transposed"})
 
 
 def build_patterns(match: dict, fragments: dict) -> list:

@@ -10,12 +10,13 @@ switches on family types itself. This is the only module that imports every fami
 from __future__ import annotations
 
 from fact_db.kernels.attention import family as attention
+from fact_db.kernels.conv import family as conv
 from fact_db.kernels.gemm import family as gemm
 from fact_db.kernels.norm import family as norm
 from fact_db.kernels.region import family as region
 
 # In the order a region is offered to them: the first whose workload() answers owns it.
-FAMILIES = (gemm, attention, norm, region)
+FAMILIES = (gemm, attention, norm, conv, region)
 _BY_JOB = {job: f for f in FAMILIES for job in f.JOBS}
 _BY_IMPL = {kind: f for f in FAMILIES for kind in f.IMPLS}
 

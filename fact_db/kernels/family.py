@@ -1,5 +1,5 @@
 """The kernel-family protocol: what the realizer, the worker and the artifact loader need of a
-family of kernels (GEMM, attention, norms, the agent's region kernels; convolutions next).
+family of kernels (GEMM, attention, norms, convolutions, the agent's region kernels).
 
 Each family is a module `fact_db/kernels/<family>/family.py` that provides the names below;
 `fact_db.kernels.families` lists them, and is the one place that imports every family, so no
@@ -41,7 +41,7 @@ class Context:
 
     `hooks` replaces GPU steps on the CPU in tests: "runner" (the GEMM tuner's jobs),
     "attention" (`w -> (rows, best)`), "norm" (`w -> (trials, best, how)`), "norm_impl"
-    (`(w, best) -> Impl`)."""
+    (`(w, best) -> Impl`), "conv" (`w -> (trials, best, how)`), "conv_impl" (`(w, best) -> Impl`)."""
 
     arch: str = "sm90a"
     gpu: str | None = None

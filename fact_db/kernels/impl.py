@@ -11,7 +11,8 @@ Kinds: `eager` (the region's own nodes stay), `gemm` (a GEMM-family kernel's op
 `(a, b, bias, c, alpha, beta) -> d`), `attention` (an op `(q, k, v, scale, causal) -> o` in
 SDPA's layout: a CUTLASS kernel or an SDPA backend forced), `sdpa`
 (`aten.scaled_dot_product_attention` itself, PyTorch choosing the backend), `norm` (add_norm's
-op `(x, r, weight, bias) -> (y, sum)`) and `region` (a kernel the agent proposed: `op([inputs])
+op `(x, r, weight, bias) -> (y, sum)`), `conv` (a convolution kernel's op `(x, w, bias, vecs,
+residual) -> y`, y channels-last, see fact_db/kernels/conv/kernel.py) and `region` (a kernel the agent proposed: `op([inputs])
 -> out`). `record` holds what an artifact needs to load it again.
 """
 from __future__ import annotations
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field
 class Impl:
     """How one region runs in the composed module."""
 
-    kind: str                  # eager | gemm | attention | sdpa | norm | region
+    kind: str                  # eager | gemm | attention | sdpa | norm | conv | region
     label: str = ""            # what runs, for the report
     op: object = None          # the torch op for gemm / attention
     record: dict = field(default_factory=dict)  # what an artifact needs to load it again

@@ -28,14 +28,55 @@ def _compiled(module, mode: str | None, fullgraph: bool = False):
     return torch.compile(module, mode=mode, fullgraph=fullgraph) if mode else torch.compile(module, fullgraph=fullgraph)
 
 
+TF32_DEFAULT = "eager fp32 (PyTorch default: TF32 on)"
+
+
+def has_convolutions(module, inputs) -> bool:
+    """Whether one eager call of `module` runs a convolution: under the fp32 policy those are
+    what PyTorch's default runs on TF32 (torch.backends.cudnn.allow_tf32 is on by default;
+    matmuls have run IEEE fp32 by default since torch 1.12)."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Spy(TorchDispatchMode):
+        seen = False
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if "convolution" in func._schema.name:
+                Spy.seen = True
+            return func(*args, **(kwargs or {}))
+    with torch.no_grad(), Spy():
+        module(*inputs)
+    return Spy.seen
+
+
+def pytorch_default(m):
+    """`m` called under PyTorch's own defaults (cuDNN TF32 on, matmul TF32 off), whatever the
+    process set: the fp32 policy's eager baseline turns cuDNN's TF32 off, and this variant
+    shows a user what they had before, with its error."""
+    import torch
+
+    def run(*x):
+        mm, dnn = torch.backends.cuda.matmul, torch.backends.cudnn
+        old = (mm.allow_tf32, dnn.allow_tf32)
+        mm.allow_tf32, dnn.allow_tf32 = False, True
+        try:
+            with torch.no_grad():
+                return m(*x)
+        finally:
+            mm.allow_tf32, dnn.allow_tf32 = old
+    return run
+
+
 def _add_note(v: Variant, text: str) -> None:
     v.note = f"{v.note}; {text}" if v.note else text
 
 
 def measure(module, model_p, fast, policy: str, draw, ref_model, *, peers=PEERS, timer=None, progress=True,
             composed_ok: bool = True, choice=None) -> list[Variant]:
-    """Time every variant end to end in this process: eager fp32, eager at the policy,
-    torch.compile (default, and max-autotune-no-cudagraphs), fact-db (the returned module),
+    """Time every variant end to end in this process: eager fp32, eager at the policy (under
+    fp32, for a model with convolutions, also eager under PyTorch's default, cuDNN on TF32, with
+    its error: what the user had), torch.compile (default, and max-autotune-no-cudagraphs), fact-db (the returned module),
     the composed module op by op where that is not what is returned, and under torch.compile;
     each on the same three input sets (cast to the policy's dtype beforehand for every variant
     at the policy, so no variant pays the cast), with its error against the float64 model, its
@@ -67,6 +108,8 @@ def measure(module, model_p, fast, policy: str, draw, ref_model, *, peers=PEERS,
         return run
 
     runs = [("eager fp32", plain(module, "fp32"), sets)]
+    if policy == "fp32" and has_convolutions(module, sets[0]):
+        runs.append((TF32_DEFAULT, pytorch_default(module), sets))
     if policy != "fp32":
         runs.append((f"eager {policy}", plain(model_p, policy), sets_p))
     for peer in peers:

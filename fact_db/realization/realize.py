@@ -4,8 +4,9 @@ into a workload, and tune it (registry first).
 >>> results = realize_problem("benchmarks/problems/square_gemm_fp32.py", policy="tf32", registry=reg)
 
 `plan` maps GEMM-family regions to workloads; `realize_regions` (what `optimize` runs)
-also realizes attention regions (fact_db/kernels/attention/tune.py) and LayerNorm / RMSNorm
-regions, with the residual add before them where the graph has one (fact_db/kernels/norm/).
+also realizes attention regions (fact_db/kernels/attention/tune.py), LayerNorm / RMSNorm
+regions, with the residual add before them where the graph has one (fact_db/kernels/norm/),
+and convolutions with their BatchNorm and element-wise chain (fact_db/kernels/conv/).
 Other templates (GEMM + softmax, the sm80 fused kernels) stay eager, with a note.
 """
 from __future__ import annotations
@@ -134,7 +135,8 @@ def registry_answer(registry, w, arch: str, gpu: str) -> tuple[str, float | None
 def realize_regions(report, policy: str, *, registry=None, arch: str = "sm90a", gpu: str | None = None,
                     max_candidates: int = 24, budget_s: float | None = None, gpus: list[int] | None = None,
                     runner=None, plan_only: bool = False, force: bool = False, progress: bool = True,
-                    on_result=None, attention_chooser=None, norm_chooser=None, norm_impl=None) -> list[Realized]:
+                    on_result=None, attention_chooser=None, norm_chooser=None, norm_impl=None, conv_chooser=None,
+                    conv_impl=None) -> list[Realized]:
     """Decide how every region of `report` runs: registry first, then tuning (GEMM family,
     attention, LayerNorm / RMSNorm with or without the residual add), within `budget_s`
     seconds; everything else stays eager, with the reason. Regions are tuned in order of
@@ -142,14 +144,16 @@ def realize_regions(report, policy: str, *, registry=None, arch: str = "sm90a", 
     things up and tunes nothing (what `factdb optimize` shows without a GPU). With a team
     registry, hosts realizing the same model at once divide its regions between them.
 
-    `attention_chooser(w) -> (rows, best)` and `norm_chooser(w) -> (trials, best, how)` replace
-    the tuners, `norm_impl(w, best) -> Impl` the kernel loader (tests on the CPU).
+    `attention_chooser(w) -> (rows, best)`, `norm_chooser(w)` and `conv_chooser(w) -> (trials,
+    best, how)` replace the tuners, `norm_impl(w, best)` and `conv_impl(w, best) -> Impl` the
+    kernel loaders (tests on the CPU).
     """
     import time
 
     t0 = time.perf_counter()
     hooks = {k: v for k, v in (("runner", runner), ("attention", attention_chooser), ("norm", norm_chooser),
-                               ("norm_impl", norm_impl)) if v is not None}
+                               ("norm_impl", norm_impl), ("conv", conv_chooser), ("conv_impl", conv_impl))
+             if v is not None}
     ctx = Context(arch=arch, gpu=gpu, registry=registry, max_candidates=max_candidates, gpus=gpus, force=force,
                   progress=progress, hooks=hooks,
                   over_budget=lambda: budget_s is not None and time.perf_counter() - t0 > budget_s)

@@ -21,7 +21,7 @@ same for every family, so a key digests alike on every backend and machine
 fields, and the divisibility classes of the DIV fields: the rows a nearest-shape lookup may
 return share it. A family with no SHAPE fields is looked up exactly.
 
-Adding a family (convolution next) is one subclass here: its FAMILY, fields, SHAPE, DIV,
+Adding a family is one subclass here (ConvKey was): its FAMILY, fields, SHAPE, DIV,
 checks and summary; nothing else in fact_db.store changes.
 """
 from __future__ import annotations
@@ -495,3 +495,79 @@ class RegionKey(Key):
 
     def _op_names(self) -> list[str]:
         return [o[0].split(".", 1)[-1] for o in json.loads(self.ops)]
+
+
+def _dims_text(name: str, v) -> str:
+    if not isinstance(v, str) or not re.fullmatch(r"\d+(x\d+){0,2}", v):
+        raise RegistryError(f"key field {name} is {v!r}; write one to three sizes joined by x, e.g. 3x3")
+    return v
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvKey(Key):
+    """A convolution kernel's key: its full geometry (batch, channels, spatial sizes joined by
+    x, filter, stride, padding, dilation, output padding, groups, transposed), the operand
+    dtype, the activation layout, the epilogue (bias, and the chain after the conv as
+    canonical JSON) and the policy. Nearest rows may differ in batch only.
+
+    >>> ConvKey(rule="conv-bn", arch="sm90a", gpu="h100", dtype="bf16", layout="nhwc", n=8, c=64, k=64,
+    ...         input="56x56", filter="3x3", stride="1x1", padding="1x1", dilation="1x1", output_padding="0x0",
+    ...         groups=1, transposed=False, bias=True, chain='[{"op":"relu"}]', policy="bf16").summary
+    'conv-bn N8 C64 K64 56x56 f3x3 bf16'
+    """
+
+    FAMILY = "conv"
+    SHAPE = ("n",)
+
+    rule: str
+    arch: str
+    gpu: str
+    dtype: str
+    layout: str
+    n: int
+    c: int
+    k: int
+    input: str
+    filter: str
+    stride: str
+    padding: str
+    dilation: str
+    output_padding: str
+    groups: int
+    transposed: bool
+    bias: bool
+    chain: str
+    policy: str
+
+    def __post_init__(self):
+        self._check_common()
+        _slug("rule", self.rule, "conv-bn")
+        object.__setattr__(self, "dtype", _dtype("dtype", self.dtype))
+        _choice("layout", self.layout, ("nhwc", "nchw"))
+        for name in ("n", "c", "k", "groups"):
+            _pos_int(name, getattr(self, name))
+        for name in ("input", "filter", "stride", "padding", "dilation", "output_padding"):
+            _dims_text(name, getattr(self, name))
+        if len({len(getattr(self, f).split("x")) for f in ("input", "filter", "stride", "padding", "dilation")}) != 1:
+            raise RegistryError(f"key fields input={self.input} filter={self.filter} stride={self.stride} "
+                                f"padding={self.padding} dilation={self.dilation} must have one size per spatial dim")
+        _flag("transposed", self.transposed)
+        _flag("bias", self.bias)
+        object.__setattr__(self, "chain", _json_text("chain", self.chain, _chain_list))
+
+    @property
+    def rule_name(self) -> str:
+        return self.rule
+
+    @property
+    def shape(self) -> str:
+        return f"N{self.n} C{self.c} K{self.k} {self.input} f{self.filter}"
+
+    @property
+    def summary(self) -> str:
+        return f"{self.rule} {self.shape} {SHORT_DTYPE[self.dtype]}"
+
+
+def _chain_list(x) -> bool:
+    """a list of chain steps, each an object with an `op`"""
+    return isinstance(x, list) and all(isinstance(s, dict) and isinstance(s.get("op"), str) for s in x)

@@ -1,0 +1,145 @@
+"""Convolution kernels (kernels_cpp/conv_sm90.cu.j2) against cuDNN, at KernelBench-like shapes and
+the fp32 (cuDNN with TF32 off; candidates 3xTF32 split3), tf32 and bf16 policies, on one GPU.
+Every candidate of every workload is built in one parallel nvcc batch, then verified against
+float64 and timed with cuDNN in the worker (fact_db/kernels/worker.py). Under fp32 the row also
+records cuDNN with PyTorch's default (TF32 on) and its error, so both are in the JSON. Writes
+`benchmarks/results/<gpu>-<date>-conv.json` (or --out):
+
+    {"device", "gpu", "commit", "date", "torch", "cuda", "cudnn",
+     "results": [{"workload", "problem", "policy", "cudnn_ms", "cudnn_err", "best_ms", "speedup",
+                  "kernel", "err", "tf32_default_ms", "tf32_default_err", "trials": [...]}]}
+
+    python benchmarks/conv_realize.py --quick     # 4 shapes x 3 policies x 2 candidates: ~5 min on an H100
+    python benchmarks/conv_realize.py             # 7 shapes x 3 policies x 3 candidates
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from _provenance import commit  # noqa: E402  (benchmarks/ is on sys.path)
+
+from fact_db.kernels.conv import tune as conv_tune  # noqa: E402
+from fact_db.kernels.conv.workload import ConvWorkload, canonical_chain  # noqa: E402
+
+# (name, KernelBench problem it is drawn from, geometry and chain). Channels, filters and chains
+# are the problems'; batch and spatial sizes are cut to 2-5 GFLOP a convolution, so the float64
+# reference of every verification trial stays well under a second and the whole run fits one
+# device call.
+SHAPES = [
+    ("l2_35_sub_hardswish", "L2-35 Conv2d_Subtract_HardSwish (MaxPool, Mish after)",
+     dict(n=8, c=64, k=128, input=(64, 64), filter=(3, 3)), [{"op": "sub", "scalar": 0.5}, {"op": "hardswish"}]),
+    ("resnet_conv_bn_relu", "L3-9 ResNet18 layer2 conv-bn-relu (BN folded)",
+     dict(n=16, c=128, k=128, input=(28, 28), filter=(3, 3), padding=(1, 1)), [{"op": "relu"}]),
+    ("l2_87_sub_sub_mish", "L2-87 Conv2d_Subtract_Subtract_Mish",
+     dict(n=16, c=64, k=64, input=(64, 64), filter=(3, 3)),
+     [{"op": "sub", "scalar": 0.5}, {"op": "sub", "scalar": 0.2}, {"op": "mish"}]),
+    ("l1_87_pointwise", "L1-87 conv_pointwise_2D",
+     dict(n=16, c=64, k=128, input=(128, 128), filter=(1, 1)), []),
+    ("l2_47_conv3d_mish_tanh", "L2-47 Conv3d_Mish_Tanh",
+     dict(n=2, c=32, k=64, input=(16, 32, 32), filter=(3, 3, 3), padding=(1, 1, 1)),
+     [{"op": "mish"}, {"op": "tanh"}]),
+    ("resnet_residual", "L3-8 ResNetBasicBlock conv-bn + residual + relu",
+     dict(n=16, c=64, k=64, input=(56, 56), filter=(3, 3), padding=(1, 1)),
+     [{"op": "add", "kind": "full"}, {"op": "relu"}]),
+    ("l1_76_conv1d", "L1-76 conv_standard_1D dilated strided",
+     dict(n=32, c=64, k=128, input=(4096,), filter=(3,), stride=(3,), dilation=(2,)), []),
+]
+POLICIES = {"fp32": "float32", "tf32x3": "float32", "tf32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def workloads(quick: bool, policies: list[str]) -> list[tuple[str, str, ConvWorkload]]:
+    out = []
+    for name, problem, geo, chain in (SHAPES[:4] if quick else SHAPES):
+        for p in policies:
+            out.append((name, problem, ConvWorkload(**geo, chain=canonical_chain(chain), dtype=POLICIES[p], policy=p,
+                                                    rule="conv-epilogue" if chain else "conv")))
+    return out
+
+
+def tf32_default(w: ConvWorkload) -> dict:
+    """cuDNN under PyTorch's default (TF32 on) on the fp32 workload: its time and its error."""
+    import torch
+
+    from fact_db.kernels.bench import time_cuda
+    from fact_db.kernels.verify import rel_err
+    inp = w.make_inputs("randn")
+    ref = w.reference(inp)
+    errs = [rel_err(w.eager(inp, policy="tf32"), ref)]
+    inp2 = w.make_inputs("rand")
+    errs.append(rel_err(w.eager(inp2, policy="tf32"), w.reference(inp2)))
+    del ref
+    torch.cuda.empty_cache()
+    t = time_cuda(lambda i: w.eager(i, policy="tf32"), [w.make_inputs("randn") for _ in range(3)])
+    return {"tf32_default_ms": t.median_ms, "tf32_default_err": max(errs)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="4 shapes, 2 candidates each")
+    ap.add_argument("--candidates", type=int, default=None, help="candidates per workload (default 2 quick, 3)")
+    ap.add_argument("--policies", default="fp32,tf32,bf16", help="comma-separated (default fp32,tf32,bf16)")
+    ap.add_argument("--jobs", type=int, default=16, help="parallel nvcc processes")
+    ap.add_argument("--in-process", action="store_true", help="time in this process instead of the worker")
+    ap.add_argument("--compile-only", action="store_true", help="build every candidate, time nothing (no GPU needed)")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    limit = args.candidates or (2 if args.quick else 3)
+    ws = workloads(args.quick, [p.strip() for p in args.policies.split(",") if p.strip()])
+    t0 = time.perf_counter()
+    cands = {id(w): conv_tune.candidates(w, limit) for _, _, w in ws}
+    from fact_db.kernels import build
+    from fact_db.kernels.conv.kernel import TEMPLATE, render
+    sources = list(dict.fromkeys(build.Source(TEMPLATE, render(w, c), "sm90a") for _, _, w in ws for c in cands[id(w)]))
+    print(f"{len(ws)} workloads, {len(sources)} distinct kernels to build", flush=True)
+    built = dict(zip(sources, build.build(sources, jobs=args.jobs, progress=False)))
+    print(f"built in {time.perf_counter() - t0:.0f} s: {sum(b.ok for b in built.values())} ok", flush=True)
+    for b in built.values():
+        if not b.ok:
+            print(f"  build failed: {b.error[:300]}", flush=True)
+    if args.compile_only:
+        return 0 if all(b.ok for b in built.values()) else 1
+    import torch
+    results = []
+    for name, problem, w in ws:
+        bs = {c: built[build.Source(TEMPLATE, render(w, c), "sm90a")] for c in cands[id(w)]}
+        t1 = time.perf_counter()
+        trials = conv_tune.tune_conv(w, cands[id(w)], built=bs, in_process=args.in_process, progress=False)
+        cudnn = next((t for t in trials if t.config is None), None)
+        best = next((t for t in trials if t.status == "ok"), None)
+        row = {"workload": w.as_dict(), "name": name, "problem": problem, "policy": w.policy, "describe": w.describe(),
+               "cudnn_ms": cudnn.time_ms if cudnn else None, "cudnn_err": cudnn.err if cudnn else None,
+               "best_ms": best.time_ms if best else None, "kernel": best.label if best else None,
+               "err": best.err if best else None,
+               "speedup": (cudnn.time_ms / best.time_ms) if cudnn and best and cudnn.time_ms and best.time_ms else None,
+               "trials": [{**asdict(t), "config": asdict(t.config) if t.config else None} for t in trials]}
+        if w.policy == "fp32":
+            row.update(tf32_default(w))
+        results.append(row)
+        print(f"{w.describe()}: cuDNN {row['cudnn_ms']} ms (err {row['cudnn_err']}), best {row['kernel']} "
+              f"{row['best_ms']} ms (err {row['err']}), {time.perf_counter() - t1:.0f} s", flush=True)
+        for t in trials:
+            if t.status != "ok":
+                print(f"    {t.label}: {t.status} {t.error[:200]}", flush=True)
+    dev = torch.cuda.get_device_name()
+    out = {"device": dev, "gpu": dev, "commit": commit(), "date": datetime.date.today().isoformat(),
+           "torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
+           "seconds": time.perf_counter() - t0, "results": results}
+    path = args.out or ROOT / "benchmarks" / "results" / (
+        f"{'h200' if 'H200' in dev else 'h100'}-{out['date']}-conv.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=1))
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,193 @@
+"""Tune a convolution workload: candidate configs (tiles, clusters; the 3xTF32 split under fp32 and
+tf32x3) pruned by the sm90 limits and ranked by a small cost model, each built, verified against
+float64 and timed in the worker, cuDNN (eager at the policy) always among them; the winner and
+every trial written to the registry.
+
+>>> cands = candidates(w)                  # [ConvConfig(...), ...]; cuDNN is added by tune_conv
+>>> trials = tune_conv(w, registry=reg)    # best first; trials[0].config None: cuDNN won
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from fact_db.core.device import DEVICES
+from fact_db.kernels.conv.kernel import TEMPLATE, ConvConfig, ConvKernel, prepare_weight, render, to_channels_last, why_not
+from fact_db.kernels.conv.workload import ConvWorkload
+from fact_db.store.records import config_hash
+
+# One consumer warpgroup (the only conv schedule CUTLASS 4.2 builds) holds the whole
+# accumulator tile: 128 x 128 fp32 is 128 registers a thread, the most that leaves room.
+MAX_TILE_AREA = 128 * 128
+TILES = ((128, 128), (128, 64), (64, 128), (64, 256), (64, 64))
+CLUSTERS = ((1, 1), (2, 1), (1, 2))
+
+
+def uses_split(w: ConvWorkload) -> bool:
+    """fp32 and tf32x3 run float32 convolutions as 3xTF32 (split3); tf32 as plain TF32."""
+    return w.dtype == "float32" and w.policy in ("fp32", "tf32x3")
+
+
+def _score(w: ConvWorkload, c: ConvConfig) -> float:
+    """Higher is better: the share of the last wave used, times the share of tile area that is
+    not padding, times a mild preference for larger tiles (operand reuse)."""
+    m, n = w.n * math.prod(w.output), w.k
+    tiles = math.ceil(m / c.tile_m) * math.ceil(n / c.tile_n)
+    sms = DEVICES["h100"].sms  # the ranking only needs the size of a wave on an sm90 part
+    waves = math.ceil(tiles / sms)
+    fill = tiles / (waves * sms)
+    pad = (m * n) / (math.ceil(m / c.tile_m) * c.tile_m * math.ceil(n / c.tile_n) * c.tile_n)
+    return fill * pad * ((c.tile_m * c.tile_n) / MAX_TILE_AREA) ** 0.25
+
+
+def candidates(w: ConvWorkload, limit: int = 8) -> list[ConvConfig]:
+    """At most `limit` configs, best-ranked first; none where the template cannot take `w`
+    (kernel.why_not: transposed, grouped, misaligned channels)."""
+    if why_not(w):
+        return []
+    split = uses_split(w)
+    tile_k = 32 if w.dtype == "float32" else 64
+    m = w.n * math.prod(w.output)
+    out = []
+    for tm, tn in TILES:
+        if tm * tn > MAX_TILE_AREA or (tn > 64 and tn >= 2 * w.k):
+            continue  # registers; or a tile mostly over channels that do not exist
+        for cm, cn in CLUSTERS:
+            if (cm > 1 and math.ceil(m / tm) < 2 * cm) or (cn > 1 and math.ceil(w.k / tn) < 2 * cn):
+                continue
+            out.append(ConvConfig(tm, tn, tile_k, cm, cn, "auto", split))
+    return sorted(out, key=lambda c: -_score(w, c))[:limit]
+
+
+def build_candidates(w: ConvWorkload, cands: list[ConvConfig], arch: str = "sm90a", jobs: int | None = None,
+                     progress: bool = True) -> dict:
+    """{config: Built}, compiled in parallel (cached builds return at once)."""
+    from fact_db.kernels import build
+    sources = [build.Source(TEMPLATE, render(w, c), arch) for c in cands]
+    return dict(zip(cands, build.build(sources, jobs=jobs, progress=progress)))
+
+
+@dataclass
+class ConvTrial:
+    label: str
+    status: str               # ok | verify_failed | launch_error | build_failed | crashed | timeout
+    time_ms: float | None = None
+    err: float | None = None
+    eager_err: float | None = None
+    error: str = ""
+    config: ConvConfig | None = None   # None: cuDNN (eager at the policy)
+    so: str = ""
+    build_key: str = ""
+
+
+def _prepared(w: ConvWorkload, cfg: ConvConfig | None, inputs: dict) -> dict:
+    """What a call receives: x as it arrives (channels-last for an `nhwc` workload), the weight
+    as the kernel holds it (made once, outside the timing), the vectors and the residual."""
+    p = {"raw": inputs, "x": to_channels_last(inputs["x"]) if w.layout == "nhwc" else inputs["x"],
+         "bias": inputs.get("bias"), "vecs": [inputs[f"v{i}"] for i in range(len(w.vec_steps))], "r": inputs.get("r")}
+    if cfg is not None:
+        p["wt"] = prepare_weight(inputs["w"], w, cfg)
+    return p
+
+
+def evaluate_one(w: ConvWorkload, so: str | None, cfg: ConvConfig | None, trials: int = 5, reps: int = 20) -> dict:
+    """Verify (kernels.verify: float64 reference, NaN-poisoned output, inputs unmodified, error
+    against eager's at the policy) and time one candidate in this process; `so` None: cuDNN.
+    A worker job runs this."""
+    import torch
+
+    from fact_db.kernels.bench import time_cuda
+    from fact_db.kernels.verify import verify
+    kernel = ConvKernel(so, w, cfg) if so else None
+
+    def call(p, out=None):
+        if kernel is None:
+            y = w.eager(p["raw"])
+            return out.copy_(y) if out is not None else y
+        return kernel(p["x"], p["wt"], p["bias"], p["vecs"], p["r"], out=out)
+
+    verdict = verify(lambda inputs, out: call(_prepared(w, cfg, inputs), out), w, trials=trials)
+    res = {"err": verdict.err, "eager_err": verdict.eager_err, "device": torch.cuda.get_device_name()}
+    if not verdict.ok:
+        return {**res, "status": "launch_error" if verdict.reason.startswith("launch failed") else "verify_failed",
+                "error": verdict.reason}
+    sets = [_prepared(w, cfg, w.make_inputs("randn")) for _ in range(3)]
+    t = time_cuda(call, sets, reps=reps)
+    return {**res, "status": "ok", "time_ms": t.median_ms, "p10_ms": t.p10_ms, "p90_ms": t.p90_ms, "error": ""}
+
+
+def from_registry(w: ConvWorkload, registry, arch: str = "sm90a", gpu: str = "h100") -> ConvTrial | None:
+    """The registry's current winner for exactly `w` (config None: cuDNN won), or None: absent,
+    or stale (another environment, or the template changed)."""
+    hit = registry.lookup(w.key(arch, gpu), nearest=False)
+    if hit is None or hit.stale:
+        return None
+    rec = hit.record
+    cfg = ConvConfig(**rec.config) if rec.template == TEMPLATE and rec.config else None
+    return ConvTrial(rec.label, "ok", rec.time_ms, rec.rel_err, config=cfg)
+
+
+def record(w: ConvWorkload, trials: list[ConvTrial], registry, arch: str = "sm90a", gpu: str = "h100",
+           device_name: str = "") -> ConvTrial | None:
+    """The best ok trial as the workload's registry row, every trial as a trial row, stamped with
+    this environment (`device_name`: the worker's GPU); returns the best."""
+    from fact_db.core import environment
+    from fact_db.kernels.template import source_hash
+    from fact_db.store.records import KernelRecord, TrialRecord
+    best = next((t for t in trials if t.status == "ok"), None)
+    if best is None:
+        return None
+    env = environment.current()
+    if device_name:
+        env = env.with_(gpu_sku=device_name)
+    key = w.key(arch, gpu)
+    eager = next((t for t in trials if t.config is None and t.status == "ok"), None)
+    template = lambda t: "eager" if t.config is None else TEMPLATE  # noqa: E731
+    registry.put(KernelRecord(
+        key=key, template=template(best), label=best.label,
+        config=asdict(best.config) if best.config is not None else {}, time_ms=best.time_ms, rel_err=best.err,
+        baseline="cudnn" if eager else "", baseline_ms=eager.time_ms if eager else None,
+        baseline_rel_err=eager.err if eager else None,
+        source_hash=source_hash(render(w, best.config)) if best.config is not None else "").stamped(env))
+    registry.add_trials([TrialRecord(key=key, template=template(t),
+                                     config={**(asdict(t.config) if t.config else {}), "label": t.label},
+                                     status=t.status, time_ms=t.time_ms, rel_err=t.err,
+                                     error=(t.error or "")[:2000]).stamped(env) for t in trials])
+    return best
+
+
+def tune_conv(w: ConvWorkload, cands: list[ConvConfig] | None = None, *, arch: str = "sm90a",
+              jobs: int | None = None, built: dict | None = None, in_process: bool = False, progress: bool = True,
+              registry=None, gpu: str = "h100", gpus: list[int] | None = None, limit: int = 8) -> list[ConvTrial]:
+    """Build, verify and time every candidate and cuDNN; trials best first (ok ones by time).
+    Candidates run in the worker subprocess (a faulting kernel takes down only the worker)
+    unless `in_process`; with `registry`, the winner is written there."""
+    cands = candidates(w, limit) if cands is None else cands
+    if registry is not None:  # configs that failed before in this environment are not tried again
+        failed = registry.failed_configs(w.key(arch, gpu))
+        cands = [c for c in cands if config_hash({**asdict(c), "label": c.label}) not in failed]
+    built = built if built is not None else build_candidates(w, cands, arch=arch, jobs=jobs, progress=progress)
+    trials: list[ConvTrial] = []
+    runs = [("cudnn", None, None)]
+    for c in cands:
+        b = built[c]
+        if not b.ok:
+            trials.append(ConvTrial(c.label, "build_failed", error=b.error, config=c))
+            continue
+        runs.append((c.label, c, b))
+    if in_process:
+        results = [evaluate_one(w, str(b.path) if b else None, c) for _, c, b in runs]
+    else:
+        from fact_db.kernels.pool import shared_pool
+        payload = [{"id": i, "kind": "conv", "so": str(b.path) if b else "", "workload": w.as_dict(),
+                    "config": asdict(c) if c else None} for i, (_, c, b) in enumerate(runs)]
+        results = shared_pool(gpus).run(payload)
+    for (label, c, b), r in zip(runs, results):
+        trials.append(ConvTrial(label, r.get("status", "crashed"), r.get("time_ms"), r.get("err"), r.get("eager_err"),
+                                r.get("error", ""), c, str(b.path) if b else "", b.key if b else ""))
+    ok = sorted((t for t in trials if t.status == "ok"), key=lambda t: t.time_ms)
+    trials = ok + [t for t in trials if t.status != "ok"]
+    if registry is not None:
+        device = next((r.get("device", "") for r in results if r.get("device")), "")
+        record(w, trials, registry, arch, gpu, device)
+    return trials

@@ -1,0 +1,629 @@
+"""The convolution family on the CPU: discovery's conv regions (geometry, the epilogue chain as
+data, why a convolution did not match), BatchNorm folding against eager, the registry key,
+the workload's reference, the kernel's template parameters and 3xTF32 split, candidate pruning,
+and composition with stand-in ops (layout conversions counted, composed == eager)."""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import fact_db
+from fact_db.kernels import families
+from fact_db.kernels.conv import family as conv_family
+from fact_db.kernels.conv.fold import fold_bn
+from fact_db.kernels.conv.kernel import (ConvConfig, channels_last_strides, forward_padding, groups_of, is_channels_last,
+                                         params, prepare_weight, render, split_activation, tf32_lo, to_channels_last,
+                                         why_not)
+from fact_db.kernels.conv.tune import MAX_TILE_AREA, candidates
+from fact_db.kernels.conv.workload import ConvError, ConvWorkload, canonical_chain
+from fact_db.kernels.impl import Impl
+from fact_db.store.db import RegistryError
+from fact_db.store.keys import ConvKey, Key
+from tests import standins
+
+
+class Chain3(nn.Module):
+    """Three convolutions in a row: conv+ReLU, conv+BN+residual+ReLU, conv*scale-0.25+HardSwish."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv2d(8, 16, 3, padding=1)
+        self.c2 = nn.Conv2d(16, 16, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(16)
+        self.c3 = nn.Conv2d(16, 32, 1)
+        self.s = nn.Parameter(torch.randn(32, 1, 1))
+        with torch.no_grad():  # statistics that are not the identity, so folding matters
+            self.bn.running_mean.uniform_(-0.5, 0.5)
+            self.bn.running_var.uniform_(0.5, 2.0)
+            self.bn.weight.uniform_(0.5, 1.5)
+            self.bn.bias.uniform_(-0.5, 0.5)
+
+    def forward(self, x):
+        y = torch.relu(self.c1(x))
+        y = torch.relu(self.bn(self.c2(y)) + y)
+        return F.hardswish(self.c3(y) * self.s - 0.25)
+
+
+# ------------------------------------------------------------------ discovery
+
+def test_a_chain_of_convolutions_is_three_regions_with_their_geometry_and_chain():
+    rep = fact_db.discover(Chain3().eval(), (torch.randn(2, 8, 8, 8),))
+    assert [r.rule for r in rep.regions] == ["conv-bias-act", "conv-bn", "conv-epilogue"]
+    r1, r2, r3 = rep.regions
+    assert r1.attrs["geometry"] | {} == r1.problem
+    assert r1.problem["k"] == 16 and r1.problem["filter"] == [3, 3] and r1.problem["padding"] == [1, 1]
+    assert r1.shape == "N2 C8 K16 8x8 f3x3 s1x1 p1x1"
+    assert [s["op"] for s in r2.attrs["chain"]] == ["add", "relu"]
+    assert r2.attrs["chain"][0]["kind"] == "full" and r2.attrs["chain"][0]["tensor"] == r1.output
+    assert {"bn_mean", "bn_var", "bn_weight", "bn_bias"} <= set(r2.operands) and "bias" not in r2.operands
+    assert r3.attrs["chain"][:2] == [{"op": "mul", "tensor": "p_s", "kind": "channel", "node": "mul"},
+                                     {"op": "sub", "scalar": 0.25, "node": "sub"}]
+    assert not any(r.composable for r in rep.regions)
+
+
+@pytest.mark.parametrize("padding,kernel,why", [("same", (3, 5), ""), ("same", (2, 3), "pads one side more"),
+                                               ("valid", (3, 3), "")])
+def test_string_padding_becomes_the_geometry_it_means(padding, kernel, why):
+    conv = nn.Conv2d(8, 16, kernel, padding=padding, dilation=(1, 2))
+    x = torch.randn(1, 8, 9, 9)
+    rep = fact_db.discover(conv.eval(), (x,))
+    [r] = rep.regions
+    assert (why in r.composable) if why else not r.composable
+    if not why:
+        g = r.attrs["geometry"]
+        w = ConvWorkload(g["n"], g["c"], g["k"], g["input"], g["filter"], g["stride"], g["padding"], g["dilation"])
+        assert w.y_shape() == tuple(conv(x).shape)
+
+
+def test_chains_of_any_length_are_one_region():
+    class Long(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c = nn.Conv3d(4, 8, 3)
+
+        def forward(self, x):
+            x = self.c(x)
+            for i in range(12):
+                x = torch.tanh(x) * 2.0 + 0.1 * i
+            return x
+    rep = fact_db.discover(Long().eval(), (torch.randn(1, 4, 6, 6, 6),))
+    assert [r.rule for r in rep.regions] == ["conv-epilogue"]
+    assert len(rep.regions[0].attrs["chain"]) == 36
+
+
+@pytest.mark.parametrize("model,inputs,rule,reason", [
+    (nn.Conv2d(16, 16, 3, groups=16), (torch.randn(2, 16, 8, 8),), "conv", "`groups == 1` is false (groups=16)"),
+    (nn.Conv2d(16, 32, 3).double(), (torch.randn(2, 16, 8, 8, dtype=torch.float64),), "conv", "dtype float64"),
+])
+def test_explain_says_why_a_convolution_did_not_match(model, inputs, rule, reason):
+    rep = fact_db.discover(model.eval(), inputs)
+    assert not rep.regions
+    assert reason in rep.misses[rule].reason
+
+
+def test_explain_says_a_training_mode_batchnorm_is_not_folded():
+    class TrainBn(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c = nn.Conv2d(16, 32, 3)
+            self.register_buffer("m", torch.zeros(32))
+            self.register_buffer("v", torch.ones(32))
+
+        def forward(self, x):
+            return F.batch_norm(self.c(x), self.m, self.v, training=True)
+    rep = fact_db.discover(TrainBn().eval(), (torch.randn(2, 16, 8, 8),))
+    assert "training=True, the rule needs False" in rep.misses["conv-bn"].reason
+    assert [r.rule for r in rep.regions] == ["conv"]  # the convolution alone still is one
+
+
+def test_a_chain_that_reads_its_own_intermediate_stays_eager_with_the_reason():
+    class SelfRead(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c = nn.Conv2d(8, 16, 3)
+
+        def forward(self, x):
+            y = self.c(x)
+            return torch.relu(y) * y
+    rep = fact_db.discover(SelfRead().eval(), (torch.randn(1, 8, 6, 6),))
+    [r] = rep.regions
+    assert "a value computed inside the region" in r.composable
+
+
+# ------------------------------------------------------------------ BatchNorm folding
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 2e-5)])
+@pytest.mark.parametrize("dims", [1, 2, 3])
+@pytest.mark.parametrize("bias", [True, False])
+def test_folded_batchnorm_equals_eager(dtype, tol, dims, bias):
+    conv = (nn.Conv1d, nn.Conv2d, nn.Conv3d)[dims - 1](6, 10, 3, padding=1, bias=bias).to(dtype)
+    bn = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)[dims - 1](10, eps=1e-3).to(dtype).eval()
+    with torch.no_grad():
+        bn.running_mean.normal_()
+        bn.running_var.uniform_(0.1, 3.0)
+        bn.weight.normal_()
+        bn.bias.normal_()
+    x = torch.randn(2, 6, *([7] * dims), dtype=dtype)
+    w, b = fold_bn(conv.weight, conv.bias, bn.weight, bn.bias, bn.running_mean, bn.running_var, bn.eps)
+    assert w.dtype == dtype and b.dtype == dtype
+    ref = bn(conv(x))
+    got = conv._conv_forward(x, w, b)
+    assert (got - ref).abs().max().item() <= tol * max(1.0, ref.abs().max().item())
+
+
+def test_folding_a_transposed_grouped_convolution_scales_its_output_channels():
+    conv = nn.ConvTranspose2d(8, 6, 3, groups=2).double()
+    bn = nn.BatchNorm2d(6).double().eval()
+    with torch.no_grad():
+        bn.running_var.uniform_(0.5, 2.0)
+        bn.weight.normal_()
+    x = torch.randn(1, 8, 5, 5, dtype=torch.float64)
+    w, b = fold_bn(conv.weight, conv.bias, bn.weight, bn.bias, bn.running_mean, bn.running_var, bn.eps,
+                   transposed=True, groups=2)
+    assert torch.allclose(F.conv_transpose2d(x, w, b, groups=2), bn(conv(x)), atol=1e-12)
+
+
+def test_folding_without_affine_parameters():
+    conv, bn = nn.Conv2d(4, 4, 1).double(), nn.BatchNorm2d(4, affine=False).double().eval()
+    with torch.no_grad():
+        bn.running_mean.normal_()
+    x = torch.randn(1, 4, 3, 3, dtype=torch.float64)
+    w, b = fold_bn(conv.weight, conv.bias, None, None, bn.running_mean, bn.running_var, bn.eps)
+    assert torch.allclose(F.conv2d(x, w, b), bn(conv(x)), atol=1e-12)
+
+
+# ------------------------------------------------------------------ registry key
+
+def _key(**kw):
+    base = dict(rule="conv-bn", arch="sm_90a", gpu="NVIDIA H100 80GB HBM3", dtype="bf16", layout="nhwc", n=8, c=64,
+                k=64, input="56x56", filter="3x3", stride="1x1", padding="1x1", dilation="1x1", output_padding="0x0",
+                groups=1, transposed=False, bias=True, chain='[{"op": "relu"}]', policy="bf16")
+    return ConvKey(**(base | kw))
+
+
+def test_conv_key_canonicalizes_and_digests_stably():
+    k = _key()
+    assert (k.arch, k.gpu, k.dtype, k.chain) == ("sm90a", "h100", "bfloat16", '[{"op":"relu"}]')
+    assert k.summary == "conv-bn N8 C64 K64 56x56 f3x3 bf16"
+    assert Key.from_dict("conv", k.as_dict()) == k
+    assert k.digest() == _key(chain='[{"op":"relu"}]').digest()  # JSON spacing is not identity
+    assert k.digest() != _key(padding="0x0").digest() != _key(policy="fp16", dtype="fp16").digest()
+    assert k.near() == _key(n=32).near() and k.distance(_key(n=32)) == 2.0
+    assert k.near() != _key(chain='[{"op": "tanh"}]').near()
+
+
+@pytest.mark.parametrize("field,value,words", [
+    ("input", "56,56", "input"), ("groups", 0, "groups"), ("layout", "nwhc", "layout"),
+    ("chain", '{"op": "relu"}', "chain"), ("filter", "3x3x3", "one size per spatial dim"), ("policy", "tf16", "policy"),
+])
+def test_conv_key_refuses_a_bad_field_naming_it(field, value, words):
+    with pytest.raises(RegistryError, match=words):
+        _key(**{field: value})
+
+
+def test_conv_rows_go_through_the_one_registry_api():
+    from fact_db.kernels.conv.tune import ConvTrial, from_registry, record
+    from fact_db.store.registry import Registry
+    w = ConvWorkload(8, 64, 64, (56, 56), (3, 3), padding=(1, 1), chain='[{"op":"relu"}]', dtype="bfloat16",
+                     policy="bf16", rule="conv-bias-act")
+    cfg = ConvConfig(128, 64, 64)
+    trials = [ConvTrial(cfg.label, "ok", 0.5, 1e-3, config=cfg), ConvTrial("cudnn", "ok", 0.7, 1e-3),
+              ConvTrial("64x64x64 c1x1", "verify_failed", error="error 1 > bound", config=ConvConfig(64, 64, 64))]
+    with Registry.open("memory") as reg:
+        assert from_registry(w, reg, gpu="h100") is None
+        record(w, trials, reg, gpu="h100", device_name="NVIDIA H100")
+        hit = from_registry(w, reg, gpu="h100")
+        assert hit is not None and hit.config == cfg and hit.time_ms == 0.5
+        rec = reg.lookup(w.key("sm90a", "h100"), nearest=False).record
+        assert rec.baseline == "cudnn" and rec.baseline_ms == 0.7 and rec.template == "conv_sm90"
+        assert {t.status for t in reg.trials(w.key("sm90a", "h100"))} == {"ok", "verify_failed"}
+        assert conv_family.answer(reg, w, "sm90a", "h100") == ("hit", 0.5)
+        assert conv_family.answer(reg, ConvWorkload(**(w.as_dict() | {"policy": "fp16", "dtype": "float16"})),
+                                  "sm90a", "h100") == ("miss", None)
+        # cuDNN winning is recorded as the library's row
+        w2 = ConvWorkload(1, 16, 16, (8, 8), (3, 3), groups=16)
+        record(w2, [ConvTrial("cudnn", "ok", 0.01, 1e-7)], reg, gpu="h100")
+        assert from_registry(w2, reg, gpu="h100").config is None
+
+
+# ------------------------------------------------------------------ workload
+
+@pytest.mark.parametrize("kw", [
+    dict(n=2, c=4, k=8, input=(9, 11), filter=(3, 2), stride=(2, 1), padding=(1, 0), dilation=(1, 2)),
+    dict(n=1, c=4, k=6, input=(17,), filter=(5,), stride=(3,), padding=(2,), dilation=(2,)),
+    dict(n=1, c=4, k=4, input=(4, 5, 6), filter=(3, 3, 3), padding=(1, 1, 1)),
+    dict(n=2, c=8, k=6, input=(5, 5), filter=(3, 3), stride=(2, 2), padding=(1, 1), output_padding=(1, 1),
+         transposed=True, groups=2),
+])
+def test_workload_output_shape_and_reference_match_pytorch(kw):
+    w = ConvWorkload(**kw, chain=canonical_chain([{"op": "relu"}, {"op": "mul", "tensor": "t", "kind": "channel"}]))
+    inp = w.make_inputs("randn", device="cpu")
+    assert tuple(inp["x"].shape) == w.x_shape() and tuple(inp["w"].shape) == w.w_shape()
+    y = w.eager(inp)
+    assert tuple(y.shape) == w.y_shape()
+    ref = w.reference(inp)
+    assert ref.dtype == torch.float64 and (y.double() - ref).abs().max() < 1e-4
+
+
+def test_workload_chain_keys_without_graph_names_and_round_trips():
+    steps = [{"op": "sub", "scalar": 0.5, "node": "sub"}, {"op": "mul", "tensor": "p_s", "kind": "channel", "node": "m"}]
+    w = ConvWorkload(2, 16, 32, (8, 8), (3, 3), chain=canonical_chain(steps))
+    assert json.loads(w.chain) == [{"op": "sub", "scalar": 0.5}, {"kind": "channel", "op": "mul"}]
+    assert ConvWorkload(**json.loads(json.dumps(w.as_dict()))) == w
+    assert w.key_fields()["input"] == "8x8" and w.key("sm90a", "h100").family_class("conv") is ConvKey
+    with pytest.raises(ConvError, match="one size per spatial dim"):
+        ConvWorkload(2, 16, 32, (8, 8), (3,))
+    with pytest.raises(ConvError, match="not one of"):
+        ConvWorkload(2, 16, 32, (8, 8), (3, 3), chain='[{"op": "softmax"}]')
+
+
+def test_eager_fp32_runs_without_tf32_and_restores_the_flags():
+    seen = []
+
+    class Spy(ConvWorkload):
+        def _conv(self, x, w, b):
+            seen.append(torch.backends.cudnn.allow_tf32)
+            return super()._conv(x, w, b)
+    w = Spy(1, 4, 4, (5, 5), (3, 3), policy="fp32")
+    before = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = True
+    try:
+        w.eager(w.make_inputs(device="cpu"))
+        w.eager(w.make_inputs(device="cpu"), policy="tf32")
+        assert torch.backends.cudnn.allow_tf32 is True
+    finally:
+        torch.backends.cudnn.allow_tf32 = before
+    assert seen == [False, True]
+
+
+# ------------------------------------------------------------------ kernel: template, split, layout
+
+def test_template_parameters_group_the_chain_and_number_the_vectors():
+    steps = [{"op": "sub", "scalar": 0.5}, {"op": "hardswish"}, {"op": "mul", "kind": "channel"},
+             {"op": "add", "kind": "full"}, {"op": "leaky_relu", "slope": 0.2}, {"op": "clamp", "min": -1.0, "max": None}]
+    w = ConvWorkload(2, 16, 32, (8, 8), (3, 3), chain=canonical_chain(steps), dtype="bfloat16", policy="bf16")
+    g = groups_of(w)
+    assert [x["kind"] for x in g] == ["vec", "unary", "vec", "src", "unary"]
+    assert (g[0]["index"], g[2]["index"]) == (0, 1)
+    assert [s["value"] for s in g[1]["steps"]] == ["0.5f", None] and g[4]["steps"][0]["slope"] == "0.2f"
+    src = render(w, ConvConfig(128, 64, 64))
+    assert "x[i] * t[i]" in src and "Sm90SrcFetch<ElementC>" in src and "(v - 0.5f)" in src
+    assert "fmaxf(v, -1.0f)" in src and "cutlass::conv::KernelImplicitTmaWarpSpecializedSm90>" in src
+    assert params(w, ConvConfig(64, 64, 64))["element_c"] == "cutlass::bfloat16_t"
+    fp32 = ConvWorkload(2, 16, 32, (8, 8), (3, 3))
+    assert "split3_kernel<<<" in render(fp32, ConvConfig(128, 64, 32, split3=True))
+    assert "split3_kernel" not in render(fp32, ConvConfig(128, 64, 32))
+    assert params(ConvWorkload(2, 16, 32, (8, 8), (3, 3)), ConvConfig(64, 64, 32))["element_c"] == "void"
+
+
+def test_tf32_split_recovers_what_truncation_loses():
+    x = torch.randn(4096, dtype=torch.float32)
+    lo = tf32_lo(x)
+    hi = (x.view(torch.int32) & -8192).view(torch.float32)
+    assert torch.all((lo.view(torch.int32) & 0x1FFF) == 0)  # lo is TF32 already: the kernel keeps all of it
+    assert torch.all((hi + lo - x).abs() <= (x - hi).abs() * 2 ** -11)
+    assert lo.abs().max() <= x.abs().max() * 2 ** -10
+
+
+def _trunc(t):
+    return (t.contiguous().view(torch.int32) & -8192).view(torch.float32)
+
+
+def test_split3_over_three_channel_blocks_is_fp32_class_where_one_tf32_product_is_not():
+    """What the kernel computes for split3, emulated on the CPU: TF32 operands truncated, three
+    channel blocks [x, x, lo(x)] . [w, lo(w), w] summed in one convolution."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 32, 9, 9)
+    w = torch.randn(16, 32, 3, 3) / math.sqrt(32 * 9)
+    ref = F.conv2d(x.double(), w.double())
+    xs = split_activation(x.movedim(1, -1)).movedim(-1, 1)
+    ws = torch.cat([w, tf32_lo(w), w], dim=1)
+    got = F.conv2d(_trunc(xs).double(), _trunc(ws).double())
+    one = F.conv2d(_trunc(x).double(), _trunc(w).double())
+    rel = lambda a: ((a - ref).norm() / ref.norm()).item()  # noqa: E731
+    assert rel(got) < 1e-6 < 1e-4 < rel(one)
+
+
+@pytest.mark.parametrize("dims", [1, 2, 3])
+def test_a_stride_1_transposed_convolution_runs_as_the_forward_one_the_kernel_computes(dims):
+    w = ConvWorkload(2, 8, 12, (5,) * dims, (3,) * dims, padding=(1,) * dims, dilation=(2,) * dims, transposed=True)
+    inp = w.make_inputs("randn", device="cpu")
+    held = prepare_weight(inp["w"].double(), ConvWorkload(**(w.as_dict() | {"dtype": "float32"})), ConvConfig(64, 64, 32))
+    fwd = (F.conv1d, F.conv2d, F.conv3d)[dims - 1](inp["x"].double(), held.movedim(-1, 1).double(), None, 1,
+                                                   forward_padding(w), w.dilation)
+    ref = w.reference({**inp, "bias": None})
+    assert fwd.shape == ref.shape == (2, 12, *w.output)
+    assert torch.allclose(fwd, ref, atol=1e-5)
+
+
+def test_channels_last_helpers_for_1d_2d_3d():
+    for shape in [(2, 3, 5), (2, 3, 4, 5), (2, 3, 4, 5, 6)]:
+        x = torch.randn(shape)
+        y = to_channels_last(x)
+        assert torch.equal(x, y) and is_channels_last(y) and not is_channels_last(x)
+        assert list(y.stride()) == channels_last_strides(shape)
+        assert to_channels_last(y) is y
+
+
+def test_why_not_says_which_convolutions_stay_with_cudnn():
+    assert "grouped or depthwise" in why_not(ConvWorkload(1, 16, 16, (8, 8), (3, 3), groups=16))
+    assert "multiples of 8" in why_not(ConvWorkload(1, 3, 64, (8, 8), (3, 3), dtype="bfloat16", policy="bf16"))
+    assert "multiples of 4" in why_not(ConvWorkload(1, 3, 64, (8, 8), (3, 3)))
+    assert "transposed" in why_not(ConvWorkload(1, 16, 16, (8, 8), (3, 3), stride=(2, 2), transposed=True))
+    assert why_not(ConvWorkload(1, 16, 16, (8, 8), (3, 3), padding=(1, 1), transposed=True)) == ""
+    assert why_not(ConvWorkload(1, 16, 16, (8, 8), (3, 3))) == ""
+
+
+def test_candidates_respect_the_register_budget_and_the_policy():
+    half = ConvWorkload(8, 64, 128, (56, 56), (3, 3), padding=(1, 1), dtype="bfloat16", policy="bf16")
+    cands = candidates(half, limit=20)
+    assert cands and all(c.tile_m * c.tile_n <= MAX_TILE_AREA and c.tile_k == 64 and not c.split3 for c in cands)
+    assert len(set(cands)) == len(cands)
+    fp32 = ConvWorkload(8, 64, 128, (56, 56), (3, 3), padding=(1, 1))
+    assert all(c.split3 and c.tile_k == 32 for c in candidates(fp32))
+    assert not any(c.split3 for c in candidates(ConvWorkload(8, 64, 128, (56, 56), (3, 3), policy="tf32")))
+    small_k = ConvWorkload(8, 64, 32, (56, 56), (3, 3))
+    assert all(c.tile_n <= 64 for c in candidates(small_k, limit=20))
+    assert candidates(ConvWorkload(8, 64, 64, (56, 56), (3, 3), groups=4)) == []
+
+
+# ------------------------------------------------------------------ family and composition
+
+def _impls(rep, policy="fp32"):
+    impls = {}
+    for i, r in enumerate(rep.regions):
+        w, note = families.workload_of(r, rep.graph, policy)
+        assert families.of(w) is conv_family, note
+        cfg = ConvConfig(128, 64, 32, split3=policy == "fp32")
+        impls[i] = Impl("conv", "stand-in", standins.conv_op(w), {"workload": w.as_dict(), "config": asdict(cfg)})
+    return impls
+
+
+def test_workloads_read_channels_last_after_a_fact_db_convolution():
+    rep = fact_db.discover(Chain3().eval(), (torch.randn(2, 8, 8, 8),))
+    ws = [families.workload_of(r, rep.graph, "fp32")[0] for r in rep.regions]
+    assert [w.layout for w in ws] == ["nchw", "nhwc", "nhwc"]
+    assert [w.rule for w in ws] == ["conv-bias-act", "conv-bn", "conv-epilogue"]
+    assert ws[1].bias and ws[1].residual and ws[2].vec_steps == [{"op": "mul", "kind": "channel"}]
+
+
+def test_composed_three_conv_chain_equals_eager_with_one_layout_conversion():
+    from fact_db.composition.compose import rewrite
+    torch.manual_seed(1)
+    model = Chain3().eval()
+    x = torch.randn(2, 8, 8, 8)
+    rep = fact_db.discover(model, (x,))
+    standins.CALLS.clear()
+    gm, notes = rewrite(rep.graph.program, rep.regions, _impls(rep))
+    with torch.no_grad():
+        got, want = gm(x), model(x)
+    assert standins.CALLS["conv"] == 3 and standins.CALLS["conv_not_channels_last"] == 0
+    assert (got - want).abs().max().item() < 1e-4
+    assert gm.meta["factdb_layout_conversions"] == ["region 1 conv-bias-act: input `x` converted to channels-last"]
+    assert any(n.startswith("layout: 1 conversion(s) to channels-last left for 3 fact-db convolution(s)") for n in notes)
+    # BatchNorm is gone: folded into the held weight and bias, made once.
+    assert not any("batch_norm" in str(n.target) for n in gm.graph.nodes)
+    assert {b for b, _ in gm.named_buffers() if b.startswith("_factdb_conv")} == {
+        "_factdb_conv_weight_0", "_factdb_conv_weight_1", "_factdb_conv_bias_1", "_factdb_conv_weight_2"}
+
+
+def test_a_convolution_whose_input_comes_from_pytorch_gets_its_own_conversion():
+    from fact_db.composition.compose import rewrite
+
+    class Split(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Conv2d(8, 16, 3, padding=1), nn.Conv2d(16, 16, 1)
+
+        def forward(self, x):
+            y = torch.relu(self.a(x))
+            return self.b(y.flatten(2).view(y.shape))  # a reshape: PyTorch hands back contiguous NCHW
+    model = Split().eval()
+    x = torch.randn(1, 8, 6, 6)
+    rep = fact_db.discover(model, (x,))
+    gm, notes = rewrite(rep.graph.program, rep.regions, _impls(rep, "tf32"))
+    assert len(gm.meta["factdb_layout_conversions"]) == 2
+    standins.CALLS.clear()
+    with torch.no_grad():
+        assert torch.allclose(gm(x), model(x), atol=1e-5)
+    assert standins.CALLS["conv_not_channels_last"] == 0
+
+
+def test_composed_chain_runs_under_torch_compile():
+    from fact_db.composition.compose import rewrite
+    model = Chain3().eval()
+    x = torch.randn(2, 8, 8, 8)
+    rep = fact_db.discover(model, (x,))
+    gm, _ = rewrite(rep.graph.program, rep.regions, _impls(rep))
+    torch._dynamo.reset()
+    with torch.no_grad():
+        out = torch.compile(gm, fullgraph=True, backend="eager")(x)
+        assert torch.allclose(out, model(x), atol=1e-4)
+
+
+def test_realize_takes_the_choosers_result_and_cudnn_wins_leave_the_region_eager():
+    from fact_db.kernels.conv.tune import ConvTrial
+    from fact_db.kernels.family import Context
+    w = ConvWorkload(2, 16, 32, (8, 8), (3, 3))
+    cudnn = ConvTrial("cudnn", "ok", 0.2, 1e-7)
+    ctx = Context(hooks={"conv": lambda w: ([cudnn], cudnn, "tuned")})
+    out = conv_family.realize(w, None, ctx)
+    assert out.impl.kind == "eager" and "cuDNN is the fastest" in out.impl.note and out.eager_ms == 0.2
+
+
+def test_fp32_measurement_shows_pytorch_default_tf32_as_its_own_variant():
+    """Under fp32 the eager baseline runs cuDNN without TF32; a model with convolutions also
+    gets eager under PyTorch's default (cuDNN TF32 on), timed and with its error."""
+    import copy
+
+    from fact_db.pipeline.measure import TF32_DEFAULT, has_convolutions, measure, pytorch_default
+    from fact_db.pipeline.run import like_drawer
+    model, x = Chain3().eval(), torch.randn(2, 8, 8, 8)
+    ref = copy.deepcopy(model).double()
+    seen = []
+    spy = lambda *a: (seen.append(torch.backends.cudnn.allow_tf32), model(*a))[1]  # noqa: E731
+    variants = measure(model, model, spy, "fp32", like_drawer((x,)), ref, peers=(), timer=lambda fn, xs: 1.0,
+                       progress=False)
+    assert [v.name for v in variants] == ["eager fp32", TF32_DEFAULT, "fact-db"]
+    assert all(v.err is not None and v.err < 1e-5 for v in variants)
+    assert not [v.name for v in measure(model, model, spy, "tf32", like_drawer((x,)), ref, peers=(),
+                                        timer=lambda fn, xs: 1.0, progress=False) if v.name == TF32_DEFAULT]
+    assert has_convolutions(model, (x,)) and not has_convolutions(nn.Linear(4, 4), (torch.randn(2, 4),))
+    flags = []
+    before = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        pytorch_default(lambda t: flags.append((torch.backends.cudnn.allow_tf32,
+                                                torch.backends.cuda.matmul.allow_tf32)))(x)
+        assert flags == [(True, False)] and torch.backends.cudnn.allow_tf32 is False
+    finally:
+        torch.backends.cudnn.allow_tf32 = before
+
+
+def _conv_realizer(files):
+    """realize_regions with the conv family's tuner and loader replaced (realize's conv hooks):
+    every conv region 'tuned' to a stand-in kernel that claims `files`' kernel.so as its library."""
+    from fact_db.kernels.conv.tune import ConvTrial
+    from fact_db.realization.realize import realize_regions
+
+    def realize(disc, policy):
+        def chooser(w):
+            cfg = ConvConfig(128, 64, 32 if w.dtype == "float32" else 64, split3=policy in ("fp32", "tf32x3"))
+            t = ConvTrial(cfg.label, "ok", 0.5, 1e-7, config=cfg, so=str(files / "kernel.so"), build_key="c" * 24)
+            return [t, ConvTrial("cudnn", "ok", 1.0, 1e-7)], t, "tuned"
+
+        def make(w, best):
+            return Impl("conv", f"stand-in {best.label}", standins.conv_op(w), {
+                "standin": "conv", "workload": w.as_dict(), "config": asdict(best.config), "template": "conv_sm90",
+                "build_key": best.build_key, "so": best.so})
+        return realize_regions(disc, policy, conv_chooser=chooser, conv_impl=make, progress=False)
+    return realize
+
+
+def _conv_loader(rec):
+    if rec.get("standin") == "conv":
+        return Impl("conv", rec.get("label", ""), standins.conv_op(ConvWorkload(**rec["workload"])), rec)
+    return None
+
+
+@pytest.mark.parametrize("policy", ["fp32", "bf16"])
+def test_optimize_composes_saves_and_loads_convolutions(tmp_path, policy):
+    """fact_db.optimize on a three-convolution model with stand-in kernels: verified end to end,
+    the layout conversions in the report, the artifact holding each conv kernel's workload and
+    config, and loading it composing the same module."""
+    from fact_db.composition.artifact import load
+    from fact_db.pipeline import optimize
+    from fact_db.pipeline.measure import TF32_DEFAULT
+    files = tmp_path / "build"
+    files.mkdir()
+    (files / "kernel.so").write_bytes(b"not a real library")
+    (files / "kernel.cu").write_text("// conv_sm90 source\n")
+    torch.manual_seed(0)
+    model, x = Chain3().eval(), torch.rand(2, 8, 8, 8)
+    fast = optimize(model, (x,), policy=policy, realizer=_conv_realizer(files), timer=lambda fn, xs: 1.0, peers=(),
+                    out=tmp_path / "art", progress=False)
+    assert fast.report.verification.ok, fast.report.verification.reason
+    standins.CALLS.clear()
+    tol = 1e-4 if policy == "fp32" else 3e-2
+    with torch.no_grad():
+        assert torch.allclose(fast(x), model(x), atol=tol, rtol=tol)
+    assert standins.CALLS["conv"] == 3 and standins.CALLS["conv_not_channels_last"] == 0
+    assert any(n.startswith("layout: 1 conversion(s) to channels-last left for 3") for n in fast.report.notes)
+    assert (TF32_DEFAULT in [v.name for v in fast.report.variants]) == (policy == "fp32")
+    m = json.loads((tmp_path / "art" / "manifest.json").read_text())
+    convs = [r["impl"] for r in m["regions"] if r["impl"]["kind"] == "conv"]
+    assert len(convs) == 3 and convs[1]["workload"]["layout"] == "nhwc" and convs[1]["config"]["tile_n"] == 64
+    assert [r["rule"] for r in m["regions"]] == ["conv-bias-act", "conv-bn", "conv-epilogue"]
+    again = load(tmp_path / "art", loader=_conv_loader)
+    standins.CALLS.clear()
+    with torch.no_grad():
+        assert torch.allclose(again(x), model(x), atol=tol, rtol=tol)
+    assert standins.CALLS["conv"] == 3
+
+
+def test_the_family_table_dispatches_convolutions():
+    w = ConvWorkload(2, 16, 32, (8, 8), (3, 3))
+    assert families.of(w) is conv_family and families.for_job("conv") is conv_family
+    assert families.for_impl("conv") is conv_family and families.by_name("conv") is conv_family
+
+
+def test_the_tuner_skips_configs_that_failed_before_and_cudnn_is_always_timed(monkeypatch):
+    from pathlib import Path
+
+    from fact_db.core import environment
+    from fact_db.kernels.build import Built, Source
+    from fact_db.kernels.conv import tune as conv_tune
+    from fact_db.store.records import TrialRecord
+    from fact_db.store.registry import Registry
+    w = ConvWorkload(8, 64, 64, (28, 28), (3, 3), padding=(1, 1), dtype="bfloat16", policy="bf16")
+    a, b = ConvConfig(128, 64, 64), ConvConfig(64, 64, 64)
+    seen = []
+
+    def evaluate(w_, so, cfg, trials=5, reps=20):
+        seen.append(cfg)
+        return {"status": "ok", "time_ms": {None: 1.0, a: 0.5, b: 0.7}[cfg], "err": 1e-3, "eager_err": 1e-3,
+                "device": "NVIDIA H100"}
+    monkeypatch.setattr(conv_tune, "evaluate_one", evaluate)
+    built = {c: Built(Source("conv_sm90", "", "sm90a"), "k" * 24, Path("/nowhere/kernel.so")) for c in (a, b)}
+    with Registry.open("memory") as reg:
+        reg.add_trials([TrialRecord(key=w.key("sm90a", "h100"), template="conv_sm90",
+                                    config={**asdict(a), "label": a.label}, status="verify_failed")
+                        .stamped(environment.current())])
+        trials = conv_tune.tune_conv(w, [a, b], built=built, in_process=True, registry=reg, progress=False)
+        assert seen == [None, b]
+        assert [t.label for t in trials] == [b.label, "cudnn"]
+        assert conv_tune.from_registry(w, reg, gpu="h100").config == b
+
+
+def test_where_cudnn_wins_a_conv_bn_region_its_batchnorm_is_still_folded():
+    """The library path for a conv-bn region (kernel.cudnn_op, whose function library_fn is
+    registered here for the CPU): cuDNN's convolution on the folded weight, as the model holds
+    it, then the chain; no BatchNorm left, no layout conversion, composed == eager."""
+    from fact_db.composition.compose import rewrite
+    from fact_db.kernels.conv.kernel import _library_strides, library_fn
+    from fact_db.kernels.conv.tune import ConvTrial
+
+    class ConvBnRelu(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c, self.bn = nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16)
+            with torch.no_grad():
+                self.bn.running_mean.normal_()
+                self.bn.running_var.uniform_(0.5, 2.0)
+
+        def forward(self, x):
+            return torch.relu(self.bn(self.c(x)))
+    model, x = ConvBnRelu().eval(), torch.randn(2, 3, 8, 8)
+    rep = fact_db.discover(model, (x,))
+    [r] = rep.regions
+    w, note = families.workload_of(r, rep.graph, "fp32")
+    assert "C=3" in note and w.bias  # tiny channels: cuDNN serves it
+    impl = conv_family.impl_of(w, ConvTrial("cudnn", "ok", 1.0, 1e-7), folds=True)
+    assert impl.kind == "conv" and impl.record["library"] == "cudnn"
+    fn = library_fn(w)
+
+    @torch.library.custom_op("factdb_test::cudnn_conv_bn_relu", mutates_args=(),
+                             schema="(Tensor x, Tensor w, Tensor? bias, Tensor[] vecs, Tensor? residual) -> Tensor")
+    def op(x, wt, bias, vecs, residual):
+        return fn(x, wt, bias, vecs, residual)
+
+    @op.register_fake
+    def _(x, wt, bias, vecs, residual):
+        shape = (x.shape[0], w.k, *w.output)
+        return torch.empty_strided(shape, _library_strides(x, shape), dtype=x.dtype, device=x.device)
+    impl.op = torch.ops.factdb_test.cudnn_conv_bn_relu
+    gm, notes = rewrite(rep.graph.program, rep.regions, {0: impl})
+    assert not any("batch_norm" in str(n.target) for n in gm.graph.nodes)
+    assert gm.meta["factdb_layout_conversions"] == [] and not any(n.startswith("layout") for n in notes)
+    assert tuple(gm._factdb_conv_weight_0.shape) == (16, 3, 3, 3)
+    with torch.no_grad():
+        assert torch.allclose(gm(x), model(x), atol=1e-5)
+    cl = x.contiguous(memory_format=torch.channels_last)
+    assert fn(cl, gm._factdb_conv_weight_0, gm._factdb_conv_bias_0, [], None).is_contiguous(
+        memory_format=torch.channels_last)
