@@ -7,6 +7,7 @@ run eager where it is faster).
 """
 from __future__ import annotations
 
+import os
 import statistics
 import time
 
@@ -98,7 +99,8 @@ def measure(module, model_p, fast, policy: str, draw, ref_model, *, peers=PEERS,
     """Time every variant end to end in this process: eager fp32, eager at the policy,
     torch.compile (default, and max-autotune-no-cudagraphs), fact-db; each on the same three
     input sets (cast to the policy's dtype beforehand for every variant at the policy, so
-    no variant pays the cast), with its error against the float64 model and its peak memory.
+    no variant pays the cast), with its error against the reference (`ref_model`: the float64
+    model given float64 inputs, or a reference.Reference) and its peak memory.
 
     The variants that compile nothing (eager, fact-db) are timed in BENCH_ROUNDS interleaved
     rounds, so a GPU whose clocks drift under sustained load drifts for all of them alike; each
@@ -106,14 +108,16 @@ def measure(module, model_p, fast, policy: str, draw, ref_model, *, peers=PEERS,
     A compiled peer is timed right after its compile (the next compile resets dynamo's caches)."""
     import torch
 
+    from fact_db.kernels.agreement import tree_err
     from fact_db.kernels.bench import peak_mib, time_cuda
     from fact_db.composition.compose import cast_floats, policy_dtype
-    from fact_db.kernels.verify import _flat, rel_err
+    from fact_db.kernels.verify import for_reference
     sets = [draw(2 * i)[0] for i in range(3)]
     dt = policy_dtype(policy)
     sets_p = [cast_floats(s, dt) for s in sets] if dt else sets
-    ref = _flat(ref_model(*[x.to(torch.float64) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
-                            for x in sets[0]]))
+    seed = int.from_bytes(os.urandom(8), "little") & ((1 << 62) - 1)  # every error run draws what the reference drew
+    torch.manual_seed(seed)
+    ref = ref_model(*for_reference(sets[0], ref_model))
     timer = timer or (lambda fn, xs: time_cuda(lambda x: fn(*x), xs))
 
     def plain(m, pol):
@@ -184,9 +188,8 @@ def measure(module, model_p, fast, policy: str, draw, ref_model, *, peers=PEERS,
                 if torch.cuda.is_available():
                     torch.cuda.synchronize()
                 v.compile_s = time.perf_counter() - t0
-            out_t = fn(*xs[0])
-            back = _flat(cast_floats(out_t, torch.float64) if dt else out_t)
-            v.err = rel_err(back, ref) if back.shape == ref.shape else None
+            torch.manual_seed(seed)
+            v.err = tree_err(fn(*xs[0]), ref)
             if compiled_peer:
                 finish(v, fn, xs, [timer(fn, xs)])
                 if bar is not None:

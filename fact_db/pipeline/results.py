@@ -48,6 +48,7 @@ class OptimizeReport:
     stages_s: dict = field(default_factory=dict)
     plan_only: bool = False
     llm_calls: int = 0
+    fallback: str = ""                  # why optimize returned eager after discovery ("" where it did not stop)
 
     def variant(self, name: str) -> Variant | None:
         return next((v for v in self.variants if v.name == name), None)

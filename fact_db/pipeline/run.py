@@ -17,7 +17,6 @@ timed in this process.
 """
 from __future__ import annotations
 
-import copy
 import os
 import sys
 import time
@@ -59,11 +58,28 @@ def _on_gpu(inputs) -> bool:
     return torch.cuda.is_available() and any(isinstance(x, torch.Tensor) and x.is_cuda for x in inputs)
 
 
-def at_policy(module, policy: str):
-    """The model as `policy` runs it: a copy in bf16/fp16 for the half policies, else itself."""
-    from fact_db.composition.compose import policy_dtype
+def at_policy(module, policy: str, *, build=None, example_inputs=None, notes: list | None = None):
+    """The model as `policy` runs it: for the half policies a copy in bf16/fp16 built the way
+    its problem builds it (`build()`, else a deep copy; recast.py), with plain tensor
+    attributes converted and closures over the copy's submodules, whose forward also converts
+    what it draws or reads from outside the model where `example_inputs` show it does
+    (dtype_modes.policy_forward); else `module` itself. What was done goes to `notes`."""
+    from fact_db.composition.compose import cast_floats, policy_dtype
+    from fact_db.pipeline.dtype_modes import policy_forward
+    from fact_db.pipeline.recast import recast
     dt = policy_dtype(policy)
-    return copy.deepcopy(module).to(dt) if dt is not None else module
+    if dt is None:
+        return module
+    made = recast(module, dt, build=build)
+    said = list(made.notes)
+    if example_inputs is not None:
+        cast = policy_forward(made.model, dt, cast_floats(tuple(example_inputs), dt))
+        if cast:
+            said.append(f"forward makes or reads tensors outside the model in another dtype ({'; '.join(cast[:3])}): "
+                        f"the {policy} model converts them to {str(dt).replace('torch.', '')} as it runs")
+    if notes is not None:
+        notes += said
+    return made.model
 
 
 def like_drawer(example_inputs, make_inputs=None):
@@ -129,7 +145,7 @@ def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max
              budget: float | None = None, gpus: list[int] | None = None, out: str | Path | None = None,
              bench: bool = True, peers=PEERS, trials: int = 5, make_inputs=None, name: str | None = None,
              progress: bool = True, force: bool = False, save: bool = True, realizer=None, timer=None,
-             cuda_graph: bool = True, rules=None, region_kernels=None, split_weights: bool = True):
+             cuda_graph: bool = True, rules=None, region_kernels=None, split_weights: bool = True, build=None):
     """Optimize `module` for `example_inputs` under `policy`; returns the composed module
     (an nn.Module called like `module`) with `.report` (OptimizeReport) and `.artifact`.
 
@@ -147,13 +163,19 @@ def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max
     `split_weights`: kernels that split B into hi and lo parts before the kernel (the fp32 and
     tf32x3 policies' `presplit`) get each weight's lo parts split once and held (one more copy
     of those weights, counted in the report's held memory); False splits them per call.
-    """
-    import torch
+    `build(device)`: a fresh model built as the problem builds it (optimize_problem passes
+    one), from which the float64 reference and the half-policy model are made; without it
+    they are deep copies (reference.py, recast.py).
 
-    from fact_db.composition.compose import ComposedModule, rewrite, run_at_policy, signature
+    Anything that fails after discovery (out of memory included) ends with eager PyTorch at
+    the policy returned, run once to check it, and the reason in `report.fallback`.
+    """
+    from fact_db.composition.compose import ComposedModule, rewrite, signature
     from fact_db.discovery.discover import discover
+    from fact_db.pipeline.fallback import eager_module, fall_back
+    from fact_db.pipeline.state import ModelState
+    from fact_db.pipeline.verification import verify_end_to_end
     from fact_db.realization.realize import realize_region_kernels, realize_regions
-    from fact_db.kernels.verify import verify_model
     if policy not in POLICIES:
         raise OptimizeError(f"unknown policy '{policy}': use one of {', '.join(POLICIES)}")
     inputs = tuple(example_inputs) if isinstance(example_inputs, (list, tuple)) else (example_inputs,)
@@ -162,7 +184,9 @@ def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max
     info = device_info(device) if realizer is not None else _check_gpu(device)
     report = OptimizeReport(name, policy, info, toolchain_info(), [])
     module.eval()
-    model_p = at_policy(module, policy)
+    state = ModelState(module)  # the user's model is left as it was given, whatever forward changes
+    model_p = at_policy(module, policy, build=(lambda: build(device)) if build else None, example_inputs=inputs,
+                        notes=report.notes)
     from fact_db.composition.compose import cast_floats, policy_dtype
     inputs_p = cast_floats(inputs, policy_dtype(policy)) if policy_dtype(policy) else inputs
 
@@ -170,66 +194,72 @@ def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max
         disc = discover(model_p, inputs_p, arch="sm90", gpu=info["gpu"] or "h100", policy=policy, rules=rules)
     if disc.partial:
         raise OptimizeError(f"only part of {name} could be traced ({disc.note}); optimize needs the whole model")
-    with stage("realize", report, progress):
-        if realizer is not None:
-            realized = realizer(disc, policy)
-        else:
-            realized = realize_regions(disc, policy, registry=registry, gpu=info["gpu"],
-                                       max_candidates=max_candidates, gpus=gpus, force=force, progress=progress,
-                                       budget_s=budget * 60 if budget is not None else None)
-        added = []
-        if region_kernels is not False:  # the agent's accepted kernels the registry holds; no model call
-            added = realize_region_kernels(disc, realized, registry, gpu=info["gpu"] or "h100", rules=rules,
-                                           loader=region_kernels or None)
-        report.regions = realized
-    with stage("compose", report, progress):
-        derived: dict = {}  # the weights composition makes, shared with compositions for other shapes
-        gm, notes = rewrite(disc.graph.program, disc.regions + [z.region for z in added],
-                            {z.index: z.impl for z in realized}, split_weights=split_weights, derived=derived)
-        report.notes += notes
-        fast = ComposedModule(gm, model_p, policy=policy, optimized_for=signature(inputs), name=name,
-                              regions=[(z.region.rule, z.impl) for z in realized],
-                              variants=variant_factory(model_p, policy, registry, realized, info, split_weights,
-                                                        derived),
-                              also_for=[signature(inputs_p)] if inputs_p is not inputs else [],
-                              cuda_graph=cuda_graph, split_weights=split_weights)
-    draw = like_drawer(inputs, make_inputs)
-    with stage("verify", report, progress):
-        ref_model = copy.deepcopy(module).to(torch.float64)
-        verdict = verify_model(
-            lambda *x: fast(*x), lambda *x: run_at_policy(model_p, policy, x), lambda *x: ref_model(*x), draw, policy,
-            trials=trials, eager_tf32=(lambda *x: run_at_policy(module, "tf32", x)) if policy == "tf32x3" else None,
-            out_dtype={"bf16": "bfloat16", "fp16": "float16"}.get(policy, "float32"))
-        report.verification = verdict
-        if getattr(fast, "graph_note", ""):
-            report.notes.append(fast.graph_note)
-        rounded = next((t.rounding for t in verdict.trials if t.rounding), "") if verdict.ok else ""
-        if rounded:
-            report.notes.append(rounded)
-        if not verdict.ok:
-            report.notes.append(f"end-to-end verification failed ({verdict.reason}): the returned module runs "
-                                f"eager PyTorch under the {policy} policy")
-            fast = ComposedModule(model_p, model_p, policy=policy, optimized_for=signature(inputs), name=name,
-                                  regions=[], variants=None,
-                                  also_for=[signature(inputs_p)] if inputs_p is not inputs else [])
-    if verdict.ok and _on_gpu(inputs):
-        if getattr(fast, "cuda_graph", False):
-            report.notes.append(choose_graph(fast, policy, draw, timer))
-        note = keep_faster_than_eager(fast, model_p, policy, draw, timer)
-        if note:
-            report.notes.append(note)
-    if bench:
-        with stage("benchmark", report, progress):
-            report.variants = measure(module, model_p, fast, policy, draw, ref_model, peers=peers, timer=timer,
-                                      progress=progress, composed_ok=verdict.ok)
-            held = report.variant("fact-db")
-            if held is not None and held.held_mib:
-                report.notes.append(
-                    f"fact-db's module holds {held.held_mib:.1f} MiB between calls beyond the model's parameters "
-                    "(weights it concatenated or transposed" + (" or split into TF32 parts" if split_weights else "") +
-                    (", its CUDA graph's pool" if held.held_mib > fast.held_mib(graphs=False) else "") +
-                    "), counted in its peak memory")
+    draw, ref_model, where = like_drawer(inputs, make_inputs), None, "realize"
+    try:
+        with stage("realize", report, progress):
+            if realizer is not None:
+                realized = realizer(disc, policy)
+            else:
+                realized = realize_regions(disc, policy, registry=registry, gpu=info["gpu"],
+                                           max_candidates=max_candidates, gpus=gpus, force=force, progress=progress,
+                                           budget_s=budget * 60 if budget is not None else None)
+            added = []
+            if region_kernels is not False:  # the agent's accepted kernels the registry holds; no model call
+                added = realize_region_kernels(disc, realized, registry, gpu=info["gpu"] or "h100", rules=rules,
+                                               loader=region_kernels or None)
+            report.regions = realized
+        where = "compose"
+        with stage("compose", report, progress):
+            derived: dict = {}  # the weights composition makes, shared with compositions for other shapes
+            gm, notes = rewrite(disc.graph.program, disc.regions + [z.region for z in added],
+                                {z.index: z.impl for z in realized}, split_weights=split_weights, derived=derived)
+            report.notes += notes
+            fast = ComposedModule(gm, model_p, policy=policy, optimized_for=signature(inputs), name=name,
+                                  regions=[(z.region.rule, z.impl) for z in realized],
+                                  variants=variant_factory(model_p, policy, registry, realized, info, split_weights,
+                                                            derived),
+                                  also_for=[signature(inputs_p)] if inputs_p is not inputs else [],
+                                  cuda_graph=cuda_graph, split_weights=split_weights)
+        where = "verify"
+        with stage("verify", report, progress):
+            verdict, ref_model, notes = verify_end_to_end(module, model_p, fast, policy, draw, inputs, trials=trials,
+                                                          build=build, graph=disc.graph)
+            report.verification = verdict
+            report.notes += notes
+            if getattr(fast, "graph_note", ""):
+                report.notes.append(fast.graph_note)
+            rounded = next((t.rounding for t in verdict.trials if t.rounding), "") if verdict.ok else ""
+            if rounded:
+                report.notes.append(rounded)
+            if not verdict.ok:
+                report.notes.append(f"end-to-end verification failed ({verdict.reason}): the returned module runs "
+                                    f"eager PyTorch under the {policy} policy")
+                fast = eager_module(model_p, policy, inputs, inputs_p, name)
+        where = "timing"
+        if verdict.ok and _on_gpu(inputs):
+            if getattr(fast, "cuda_graph", False):
+                report.notes.append(choose_graph(fast, policy, draw, timer))
+            note = keep_faster_than_eager(fast, model_p, policy, draw, timer)
+            if note:
+                report.notes.append(note)
+        where = "benchmark"
+        if bench:
+            with stage("benchmark", report, progress):
+                report.variants = measure(module, model_p, fast, policy, draw, ref_model, peers=peers, timer=timer,
+                                          progress=progress, composed_ok=verdict.ok)
+                held = report.variant("fact-db")
+                if held is not None and held.held_mib:
+                    report.notes.append(
+                        f"fact-db's module holds {held.held_mib:.1f} MiB between calls beyond the model's parameters "
+                        "(weights it concatenated or transposed"
+                        + (" or split into TF32 parts" if split_weights else "")
+                        + (", its CUDA graph's pool" if held.held_mib > fast.held_mib(graphs=False) else "")
+                        + "), counted in its peak memory")
+    except Exception as e:  # noqa: BLE001  (whatever failed, out of memory included: eager, with the reason)
+        ref_model = None
+        fast = fall_back(model_p, policy, inputs, inputs_p, name, report, e, where, draw)
     del ref_model
+    state.restore()
     fast.report = report
     fast.artifact = None
     if save:
@@ -243,7 +273,9 @@ def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max
 def optimize_problem(spec: str, **kw):
     """`optimize` on a KernelBench-format file or import spec (what `factdb discover` takes):
     the model is built on the GPU with a fixed seed, and fresh inputs come from its
-    `get_inputs()`."""
+    `get_inputs()`; the float64 reference and a half policy's model are built again the same
+    way (`Model(*get_init_inputs())`, so closures made in `__init__` close over their own
+    submodules), with the model's tensors copied in."""
     import torch
 
     from fact_db.discovery.sandbox import time_limit
@@ -251,7 +283,8 @@ def optimize_problem(spec: str, **kw):
     if not torch.cuda.is_available() and kw.get("realizer") is None:
         raise OptimizeError("no CUDA GPU is visible: use plan_problem() (`factdb optimize` prints the plan)")
     dev = torch.device("cuda") if kw.get("realizer") is None else torch.device("cpu")
-    with time_limit(spec, kw.pop("build_timeout_s", None)):  # the file's code runs here: bounded in time
+    timeout = kw.pop("build_timeout_s", None)
+    with time_limit(spec, timeout):  # the file's code runs here: bounded in time
         problem = load_problem(spec)
         torch.manual_seed(0)
         with torch.device(dev):
@@ -261,7 +294,12 @@ def optimize_problem(spec: str, **kw):
     def make_inputs():
         with torch.device(dev):
             return problem.make_inputs()
-    return optimize(model, inputs, make_inputs=make_inputs, name=kw.pop("name", None) or problem.name, **kw)
+
+    def build(device):
+        with time_limit(spec, timeout), torch.device(device):
+            return problem.make_model()
+    return optimize(model, inputs, make_inputs=make_inputs, build=build, name=kw.pop("name", None) or problem.name,
+                    **kw)
 
 
 def plan_problem(spec: str, **kw):
