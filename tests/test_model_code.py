@@ -262,3 +262,30 @@ def test_comparison_piece_by_piece_equals_the_whole(monkeypatch):
     assert pieces.err == pytest.approx(direct, rel=1e-9) and whole.err == pytest.approx(direct, rel=1e-9)
     assert pieces.max_diff == whole.max_diff and ag.tree_err(c, ref) == pytest.approx(direct, rel=1e-9)
     assert ag.tree_err(c[:1], ref) is None
+
+
+def test_a_reference_that_fails_while_timing_leaves_the_errors_empty_and_says_why():
+    from fact_db.pipeline.fallback import eager_module
+    from fact_db.pipeline.measure import measure
+    from fact_db.pipeline.run import like_drawer
+    _, model, xs = _model("global_tensor")
+
+    def ref(*x):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+    fast = eager_module(model, "fp32", xs, xs, "Model")
+    variants = measure(model, model, fast, "fp32", like_drawer(xs), ref, peers=(), timer=lambda fn, x: 1.0,
+                       progress=False)
+    assert [v.name for v in variants] == ["eager fp32", "fact-db"]
+    assert all(v.err is None and v.ms == 1.0 and "the reference raised OutOfMemoryError" in v.note for v in variants)
+
+
+def test_a_half_policy_copy_that_cannot_be_made_stops_before_tuning_with_one_sentence(monkeypatch):
+    from fact_db.pipeline import recast as rc
+    from fact_db.pipeline.results import OptimizeError
+
+    def no_memory(*a, **k):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    monkeypatch.setattr(rc, "recast", no_memory)
+    _, model, xs = _model("closure_mlp")
+    with pytest.raises(OptimizeError, match=r"making the bf16 copy of Model failed \(OutOfMemoryError: CUDA out of"):
+        optimize(model, xs, policy="bf16", realizer=standin_realizer(), progress=False, save=False)

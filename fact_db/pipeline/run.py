@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from fact_db.core.environment import device_info, toolchain_info
+from fact_db.core.errors import first_line
 from fact_db.core.policy import POLICIES
 from fact_db.pipeline.measure import PEERS, choose_graph, keep_faster_than_eager, measure
 from fact_db.pipeline.results import OptimizeError, OptimizeReport
@@ -185,8 +186,12 @@ def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max
     report = OptimizeReport(name, policy, info, toolchain_info(), [])
     module.eval()
     state = ModelState(module)  # the user's model is left as it was given, whatever forward changes
-    model_p = at_policy(module, policy, build=(lambda: build(device)) if build else None, example_inputs=inputs,
-                        notes=report.notes)
+    try:
+        model_p = at_policy(module, policy, build=(lambda: build(device)) if build else None, example_inputs=inputs,
+                            notes=report.notes)
+    except Exception as e:  # noqa: BLE001  (before any tuning: the model at the policy is what everything runs)
+        raise OptimizeError(f"making the {policy} copy of {name} failed ({first_line(e, 200, typed=True)}); free "
+                            "memory, or optimize under a float32 policy, which needs no copy") from e
     from fact_db.composition.compose import cast_floats, policy_dtype
     inputs_p = cast_floats(inputs, policy_dtype(policy)) if policy_dtype(policy) else inputs
 
