@@ -123,41 +123,39 @@ def build_reference(module, model_p, policy: str, inputs, *, build=None, graph=N
     import torch
 
     from fact_db.kernels.verify import for_reference
-    from fact_db.pipeline.recast import convert, recast
+    from fact_db.pipeline.recast import recast
     from fact_db.pipeline.state import ModelState
     notes: list[str] = []
-    dev = _device(module, inputs)
     random = draws_random(graph)
-    try:
-        place, note = placement(dev, lambda: float64_bytes(module, inputs, output_numel(graph)), free, random)
-        notes += [note] if note else []
-        made = recast(module, torch.float64, build=(lambda: build(place)) if build else None, device=place)
-    except Exception as e:  # noqa: BLE001  (whatever the model's code raised: the fallback says it)
-        return eager_reference(model_p, policy, f"could not be built: {first_line(e, typed=True)}", notes)
-    notes += made.notes
-    how = "built afresh as the problem builds it" if made.how == "fresh build" else "a deep copy of the model"
-    ref = Reference("float64", "", _float64_run(made.model), place, torch.float64, made.model, notes)
-    while True:
-        ref.label = f"the float64 model ({how}, on the {'GPU' if ref.device.type == 'cuda' else 'CPU'})"
-        state = ModelState(made.model)
+    place, note = placement(_device(module, inputs), lambda: float64_bytes(module, inputs, output_numel(graph)), free,
+                            random)
+    notes += [note] if note else []
+    places = [place] + ([torch.device("cpu")] if place.type == "cuda" and not random else [])
+    why = ""
+    for i, where in enumerate(places):
+        built = False
         try:
+            made = recast(module, torch.float64, build=(lambda: build(where)) if build else None, device=where)
+            built = True
+            how = "built afresh as the problem builds it" if made.how == "fresh build" else "a deep copy of the model"
+            ref = Reference("float64", f"the float64 model ({how}, on the {'GPU' if where.type == 'cuda' else 'CPU'})",
+                            _float64_run(made.model), where, torch.float64, made.model, notes + made.notes)
+            state = ModelState(made.model)
             torch.manual_seed(0)
             ref(*for_reference(inputs, ref))
             state.restore()
             return ref
         except torch.cuda.OutOfMemoryError as e:
             why = f"ran out of GPU memory ({first_line(e, 120)})"
-            if ref.device is not None and torch.device(ref.device).type == "cuda" and not random:
-                convert(made.model, torch.float64, torch.device("cpu"))
-                torch.cuda.empty_cache()
-                ref.device = torch.device("cpu")
+            if i + 1 < len(places):
                 notes.append(f"the float64 model {why} on the GPU: it runs on the CPU")
-                continue
-        except Exception as e:  # noqa: BLE001
-            why = f"raised {first_line(e, typed=True)}"
-        if random and ref.device is not None and torch.device(ref.device).type == "cuda":
-            why += f" (it stays on the GPU: forward draws random numbers, {', '.join(random)})"
-        del ref, made
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-        return eager_reference(model_p, policy, why, notes)
+        except Exception as e:  # noqa: BLE001  (whatever the model's code raised: the fallback says it)
+            why = f"{'raised' if built else 'could not be built:'} {first_line(e, typed=True)}"
+            break
+        finally:
+            made = ref = None
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+    if random and place.type == "cuda":
+        why += f" (it stays on the GPU: forward draws random numbers, {', '.join(random)})"
+    return eager_reference(model_p, policy, why, notes)
