@@ -258,8 +258,8 @@ def verify_model(composed, eager, reference, draw, policy: str, *, trials: int =
     for t in range(trials):
         inputs, dist = draw(t)
         seed = int.from_bytes(os.urandom(8), "little") & ((1 << 62) - 1)
-        ins_eager, ins_comp = _clone(inputs), _clone(inputs)
         ref = seeded(reference, for_reference(inputs, reference), seed)
+        ins_eager, ins_comp = _clone(inputs), _clone(inputs)
         e_out = seeded(eager, ins_eager, seed)
         try:
             c_out = seeded(composed, ins_comp, seed)
