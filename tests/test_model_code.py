@@ -289,3 +289,24 @@ def test_a_half_policy_copy_that_cannot_be_made_stops_before_tuning_with_one_sen
     _, model, xs = _model("closure_mlp")
     with pytest.raises(OptimizeError, match=r"making the bf16 copy of Model failed \(OutOfMemoryError: CUDA out of"):
         optimize(model, xs, policy="bf16", realizer=standin_realizer(), progress=False, save=False)
+
+
+def test_a_forward_that_writes_its_parameters_is_not_verifiable_and_optimize_still_returns():
+    class Drifts(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(16, 16)
+
+        def forward(self, x):
+            with torch.no_grad():
+                self.fc.weight.mul_(1.001)  # a model that updates itself as it runs
+            return self.fc(x)
+    m = Drifts().eval()
+    x = torch.rand(4, 16)
+    fast = optimize(m, (x,), realizer=standin_realizer(), timer=lambda fn, xs: 1.0, peers=(), progress=False,
+                    save=False)
+    v = fast.report.verification
+    assert not v.ok and v.reason == ("not verifiable: forward writes parameter `fc.weight` in place, so two runs of "
+                                     "the model never start from the same state")
+    assert any(n.endswith("the model is left as its runs left it") for n in fast.report.notes)
+    assert fast.regions == []  # eager

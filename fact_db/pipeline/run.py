@@ -174,7 +174,7 @@ def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max
     from fact_db.composition.compose import ComposedModule, rewrite, signature
     from fact_db.discovery.discover import discover
     from fact_db.pipeline.fallback import eager_module, fall_back
-    from fact_db.pipeline.state import ModelState
+    from fact_db.pipeline.state import ModelState, StateError
     from fact_db.pipeline.verification import verify_end_to_end
     from fact_db.realization.realize import realize_region_kernels, realize_regions
     if policy not in POLICIES:
@@ -264,7 +264,10 @@ def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max
         ref_model = None
         fast = fall_back(model_p, policy, inputs, inputs_p, name, report, e, where, draw)
     del ref_model
-    state.restore()
+    try:
+        state.restore()
+    except StateError as e:
+        report.notes.append(f"{e}: the model is left as its runs left it")
     fast.report = report
     fast.artifact = None
     if save:
