@@ -153,6 +153,8 @@ def optimize(problem, policy, max_candidates, budget, gpus, peers, max_held, no_
     else:
         click.echo(markdown(report))
         click.echo(f"artifact: {fast.artifact}  (load it with fact_db.load('{fast.artifact}'))")
+    if report.fallback:
+        raise click.ClickException(f"{report.fallback}; the artifact runs eager PyTorch")
     if report.verification is not None and not report.verification.ok:
         raise click.ClickException(f"end-to-end verification failed: {report.verification.reason}; the artifact "
                                    "runs eager PyTorch")
@@ -179,6 +181,7 @@ def bench_row(problem: str, fast, wall_s: float) -> dict:
         "eager_fp32_ms": fp32.ms if fp32 else None,
         "rel_err": ver.err if ver else None, "baseline_rel_err": ver.eager_err if ver else None,
         "verified": bool(ver and ver.ok), "verify_reason": ver.reason if ver else "",
+        "reference": ver.reference if ver else None, "fallback": r.fallback or None,
         "compile_ms": comp.ms if comp else None, "compile_s": comp.compile_s if comp else None,
         "max_autotune_ms": mat.ms if mat else None, "max_autotune_compile_s": mat.compile_s if mat else None,
         "vs_compile": speedups(r)["vs_compile"], "vs_max_autotune": speedups(r)["vs_max_autotune"],

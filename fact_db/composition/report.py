@@ -70,6 +70,7 @@ def report_dict(report) -> dict:
         "verification": report.verification.as_dict() if report.verification is not None else None,
         "skipped": skipped(report), "notes": report.notes, "llm_calls": report.llm_calls,
         "choice": report.choice.as_dict() if getattr(report, "choice", None) is not None else None,
+        "fallback": getattr(report, "fallback", "") or None,
     }
     return clean(d)
 
@@ -104,6 +105,10 @@ def markdown(report) -> str:
                  f"CUTLASS {tc.get('cutlass')}, fact-db {tc.get('factdb')}.")
     if d["plan_only"]:
         lines += ["", "**Plan only** (no GPU): nothing was tuned or timed."]
+    if d.get("fallback"):
+        lines += ["", f"**Returned eager PyTorch under the `{d['policy']}` policy**: {d['fallback']}."]
+    ver = d["verification"]
+    against = (ver or {}).get("reference") or "the float64 model"
     sp = d["speedup"]
     if d["variants"]:
         over = f"{_x(sp['vs_eager_policy'])} over eager {d['policy']}" + (
@@ -112,8 +117,9 @@ def markdown(report) -> str:
         lines += ["", f"**fact-db: {over}, {_x(sp['vs_compile'])} over torch.compile, "
                       f"{_x(sp['vs_max_autotune'])} over max-autotune-no-cudagraphs** (same process)."
                   + (f" Under torch.compile the composed module takes {_ms(fc['ms'])} ms." if fc else ""), "",
-                  "| variant | ms (median) | p10-p90 | rounds (interleaved) | error vs float64 | peak MiB (held) | compile s "
-                  "| note |",
+                  "| variant | ms (median) | p10-p90 | rounds (interleaved) | error vs "
+                  + ("float64" if against.startswith("the float64 model") else f"eager {d['policy']}")
+                  + " | peak MiB (held) | compile s | note |",
                   "| --- | --- | --- | --- | --- | --- | --- | --- |"]
         for v in d["variants"]:
             spread = f"{_ms(v['p10_ms'])}-{_ms(v['p90_ms'])}" if v.get("p10_ms") else "-"
@@ -139,12 +145,11 @@ def markdown(report) -> str:
         share = f"{r['share'] * 100:.0f}%" if r.get("share") else "-"
         lines.append(f"| {r['index']} | {r['rule']} | {r['shape']} | {r['impl']['label']} | {r['how']} | "
                      f"{_ms(r['eager_ms'])} | {_ms(r['ms'])} | {_x(r['speedup'])} | {share} | {r['registry']} |")
-    v = d["verification"]
-    if v:
+    if ver:
         lines += ["", "## Verification", "",
-                  f"{'Passed' if v['ok'] else 'FAILED'}: {len(v['trials'])} trials, worst error {_e(v['err'])} "
-                  f"against the float64 model (eager {d['policy']}: {_e(v['eager_err'])}), KernelBench allclose at "
-                  f"{v['kernelbench_tol']:g} against eager." + (f" {v['reason']}" if v["reason"] else "")]
+                  f"{'Passed' if ver['ok'] else 'FAILED'}: {len(ver['trials'])} trials, worst error {_e(ver['err'])} "
+                  f"against {against} (eager {d['policy']}: {_e(ver['eager_err'])}), KernelBench allclose at "
+                  f"{ver['kernelbench_tol']:g} against eager." + (f" {ver['reason']}" if ver["reason"] else "")]
     if d["skipped"]:
         lines += ["", "## Left to eager PyTorch", ""] + [f"- region {s['region']} ({s['rule']}): {s['why']}"
                                                           for s in d["skipped"]]

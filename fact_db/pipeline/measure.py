@@ -7,6 +7,7 @@ time. (Which of them optimize returns is pipeline/choice.py's decision.)
 """
 from __future__ import annotations
 
+import os
 import statistics
 import time
 
@@ -79,8 +80,9 @@ def measure(module, model_p, fast, policy: str, draw, ref_model, *, peers=PEERS,
     its error: what the user had), torch.compile (default, and max-autotune-no-cudagraphs), fact-db (the returned module),
     the composed module op by op where that is not what is returned, and under torch.compile;
     each on the same three input sets (cast to the policy's dtype beforehand for every variant
-    at the policy, so no variant pays the cast), with its error against the float64 model, its
-    peak memory, what it holds between calls, and its compile time.
+    at the policy, so no variant pays the cast), with its error against the reference
+    (`ref_model`: the float64 model given float64 inputs, or a reference.Reference), its peak
+    memory, what it holds between calls, and its compile time.
 
     `choice` (choice.Choice) lends the modules it compiled: a peer it has is timed as it is,
     not compiled again, and the returned module's compiled target stays the one it runs.
@@ -91,14 +93,19 @@ def measure(module, model_p, fast, policy: str, draw, ref_model, *, peers=PEERS,
     A compiled peer is timed right after its compile."""
     import torch
 
+    from fact_db.kernels.agreement import tree_err
     from fact_db.kernels.bench import held_mib, peak_mib, time_cuda
     from fact_db.composition.compose import cast_floats, policy_dtype
-    from fact_db.kernels.verify import _flat, rel_err
+    from fact_db.kernels.verify import for_reference
     sets = [draw(2 * i)[0] for i in range(3)]
     dt = policy_dtype(policy)
     sets_p = [cast_floats(s, dt) for s in sets] if dt else sets
-    ref = _flat(ref_model(*[x.to(torch.float64) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
-                            for x in sets[0]]))
+    seed = int.from_bytes(os.urandom(8), "little") & ((1 << 62) - 1)  # every error run draws what the reference drew
+    torch.manual_seed(seed)
+    try:
+        ref, ref_note = ref_model(*for_reference(sets[0], ref_model)), ""
+    except Exception as e:  # noqa: BLE001  (the errors column is then empty, and each variant says why)
+        ref, ref_note = None, f"no error: the reference raised {first_line(e, 120, typed=True)}"
     timer = timer or (lambda fn, xs: time_cuda(lambda x: fn(*x), xs))
 
     def plain(m, pol):
@@ -183,9 +190,13 @@ def measure(module, model_p, fast, policy: str, draw, ref_model, *, peers=PEERS,
                 if torch.cuda.is_available():
                     torch.cuda.synchronize()
                 v.compile_s = time.perf_counter() - t0
+            torch.manual_seed(seed)
             out_t = fn(*xs[0])
-            back = _flat(cast_floats(out_t, torch.float64) if dt else out_t)
-            v.err = rel_err(back, ref) if back.shape == ref.shape else None
+            if ref is not None:
+                v.err = tree_err(out_t, ref)
+            else:
+                _add_note(v, ref_note)
+            del out_t
             if compiled_peer:
                 finish(v, fn, xs, [timer(fn, xs)])
                 if bar is not None:

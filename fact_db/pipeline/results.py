@@ -49,6 +49,7 @@ class OptimizeReport:
     plan_only: bool = False
     llm_calls: int = 0
     choice: object = None               # choice.Choice: what optimize returns, and every candidate's figures
+    fallback: str = ""                  # why optimize returned eager after discovery ("" where it did not stop)
 
     def variant(self, name: str) -> Variant | None:
         return next((v for v in self.variants if v.name == name), None)

@@ -17,7 +17,6 @@ timed in this process.
 """
 from __future__ import annotations
 
-import copy
 import os
 import sys
 import time
@@ -25,6 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from fact_db.core.environment import device_info, toolchain_info
+from fact_db.core.errors import first_line
 from fact_db.core.policy import POLICIES
 from fact_db.pipeline.choice import choose
 from fact_db.pipeline.measure import PEERS, measure
@@ -55,11 +55,28 @@ def _device_of(module, inputs):
     return torch.device("cpu")
 
 
-def at_policy(module, policy: str):
-    """The model as `policy` runs it: a copy in bf16/fp16 for the half policies, else itself."""
-    from fact_db.composition.compose import policy_dtype
+def at_policy(module, policy: str, *, build=None, example_inputs=None, notes: list | None = None):
+    """The model as `policy` runs it: for the half policies a copy in bf16/fp16 built the way
+    its problem builds it (`build()`, else a deep copy; recast.py), with plain tensor
+    attributes converted and closures over the copy's submodules, whose forward also converts
+    what it draws or reads from outside the model where `example_inputs` show it does
+    (dtype_modes.policy_forward); else `module` itself. What was done goes to `notes`."""
+    from fact_db.composition.compose import cast_floats, policy_dtype
+    from fact_db.pipeline.dtype_modes import policy_forward
+    from fact_db.pipeline.recast import recast
     dt = policy_dtype(policy)
-    return copy.deepcopy(module).to(dt) if dt is not None else module
+    if dt is None:
+        return module
+    made = recast(module, dt, build=build)
+    said = list(made.notes)
+    if example_inputs is not None:
+        cast = policy_forward(made.model, dt, cast_floats(tuple(example_inputs), dt))
+        if cast:
+            said.append(f"forward makes or reads tensors outside the model in another dtype ({'; '.join(cast[:3])}): "
+                        f"the {policy} model converts them to {str(dt).replace('torch.', '')} as it runs")
+    if notes is not None:
+        notes += said
+    return made.model
 
 
 def like_drawer(example_inputs, make_inputs=None):
@@ -126,7 +143,7 @@ def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max
              bench: bool = True, peers=PEERS, trials: int = 5, make_inputs=None, name: str | None = None,
              progress: bool = True, force: bool = False, save: bool = True, realizer=None, timer=None,
              cuda_graph: bool = True, rules=None, region_kernels=None, split_weights: bool = True,
-             max_held="eager"):
+             max_held="eager", build=None):
     """Optimize `module` for `example_inputs` under `policy`; returns the fastest verified way
     to run it (pipeline/choice.py: eager, torch.compile of the model, the composed module, or
     the composed module under torch.compile; compiled candidates where `peers` include
@@ -150,13 +167,19 @@ def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max
     of those weights, counted in the report's held memory); False splits them per call.
     `max_held`: the most memory the returned module may hold between calls, in MiB: "eager"
     (default) for eager's own per-call peak, a number, or None for no bound.
-    """
-    import torch
+    `build(device)`: a fresh model built as the problem builds it (optimize_problem passes
+    one), from which the float64 reference and the half-policy model are made; without it
+    they are deep copies (reference.py, recast.py).
 
-    from fact_db.composition.compose import ComposedModule, rewrite, run_at_policy, signature
+    Anything that fails after discovery (out of memory included) ends with eager PyTorch at
+    the policy returned, run once to check it, and the reason in `report.fallback`.
+    """
+    from fact_db.composition.compose import ComposedModule, rewrite, signature
     from fact_db.discovery.discover import discover
+    from fact_db.pipeline.fallback import eager_module, fall_back
+    from fact_db.pipeline.state import ModelState, StateError
+    from fact_db.pipeline.verification import verify_end_to_end
     from fact_db.realization.realize import realize_region_kernels, realize_regions
-    from fact_db.kernels.verify import verify_model
     if policy not in POLICIES:
         raise OptimizeError(f"unknown policy '{policy}': use one of {', '.join(POLICIES)}")
     inputs = tuple(example_inputs) if isinstance(example_inputs, (list, tuple)) else (example_inputs,)
@@ -165,7 +188,13 @@ def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max
     info = device_info(device) if realizer is not None else _check_gpu(device)
     report = OptimizeReport(name, policy, info, toolchain_info(), [])
     module.eval()
-    model_p = at_policy(module, policy)
+    state = ModelState(module)  # the user's model is left as it was given, whatever forward changes
+    try:
+        model_p = at_policy(module, policy, build=(lambda: build(device)) if build else None, example_inputs=inputs,
+                            notes=report.notes)
+    except Exception as e:  # noqa: BLE001  (before any tuning: the model at the policy is what everything runs)
+        raise OptimizeError(f"making the {policy} copy of {name} failed ({first_line(e, 200, typed=True)}); free "
+                            "memory, or optimize under a float32 policy, which needs no copy") from e
     from fact_db.composition.compose import cast_floats, policy_dtype
     inputs_p = cast_floats(inputs, policy_dtype(policy)) if policy_dtype(policy) else inputs
 
@@ -173,68 +202,79 @@ def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max
         disc = discover(model_p, inputs_p, arch="sm90", gpu=info["gpu"] or "h100", policy=policy, rules=rules)
     if disc.partial:
         raise OptimizeError(f"only part of {name} could be traced ({disc.note}); optimize needs the whole model")
-    with stage("realize", report, progress):
-        if realizer is not None:
-            realized = realizer(disc, policy)
-        else:
-            realized = realize_regions(disc, policy, registry=registry, gpu=info["gpu"],
-                                       max_candidates=max_candidates, gpus=gpus, force=force, progress=progress,
-                                       budget_s=budget * 60 if budget is not None else None)
-        added = []
-        if region_kernels is not False:  # the agent's accepted kernels the registry holds; no model call
-            added = realize_region_kernels(disc, realized, registry, gpu=info["gpu"] or "h100", rules=rules,
-                                           loader=region_kernels or None)
-        report.regions = realized
-    with stage("compose", report, progress):
-        derived: dict = {}  # the weights composition makes, shared with compositions for other shapes
-        gm, notes = rewrite(disc.graph.program, disc.regions + [z.region for z in added],
-                            {z.index: z.impl for z in realized}, split_weights=split_weights, derived=derived)
-        report.notes += notes
-        fast = ComposedModule(gm, model_p, policy=policy, optimized_for=signature(inputs), name=name,
-                              regions=[(z.region.rule, z.impl) for z in realized],
-                              variants=variant_factory(model_p, policy, registry, realized, info, split_weights,
-                                                        derived),
-                              also_for=[signature(inputs_p)] if inputs_p is not inputs else [],
-                              cuda_graph=cuda_graph, split_weights=split_weights)
-    draw = like_drawer(inputs, make_inputs)
-    with stage("verify", report, progress):
-        ref_model = copy.deepcopy(module).to(torch.float64)
+    draw, ref_model, where = like_drawer(inputs, make_inputs), None, "realize"
+    try:
+        with stage("realize", report, progress):
+            if realizer is not None:
+                realized = realizer(disc, policy)
+            else:
+                realized = realize_regions(disc, policy, registry=registry, gpu=info["gpu"],
+                                           max_candidates=max_candidates, gpus=gpus, force=force, progress=progress,
+                                           budget_s=budget * 60 if budget is not None else None)
+            added = []
+            if region_kernels is not False:  # the agent's accepted kernels the registry holds; no model call
+                added = realize_region_kernels(disc, realized, registry, gpu=info["gpu"] or "h100", rules=rules,
+                                               loader=region_kernels or None)
+            report.regions = realized
+        where = "compose"
+        with stage("compose", report, progress):
+            derived: dict = {}  # the weights composition makes, shared with compositions for other shapes
+            gm, notes = rewrite(disc.graph.program, disc.regions + [z.region for z in added],
+                                {z.index: z.impl for z in realized}, split_weights=split_weights, derived=derived)
+            report.notes += notes
+            fast = ComposedModule(gm, model_p, policy=policy, optimized_for=signature(inputs), name=name,
+                                  regions=[(z.region.rule, z.impl) for z in realized],
+                                  variants=variant_factory(model_p, policy, registry, realized, info, split_weights,
+                                                            derived),
+                                  also_for=[signature(inputs_p)] if inputs_p is not inputs else [],
+                                  cuda_graph=cuda_graph, split_weights=split_weights)
+        where = "verify"
+        with stage("verify", report, progress):
+            verdict, ref_model, notes = verify_end_to_end(module, model_p, fast, policy, draw, inputs, trials=trials,
+                                                          build=build, graph=disc.graph)
 
-        def verify(fn):  # end to end against float64 under the policy: the composed module, then each candidate
-            return verify_model(
-                fn, lambda *x: run_at_policy(model_p, policy, x), lambda *x: ref_model(*x), draw, policy,
-                trials=trials, eager_tf32=(lambda *x: run_at_policy(module, "tf32", x)) if policy == "tf32x3" else None,
-                out_dtype={"bf16": "bfloat16", "fp16": "float16"}.get(policy, "float32"))
-        verdict = verify(lambda *x: fast(*x))
-        report.verification = verdict
-        if getattr(fast, "graph_note", ""):
-            report.notes.append(fast.graph_note)
-        rounded = next((t.rounding for t in verdict.trials if t.rounding), "") if verdict.ok else ""
-        if rounded:
-            report.notes.append(rounded)
-        if not verdict.ok:
-            report.notes.append(f"end-to-end verification failed ({verdict.reason}): the composed module is not "
-                                f"returned; eager PyTorch under the {policy} policy, or torch.compile of it, is")
-            fast = ComposedModule(model_p, model_p, policy=policy, optimized_for=signature(inputs), name=name,
-                                  regions=[], variants=None,
-                                  also_for=[signature(inputs_p)] if inputs_p is not inputs else [])
-    with stage("choose", report, progress):
-        report.choice = choose(fast, model_p, policy, draw, verify, peers=peers, timer=timer, max_held=max_held,
-                               composed_ok=verdict.ok)
-        report.notes.append(report.choice.note)
-    if bench:
-        with stage("benchmark", report, progress):
-            report.variants = measure(module, model_p, fast, policy, draw, ref_model, peers=peers, timer=timer,
-                                      progress=progress, composed_ok=verdict.ok, choice=report.choice)
-            held = report.variant("fact-db")
-            if held is not None and held.held_mib:
-                report.notes.append(
-                    f"fact-db's module holds {held.held_mib:.1f} MiB between calls beyond the model's parameters "
-                    "(weights it concatenated or transposed" + (" or split into TF32 parts" if split_weights else "") +
-                    (", its CUDA graph's pool" if held.held_mib > fast.held_mib(graphs=False) else "") +
-                    "), counted in its peak memory")
-    report.choice.release()
+            def verify(fn):  # each candidate of the choice, against the same reference, as the composed module
+                return verify_end_to_end(module, model_p, fast, policy, draw, inputs, trials=trials, build=build,
+                                         graph=disc.graph, ref=ref_model, candidate=fn)[0]
+            report.verification = verdict
+            report.notes += notes
+            if getattr(fast, "graph_note", ""):
+                report.notes.append(fast.graph_note)
+            rounded = next((t.rounding for t in verdict.trials if t.rounding), "") if verdict.ok else ""
+            if rounded:
+                report.notes.append(rounded)
+            if not verdict.ok:
+                report.notes.append(f"end-to-end verification failed ({verdict.reason}): the composed module is "
+                                    f"not returned; eager PyTorch under the {policy} policy, or torch.compile of it, is")
+                fast = eager_module(model_p, policy, inputs, inputs_p, name)
+        where = "choose"
+        with stage("choose", report, progress):
+            report.choice = choose(fast, model_p, policy, draw, verify, peers=peers, timer=timer, max_held=max_held,
+                                   composed_ok=verdict.ok)
+            report.notes.append(report.choice.note)
+        where = "benchmark"
+        if bench:
+            with stage("benchmark", report, progress):
+                report.variants = measure(module, model_p, fast, policy, draw, ref_model, peers=peers, timer=timer,
+                                          progress=progress, composed_ok=verdict.ok, choice=report.choice)
+                held = report.variant("fact-db")
+                if held is not None and held.held_mib:
+                    report.notes.append(
+                        f"fact-db's module holds {held.held_mib:.1f} MiB between calls beyond the model's parameters "
+                        "(weights it concatenated or transposed"
+                        + (" or split into TF32 parts" if split_weights else "")
+                        + (", its CUDA graph's pool" if held.held_mib > fast.held_mib(graphs=False) else "")
+                        + "), counted in its peak memory")
+    except Exception as e:  # noqa: BLE001  (whatever failed, out of memory included: eager, with the reason)
+        ref_model = None
+        fast = fall_back(model_p, policy, inputs, inputs_p, name, report, e, where, draw)
+    if report.choice is not None:
+        report.choice.release()
     del ref_model
+    try:
+        state.restore()
+    except StateError as e:
+        report.notes.append(f"{e}: the model is left as its runs left it")
     fast.report = report
     fast.artifact = None
     if save:
@@ -248,7 +288,9 @@ def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max
 def optimize_problem(spec: str, **kw):
     """`optimize` on a KernelBench-format file or import spec (what `factdb discover` takes):
     the model is built on the GPU with a fixed seed, and fresh inputs come from its
-    `get_inputs()`."""
+    `get_inputs()`; the float64 reference and a half policy's model are built again the same
+    way (`Model(*get_init_inputs())`, so closures made in `__init__` close over their own
+    submodules), with the model's tensors copied in."""
     import torch
 
     from fact_db.discovery.sandbox import time_limit
@@ -256,7 +298,8 @@ def optimize_problem(spec: str, **kw):
     if not torch.cuda.is_available() and kw.get("realizer") is None:
         raise OptimizeError("no CUDA GPU is visible: use plan_problem() (`factdb optimize` prints the plan)")
     dev = torch.device("cuda") if kw.get("realizer") is None else torch.device("cpu")
-    with time_limit(spec, kw.pop("build_timeout_s", None)):  # the file's code runs here: bounded in time
+    timeout = kw.pop("build_timeout_s", None)
+    with time_limit(spec, timeout):  # the file's code runs here: bounded in time
         problem = load_problem(spec)
         torch.manual_seed(0)
         with torch.device(dev):
@@ -266,7 +309,12 @@ def optimize_problem(spec: str, **kw):
     def make_inputs():
         with torch.device(dev):
             return problem.make_inputs()
-    return optimize(model, inputs, make_inputs=make_inputs, name=kw.pop("name", None) or problem.name, **kw)
+
+    def build(device):
+        with time_limit(spec, timeout), torch.device(device):
+            return problem.make_model()
+    return optimize(model, inputs, make_inputs=make_inputs, build=build, name=kw.pop("name", None) or problem.name,
+                    **kw)
 
 
 def plan_problem(spec: str, **kw):
