@@ -98,7 +98,7 @@ def test_discover_lists_what_no_region_covers_with_its_share(tmp_path):
         "class Model(nn.Module):\n"
         "    def __init__(self):\n"
         "        super().__init__()\n"
-        "        self.conv = nn.Conv1d(64, 128, 5, padding=2)\n"
+        "        self.conv = nn.Conv1d(64, 128, 5, padding=2, groups=4)\n"
         "        self.gru = nn.GRU(128, 256)\n"
         "        self.head = nn.Linear(256, 10)\n\n"
         "    def forward(self, x):\n"

@@ -308,11 +308,12 @@ def test_regions_inside_the_wrappers_are_left_to_eager_by_composition():
 # What discovery leaves uncovered, with its share; einsums; rank-4 GEMM operands.
 
 class _ConvLstm(nn.Module):
-    """A 3-D convolution, an LSTM over its pooled features and a Linear head."""
+    """A grouped 3-D convolution (no rule takes groups > 1), an LSTM over its pooled features
+    and a Linear head."""
 
     def __init__(self):
         super().__init__()
-        self.conv = nn.Conv3d(4, 16, 3, padding=1)
+        self.conv = nn.Conv3d(4, 16, 3, padding=1, groups=2)
         self.lstm = nn.LSTM(16, 64, num_layers=2, batch_first=True)
         self.head = nn.Linear(64, 10)
 
@@ -336,11 +337,13 @@ def test_uncovered_lists_a_conv3d_and_an_lstm_with_their_shares():
         node = rep.graph[u.node]
         assert u.est_s == pytest.approx(roofline.node_time(node, dev, "fp32"))
         assert u.share == pytest.approx(u.est_s / rep.eager_s)
-        assert f"no rule matches {op}" in u.reason and "no kernel family yet" in u.reason
-    # the convolution is counted at its real cost, 2 * out * C_in * 27 FLOPs (+ the bias); the LSTM,
+    # the LSTM has no rule and no family; the grouped convolution has rules that missed it
+    assert "no rule matches aten.lstm" in by_op["aten.lstm"].reason and "no kernel family yet" in by_op["aten.lstm"].reason
+    assert "no rule matched it" in by_op["aten.conv3d"].reason and "--explain" in by_op["aten.conv3d"].reason
+    # the convolution is counted at its real cost, 2 * out * (C_in / groups) * 27 FLOPs (+ the bias); the LSTM,
     # 2 layers x 32 dependent steps, is the largest share
     conv = rep.graph[by_op["aten.conv3d"].node]
-    assert roofline.node_flops(conv) == 2 * (8 * 16 * 32 * 28 * 28) * (4 * 27) + 8 * 16 * 32 * 28 * 28
+    assert roofline.node_flops(conv) == 2 * (8 * 16 * 32 * 28 * 28) * (2 * 27) + 8 * 16 * 32 * 28 * 28
     assert by_op["aten.lstm"].est_s == pytest.approx((2 * 32 + 1) * dev.launch_s)
     assert [u.op for u in rep.uncovered[:2]] == ["aten.lstm", "aten.conv3d"]
     # largest share first, and every op of the model is in a region, in the list or in the rest
