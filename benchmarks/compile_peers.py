@@ -73,7 +73,7 @@ def main() -> None:
     from fact_db.core.environment import device_info, toolchain_info
     from fact_db.discovery.trace import load_problem
     from fact_db.kernels.bench import held_mib, peak_mib, time_cuda
-    from fact_db.kernels.verify import _flat, rel_err
+    from fact_db.kernels.agreement import tree_err
     from fact_db.pipeline import backend
     from fact_db.pipeline.run import at_policy, optimize
     from fact_db.store.registry import Registry
@@ -99,7 +99,7 @@ def main() -> None:
     dt = policy_dtype(a.policy)
     sets_p = [cast_floats(x, dt) for x in sets] if dt else sets
     with torch.no_grad():
-        ref = _flat(copy.deepcopy(model).double()(*[x.double() if x.is_floating_point() else x for x in sets[0]]))
+        ref = copy.deepcopy(model).double()(*[x.double() if x.is_floating_point() else x for x in sets[0]])
     rows, fns = [], []
     graphs = fast.choice == "composed, CUDA graph"
     for name, make in _variants(model_p, fast, a.policy, peers, graphs, registry):
@@ -115,8 +115,7 @@ def main() -> None:
                     row["held_mib"] = fast.report.choice.candidate(fast.choice).held_mib
                     row["compile_s"] = fast.report.choice.candidate(fast.choice).compile_s
                 out = fn(*sets_p[0])
-                back = _flat(cast_floats(out, torch.float64))
-                row["err"] = rel_err(back, ref) if back.shape == ref.shape else None
+                row["err"] = tree_err(cast_floats(out, torch.float64), ref)
                 row["peak_mib"] = peak_mib(lambda: fn(*sets_p[0])) + row["held_mib"]
             fns.append((row, fn))
         except Exception as e:  # noqa: BLE001  (a variant that fails is a row with its error)

@@ -51,16 +51,6 @@ _WHERE = [("GPU", "{gpu}"), ("date", "{date}"), ("JSON", "{link}")]
 _WHERE_CPU = [("machine", "{gpu}"), ("date", "{date}"), ("JSON", "{link}")]
 
 TABLES: dict[str, dict] = {
-    "e2e-headline": {
-        "about": "README's short form of `e2e`: the models' rows",
-        "files": _E2E_FILES, "exclude": _E2E_NOT_LATEST, "rows": "e2e",
-        "select": "newest per problem, policy", "problems": _HEADLINE_PROBLEMS,
-        "order": ["problem_rank", "policy_rank"],
-        "columns": [("problem", "`{problem}`"), ("policy", "`{policy}`"),
-                    ("eager ms", "{baseline_ms:ms}"), ("torch.compile ms", "{peer_ms:ms}"),
-                    ("fact-db ms", "{factdb_ms:ms}{graph_tag}"), ("speedup", "**{speedup:x}**"),
-                    *_WHERE],
-    },
     "e2e": {
         "about": "end to end, the newest run per problem and policy, less a warm re-run and an ablation",
         "files": _E2E_FILES, "exclude": _E2E_NOT_LATEST, "rows": "e2e",
@@ -187,6 +177,15 @@ TABLES: dict[str, dict] = {
             ("taking and releasing a lease (median)", "claim_ms.median", "msv", None),
         ],
         "columns": [("measure", "{label}"), ("result", "{value}"), ("target", "{target}"), *_WHERE_CPU],
+    },
+    "compile-peers": {
+        "about": "issue 25: fact-db against torch.compile in one process (benchmarks/compile_peers.py)",
+        "files": ["*-compile-peers-*.json"], "rows": "compile_peers", "order": ["problem", "policy_rank"],
+        "columns": [("problem", "`{problem}`"), ("policy", "`{policy}`"), ("eager ms", "{eager_ms:ms}"),
+                    ("torch.compile ms", "{compile_ms:ms}"), ("fact-db ms (what it returned)", "{fdb}"),
+                    ("vs torch.compile", "{vs_compile:x}"), ('backend="factdb" ms', "{backend_ms:ms}"),
+                    ("compile s: torch.compile / backend", "{compile_s}"), ("error (eager's)", "{err}"),
+                    ("held MiB", "{held:mib}"), *_WHERE],
     },
     "registry-speed": {
         "about": "registry lookups with 100,000 rows (`benchmarks/registry_speed.py`)",
@@ -407,10 +406,28 @@ def rows_measures(doc, name, spec):
                "target": f"<= {fmt(tv)}" if tv is not None else ""}
 
 
+def rows_compile_peers(doc, name):
+    """One row per compile_peers.py run: eager, torch.compile, what optimize returned, and
+    torch.compile(backend="factdb"), timed in one process."""
+    by = {v.get("name", ""): v for v in doc.get("variants") or []}
+    fdb = next((v for n, v in by.items() if n.startswith("fact-db")), {})
+    tc, eager, backend = by.get("torch.compile", {}), by.get("eager", {}), by.get('torch.compile(backend="factdb")', {})
+    row = {**_base(doc, name), "problem": doc.get("problem"), "policy": doc.get("policy")}
+    row["policy_rank"] = _rank(POLICY_ORDER, row["policy"])
+    row["eager_ms"], row["compile_ms"], row["backend_ms"] = eager.get("ms"), tc.get("ms"), backend.get("ms")
+    row["fdb"] = f"{_fmt_ms(fdb.get('ms'))} ({doc.get('returned', DASH)})"
+    row["vs_compile"] = tc["ms"] / fdb["ms"] if tc.get("ms") and fdb.get("ms") else None
+    row["compile_s"] = f"{_fmt_s(tc.get('compile_s'))} / {_fmt_s(backend.get('compile_s'))}"
+    row["err"] = f"{_fmt_err(fdb.get('err'))} ({_fmt_err(eager.get('err'))})"
+    row["held"] = fdb.get("held_mib")
+    yield row
+
+
 READERS = {"e2e": rows_e2e, "gemm": rows_gemm, "results": rows_results, "multigpu": rows_multigpu,
            "fmha_fp32tc": rows_fmha_fp32tc, "attention": rows_attention, "norm": rows_norm,
            "agent": rows_agent, "agent_compose": rows_agent_compose, "discover": rows_discover,
-           "retrieval": rows_retrieval, "measures": rows_measures}
+           "retrieval": rows_retrieval, "measures": rows_measures,
+           "compile_peers": rows_compile_peers}
 
 
 # --------------------------------------------------------------------------------------

@@ -318,3 +318,27 @@ def test_inductors_fx_graph_cache_serves_a_graph_again_only_under_the_same_key(t
     assert compile_once() == (2, 0, 0)     # served from the cache
     monkeypatch.setattr(fact_db, "__version__", "99.0.0", raising=False)
     assert compile_once() == (0, 2, 0)     # another fact-db: not served
+
+
+def test_an_explicit_attention_gets_the_sdpa_backend_the_registry_holds_and_an_sdpa_call_keeps_its_own():
+    """The registry's attention winner is an SDPA backend (a library): where the model writes
+    attention out, the backend puts that backend in (Inductor does not turn matmul, mask,
+    softmax, matmul into SDPA itself); where the model calls SDPA already, it keeps its call."""
+    import types
+
+    from fact_db.kernels.attention import tune as attention_tune
+    from fact_db.kernels.attention.workload import AttentionWorkload
+    from fact_db.pipeline.lookup import kernel_for
+    from fact_db.store.registry import Registry
+    w = AttentionWorkload(2, 4, 4, 64, 64, 32, 32, causal=True, policy="bf16")
+    best = attention_tune.AttnTrial("sdpa-flash", "library", "ok", 0.01, 1e-3)
+    trials = [best, attention_tune.AttnTrial("explicit", "eager", "ok", 0.05, 1e-3)]
+    with Registry.open("memory") as reg:
+        attention_tune.record(w, attention_tune.AttnResult(w, trials, []), reg, "sm90a", "h100")
+        explicit = kernel_for(reg, types.SimpleNamespace(rule="attention-causal", template="fmha_sm90"), w,
+                              arch="sm90a", gpu="h100")
+        assert explicit.impl is not None and explicit.impl.kind == "attention"
+        assert explicit.impl.record["library"] == "sdpa-flash" and explicit.row == "attention:sdpa-flash"
+        called = kernel_for(reg, types.SimpleNamespace(rule="sdpa-attention", template="fmha_sm90"), w,
+                            arch="sm90a", gpu="h100")
+        assert called.impl is None and "already calls" in called.why

@@ -6,8 +6,8 @@ calls `missing()`), not a user.
     >>> missing()                                                  # [] where every feature is there
     []
 
-TESTED lists the torch versions tests/test_backend.py passed on: 2.13 (CPU, CI). The GPU hosts
-run 2.11: add it once the backend's tests pass there (test_backend fails on a torch not
+TESTED lists the torch versions tests/test_backend.py passed on: 2.13 (CPU, CI) and 2.11 (the
+H200 host, 2026-11-26). A new torch gets added once the backend's tests pass on it (test_backend fails on a torch not
 listed, so an untried version is found by a test, not by a user). The features:
 
 - `torch._inductor.compile_fx.compile_fx(gm, example_inputs, config_patches=...)`: compiles
@@ -27,7 +27,7 @@ listed, so an untried version is found by a test, not by a user). The features:
 """
 from __future__ import annotations
 
-TESTED = ("2.13",)  # torch versions tests/test_backend.py passed on; 2.11 (the GPU hosts) once it does there
+TESTED = ("2.11", "2.13")  # torch versions tests/test_backend.py passed on: 2.11 on the H200 host (2026-11-26), 2.13 in CI
 
 _FEATURES = (
     ("torch._inductor.compile_fx", "compile_fx"),

@@ -44,8 +44,19 @@ def _attention(registry, region, w, arch: str, gpu: str) -> Found:
     from fact_db.kernels.attention import family as attention
     from fact_db.kernels.attention import tune as attention_tune
     hit = attention_tune.from_registry(w, registry, arch, gpu)
-    if hit is None or hit.kind != "kernel":
-        return Found(why="no registry row" if hit is None else f"the registry's winner is {hit.label}, a library")
+    if hit is None:
+        return Found(why="no registry row")
+    if hit.kind == "library":
+        # Where the model writes attention out (matmul, mask, softmax, matmul), the library
+        # winner is a fact-db rewrite Inductor does not make itself: SDPA (one backend forced,
+        # or its own choice) in place of the explicit ops. A model that calls SDPA already
+        # keeps its own call.
+        if region.rule == "sdpa-attention":
+            return Found(why=f"the registry's winner is {hit.label}, the library the model already calls")
+        best = {"kind": "sdpa" if hit.label == "sdpa" else "attention", "label": hit.label}
+        return Found(attention.impl_of(best, w), f"attention:{hit.label}")
+    if hit.kind != "kernel":
+        return Found(why=f"the registry's winner is {hit.label}: the model's own form")
     fam = next((f for f in attention_tune.families() if f.TEMPLATE == hit.template), None)
     so, key = _cached_so(fam.source(w, hit.config)) if fam is not None else ("", "")
     if not so:
@@ -71,8 +82,9 @@ def _norm(registry, region, w, arch: str, gpu: str) -> Found:
 
 def kernel_for(registry, region, workload, *, arch: str, gpu: str, tune: bool = False) -> Found:
     """The fact-db kernel the registry holds for `region` (its `workload`), as an Impl; with
-    `tune`, the region's family realizes it (registry first, then tuning on this GPU). A
-    library winner (cuBLAS, an SDPA backend) is not served: Inductor has its own."""
+    `tune`, the region's family realizes it (registry first, then tuning on this GPU). A GEMM
+    or norm library winner is not served: Inductor has its own; an attention region written
+    out by the model gets the SDPA backend that won (Inductor does not make that rewrite)."""
     from fact_db.kernels import families
     fam = families.of(workload)
     if fam is None:
@@ -86,8 +98,8 @@ def kernel_for(registry, region, workload, *, arch: str, gpu: str, tune: bool = 
     if finder is None:
         return Found(why=f"the {fam.NAME} family's kernels are not looked up by the backend")
     found = finder(registry, region, workload, arch, gpu)
-    if found.impl is not None and not found.impl.kernel:
-        return Found(why=f"the registry's winner is {found.impl.label or 'the library'}")
+    if found.impl is not None and not found.impl.kernel and fam.NAME != "attention":
+        return Found(why=f"the registry's winner is {found.impl.label or 'the library'}: Inductor has its own")
     return found
 
 
