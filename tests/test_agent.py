@@ -63,6 +63,7 @@ def test_config_file(env):
     assert c.model == "m" and c.max_calls == 3
 
 
+@pytest.mark.slow
 def test_asks_the_unfused_relu_only(env):
     rules = load_rules()
     rep = discover(LinearRelu(), (torch.randn(8, 64),), rules=rules)
@@ -70,6 +71,7 @@ def test_asks_the_unfused_relu_only(env):
     assert len(a) == 1 and "relu" in a[0].why
 
 
+@pytest.mark.slow
 def test_correct_rule_restores_fusion_and_rerun_is_cached(env):
     props, llm, srv = _run(env, [(200, _reply(kind="rule", rule=RELU_YAML, fixture=RELU_FIX), 0)])
     assert [p.outcome for p in props] == ["accepted"], props
@@ -83,6 +85,7 @@ def test_correct_rule_restores_fusion_and_rerun_is_cached(env):
     assert srv2.requests == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("reply,outcome,words", [
     ("this is not json {", "malformed", "not JSON"),
     (_reply(kind="rule", rule="id: x\n", fixture=""), "schema-invalid", "x.py"),
@@ -158,6 +161,7 @@ def test_500_forever(env):
     _nothing_written(env)
 
 
+@pytest.mark.slow
 def test_timeout(env):
     props, _, _ = _run(env, [(200, _reply(kind="rule", rule=RELU_YAML, fixture=RELU_FIX), 3)], timeout_s=0.5)
     assert props[0].outcome == "timeout" and "within" in props[0].reason
@@ -175,6 +179,7 @@ DATA = Path(__file__).resolve().parent / "data" / "agent"
 PROBLEMS = Path(__file__).resolve().parent.parent / "benchmarks" / "problems"
 
 
+@pytest.mark.slow
 def test_kernelbench_gemm_div_gelu_rule_accepted_then_cached(tmp_path, monkeypatch):
     from fact_db.discovery.discover import discover_problem
 
@@ -201,6 +206,7 @@ def test_kernelbench_gemm_div_gelu_rule_accepted_then_cached(tmp_path, monkeypat
     assert (tmp_path / "out" / "rules" / "agent" / "gemm-bias-div-gelu.yaml").exists()
 
 
+@pytest.mark.slow
 def test_shipped_problems_ask_nothing(tmp_path, monkeypatch):
     """Benchmark problems the shipped rules cover make no call: only the three KernelBench
     problems added for the agent leave a region to ask about (OPT's scaled q projection is
@@ -246,6 +252,7 @@ def test_restored_rule_is_realized_through_the_tuner(env):
         assert (outcome == "accepted") == bool(props[0].files)
 
 
+@pytest.mark.slow
 def test_rules_propose_cli(env, monkeypatch):
     from click.testing import CliRunner
     from fact_db.cli.main import cli
@@ -269,6 +276,7 @@ def test_rules_propose_cli(env, monkeypatch):
     assert (env / "o" / "rules" / "agent" / "gemm-bias-relu.yaml").read_text() == RELU_YAML
 
 
+@pytest.mark.slow
 def test_the_prompt_carries_the_nearest_rules_and_examples_with_excerpts(env):
     """Grounding: the index's nearest rules and vetted CUTLASS examples (what `factdb query`
     answers, offline), each with its path and an excerpt, go into the prompt."""
@@ -285,6 +293,7 @@ def test_the_prompt_carries_the_nearest_rules_and_examples_with_excerpts(env):
     assert "gemm-bias-relu" not in {d["id"] for d in rules_}  # removed from this rule set, so not in its index
 
 
+@pytest.mark.slow
 def test_a_prompt_goes_out_without_retrieval_when_the_index_cannot_answer(env, monkeypatch):
     from fact_db.store import index
     from fact_db.realization.agent import retrieve
@@ -298,6 +307,7 @@ def test_a_prompt_goes_out_without_retrieval_when_the_index_cannot_answer(env, m
     assert props[0].outcome == "accepted"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the plan printed where no GPU is present")
 def test_optimize_llm_discovers_and_plans_with_the_accepted_rule(env, monkeypatch):
     """`factdb optimize --llm`: the accepted rule joins the rule set optimize discovers with, so

@@ -117,6 +117,7 @@ def test_the_prompt_carries_the_abi_and_the_regions_inputs(env):
 # ------------------------------------------------------------------------------------------
 # The source policy: refused before anything compiles.
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bad,words", [
     ('#include "/etc/passwd"\n', "only `#include <header>`"),
     ("#include </etc/passwd>\n", "outside the allowed headers"),
@@ -184,6 +185,7 @@ def test_compile_error_reported_by_the_worker(env):
     assert [j["kind"] for j in runner.jobs] == ["region_compile"] and list(reg.rows("region")) == []
 
 
+@pytest.mark.slow
 def test_accepted_kernel_is_stored_with_its_source_then_served_without_a_call(env):
     runner = Runner(run=FAST)
     props, llm, srv, reg = _run(env, [(200, _reply(), 0)], runner=runner)
@@ -217,6 +219,7 @@ def test_injected_hooks_still_decide(env):
 # ------------------------------------------------------------------------------------------
 # Real nvcc in the real worker subprocess.
 
+@pytest.mark.slow
 @pytest.mark.nvcc
 @needs_nvcc
 def test_cpp_that_does_not_compile_is_a_recorded_compile_error(env):
@@ -228,6 +231,7 @@ def test_cpp_that_does_not_compile_is_a_recorded_compile_error(env):
     _recorded("compile error")
 
 
+@pytest.mark.slow
 @pytest.mark.nvcc
 @needs_nvcc
 def test_compile_timeout_is_recorded_and_not_cached(env):
@@ -240,6 +244,7 @@ def test_compile_timeout_is_recorded_and_not_cached(env):
     _recorded("timeout")
 
 
+@pytest.mark.slow
 @pytest.mark.nvcc
 @needs_nvcc
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the outcome where no GPU is present")
@@ -252,6 +257,7 @@ def test_without_a_gpu_the_kernel_compiles_in_the_worker_and_waits_for_one(env):
     _recorded("needs a GPU")
 
 
+@pytest.mark.slow
 def test_consult_reports_the_accepted_kernel_and_where_it_is_stored(env, monkeypatch):
     """`optimize --llm`'s consult: the accepted kernel is listed (with its registry row, the
     registry the command was given) and the summary says optimize composes it."""
@@ -353,6 +359,7 @@ def test_optimize_composes_the_llm_kernel_the_registry_holds(env):
     reg.close()
 
 
+@pytest.mark.slow
 def test_a_faster_rule_kernel_keeps_its_region_and_region_kernels_false_leaves_them_out(env):
     import standins
     reg = Registry.open(str(env / "reg.duckdb"))

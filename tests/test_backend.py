@@ -108,6 +108,7 @@ def test_an_unknown_option_is_named_with_the_ones_accepted():
         torch.compile(model, backend="factdb", options={"polcy": "bf16"})(torch.randn(2, 8))
 
 
+@pytest.mark.slow
 def test_the_graph_runs_registry_kernels_and_inductor_compiles_the_rest():
     """minGPT: five regions get kernels (the stand-ins count each call), the LayerNorms have no
     kernel and stay with Inductor, listed once with the command that would tune them."""
@@ -184,6 +185,7 @@ def test_a_graph_break_splits_the_model_and_each_graph_runs_its_kernels():
     assert "break:" in str(rep)
 
 
+@pytest.mark.slow
 def test_dynamic_shapes_run_kernels_only_for_the_shapes_verified_and_never_recompile():
     """The registry has kernels for 2 x 16 tokens only. After dynamo turns the graph dynamic,
     2 x 16 still runs them, every other shape runs Inductor's code (no kernel call), all right;
@@ -203,6 +205,7 @@ def test_dynamic_shapes_run_kernels_only_for_the_shapes_verified_and_never_recom
     assert any(g.dynamic and g.shapes == "2x16x64" and len(g.kernels) == 5 for g in B.report().graphs)
 
 
+@pytest.mark.slow
 def test_dynamic_from_the_first_call_and_the_shapes_looked_up_are_bounded():
     """dynamic=True: one graph for every shape; the first `shapes` (2) new shapes are looked up
     once each, later ones run Inductor's code straight away, with one warning."""

@@ -105,6 +105,7 @@ def _optimize(tmp_path, times: dict, **kw):
     return model, x, fast, seen
 
 
+@pytest.mark.slow
 def test_optimize_returns_the_composed_module_under_torch_compile_where_it_is_fastest(tmp_path):
     from fact_db.composition.artifact import load
     times = {"eager": 3.0, "torch.compile": 2.0, "composed": 1.5, "composed + torch.compile": 1.0}
@@ -137,6 +138,7 @@ def test_optimize_returns_the_composed_module_under_torch_compile_where_it_is_fa
     assert sum((standins.CALLS - before).values()) == 5
 
 
+@pytest.mark.slow
 def test_eager_is_returned_where_it_is_fastest_and_no_kernel_runs(tmp_path):
     model, x, fast, _ = _optimize(tmp_path, {"eager": 0.2, "composed": 0.3}, peers=())
     assert fast.choice == "eager" and fast.prefer_eager and "runs eager" in repr(fast)
@@ -147,6 +149,7 @@ def test_eager_is_returned_where_it_is_fastest_and_no_kernel_runs(tmp_path):
     assert standins.CALLS == before
 
 
+@pytest.mark.slow
 def test_inductor_failing_leaves_a_verified_module_and_the_reason(tmp_path, monkeypatch):
     """torch.compile of the composed graph raising (as Inductor does on a lowering it lacks):
     that candidate is out with the reason; the composed module, verified, is returned."""
@@ -172,6 +175,7 @@ def test_inductor_failing_leaves_a_verified_module_and_the_reason(tmp_path, monk
     assert sum((standins.CALLS - before).values()) == 5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("max_held, chosen", [(0.0, "eager"), (None, "composed")])
 def test_held_memory_bounds_the_choice_unless_lifted(tmp_path, max_held, chosen):
     """Weights split once into their TF32 lo parts are held between calls: over a bound of 0

@@ -35,6 +35,7 @@ def test_rules_list_and_show():
     assert miss.exit_code == 1 and "did you mean `gemm-bias-gelu-tanh`?" in miss.output
 
 
+@pytest.mark.slow
 def test_discover_table_json_and_explain():
     p = str(PROBLEMS / "mingpt_block.py")
     r = CliRunner().invoke(cli, ["discover", p, "--explain"])
@@ -49,6 +50,7 @@ def test_discover_table_json_and_explain():
     assert {r["rule"] for r in data["regions"]} >= {"gemm-residual", "attention-causal"}
 
 
+@pytest.mark.slow
 def test_explain_gives_the_reason_for_a_deliberate_mismatch():
     # exact GELU: the tanh rule misses, and says it is the approximate= argument
     r = CliRunner().invoke(cli, ["discover", str(PROBLEMS / "gemm_bias_gelu.py"), "--explain"])
@@ -56,6 +58,7 @@ def test_explain_gives_the_reason_for_a_deliberate_mismatch():
     assert "approximate='none'" in line and "tanh" in line
 
 
+@pytest.mark.slow
 def test_user_errors_have_no_traceback_and_debug_shows_it():
     r = CliRunner().invoke(cli, ["discover", str(BAD / "init_raises.py")])
     assert r.exit_code == 1
@@ -64,6 +67,7 @@ def test_user_errors_have_no_traceback_and_debug_shows_it():
     assert d.exit_code == 1 and "Traceback" in d.output
 
 
+@pytest.mark.slow
 def test_partial_result_is_printed_with_the_error():
     r = CliRunner().invoke(cli, ["discover", str(BAD / "data_dependent.py")])
     assert r.exit_code == 1
@@ -71,11 +75,13 @@ def test_partial_result_is_printed_with_the_error():
     assert "data-dependent control flow" in r.output
 
 
+@pytest.mark.slow
 def test_missing_path():
     r = CliRunner().invoke(cli, ["discover", "no/such/problem.py"])
     assert r.exit_code == 1 and "does not exist" in r.output
 
 
+@pytest.mark.slow
 def test_one_vocabulary_for_arch_and_dtype_and_json_without_nan():
     from fact_db.cli.common import jdump
     assert jdump({"a": float("nan"), "b": [float("inf"), 1.5]}) == '{"a": null, "b": [null, 1.5]}'
@@ -91,6 +97,7 @@ def test_one_vocabulary_for_arch_and_dtype_and_json_without_nan():
     assert r.exit_code == 0 and "(sm90)" in r.output
 
 
+@pytest.mark.slow
 def test_discover_lists_what_no_region_covers_with_its_share(tmp_path):
     p = tmp_path / "conv_gru.py"
     p.write_text(

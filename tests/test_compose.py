@@ -313,6 +313,7 @@ def _optimize(tmp_path, **kw):
     return model, x, fast
 
 
+@pytest.mark.slow
 def test_fact_db_optimize_is_the_function_on_every_read_and_call(tmp_path):
     """`fact_db.optimize` was the function on its first read and the module of that name after
     it, so the README's own call failed the second time. Now every read is the function, and
@@ -329,6 +330,7 @@ def test_fact_db_optimize_is_the_function_on_every_read_and_call(tmp_path):
     assert callable(fact_db.optimize) and callable(fact_db.discover) and callable(fact_db.plan)
 
 
+@pytest.mark.slow
 def test_optimize_end_to_end_with_stand_ins(tmp_path):
     model, x, fast = _optimize(tmp_path)
     r = fast.report
@@ -348,6 +350,7 @@ def test_optimize_end_to_end_with_stand_ins(tmp_path):
     assert "| fact-db |" in md and "Left to eager PyTorch" in md
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("split", [True, False])
 def test_weights_split_once_or_per_call_as_asked_and_as_the_artifact_records(tmp_path, split):
     from fact_db.composition.artifact import load
@@ -364,6 +367,7 @@ def test_weights_split_once_or_per_call_as_asked_and_as_the_artifact_records(tmp
     assert sum(v for k, v in (standins.CALLS - before).items() if k.startswith("gemm_lo_")) == (4 if split else 0)
 
 
+@pytest.mark.slow
 def test_optimize_returns_eager_when_verification_fails(tmp_path):
     model, x, fast = _optimize(tmp_path, realizer=standin_realizer(broken="bias"))
     v = fast.report.verification
@@ -374,6 +378,7 @@ def test_optimize_returns_eager_when_verification_fails(tmp_path):
     assert standins.CALLS == before
 
 
+@pytest.mark.slow
 def test_artifact_round_trip_tunes_nothing(tmp_path):
     from fact_db.composition.artifact import load
     model, x, fast = _optimize(tmp_path)
@@ -388,6 +393,7 @@ def test_artifact_round_trip_tunes_nothing(tmp_path):
         assert torch.allclose(again(x2), model(x2), atol=1e-5)
 
 
+@pytest.mark.slow
 def test_artifact_kernels_run_eager_without_an_sm90_gpu(tmp_path):
     from fact_db.composition.artifact import load
     model, x, fast = _optimize(tmp_path)
@@ -437,6 +443,7 @@ def _norm_loader(rec):
     return standin_loader(rec)
 
 
+@pytest.mark.slow
 def test_norm_regions_compose_save_and_load(tmp_path):
     from fact_db.composition.artifact import load
     files = tmp_path / "build"
@@ -466,6 +473,7 @@ def test_norm_regions_compose_save_and_load(tmp_path):
     assert torch.allclose(eager_norms(x), model(x), atol=1e-5)
 
 
+@pytest.mark.slow
 def test_artifact_refuses_edits_and_foreign_directories(tmp_path):
     from fact_db.composition.artifact import ArtifactError, load
     _, _, fast = _optimize(tmp_path)
@@ -486,6 +494,7 @@ def test_artifact_refuses_edits_and_foreign_directories(tmp_path):
         load(art)
 
 
+@pytest.mark.slow
 def test_a_failed_save_leaves_the_previous_artifact(tmp_path, monkeypatch):
     from fact_db.composition import artifact
     _, _, fast = _optimize(tmp_path)
@@ -565,6 +574,7 @@ def test_optimize_without_a_gpu_says_so():
         optimize(_mingpt(), (torch.rand(2, 16, 64),), progress=False, save=False)
 
 
+@pytest.mark.slow
 def test_factdb_optimize_prints_the_plan_without_a_gpu(tmp_path):
     env = {**__import__("os").environ, "FACTDB_HOME": str(tmp_path), "FACTDB_SEED": ""}
     exe = shutil.which("factdb") or sys.executable
@@ -606,6 +616,7 @@ def test_swiglu_runs_as_one_gemm_over_concatenated_weights():
     assert sum(str(n.target).startswith("aten.linear") for n in gm.graph.nodes) == 5  # q, k, v, o, down stay
 
 
+@pytest.mark.slow
 def test_measure_times_every_peer_and_the_composed_module_compiled(tmp_path):
     """The benchmark stage on CPU with an injected timer: which variants run, in what order,
     each with its error against float64; torch.compile of the composed module works."""
@@ -623,6 +634,7 @@ def test_measure_times_every_peer_and_the_composed_module_compiled(tmp_path):
     assert variants[1].compile_s > 0 and variants[3].compile_s > 0
 
 
+@pytest.mark.slow
 def test_measure_interleaves_the_uncompiled_variants_and_keeps_each_rounds_median(tmp_path):
     """Eager and fact-db are timed round-robin, BENCH_ROUNDS times each, so a drift of the
     GPU's clocks hits both; a compiled peer is timed once, right after its compile. A
@@ -748,6 +760,7 @@ def test_the_library_op_computes_what_the_tuner_timed_as_eager(epilogue):
     assert library_gemm_op(epilogue) is op
 
 
+@pytest.mark.slow
 def test_a_region_the_library_wins_runs_the_library_path_not_the_models_ops(tmp_path):
     """minGPT's MLP writes GELU out as eight element-wise ops; where cuBLAS wins the GEMM
     region, the composed module runs addmm and one `gelu` (what the tuner timed), and the

@@ -512,6 +512,7 @@ def _conv_loader(rec):
     return None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["fp32", "bf16"])
 def test_optimize_composes_saves_and_loads_convolutions(tmp_path, policy):
     """fact_db.optimize on a three-convolution model with stand-in kernels: verified end to end,

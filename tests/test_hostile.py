@@ -17,6 +17,9 @@ from pathlib import Path
 
 import pytest
 
+# Every test here starts child processes (the CLI in its sandbox, workers, writers): seconds each.
+pytestmark = pytest.mark.subprocess
+
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "tests" / "hostile"
 CASES = json.loads((CORPUS / "cases.json").read_text())

@@ -168,6 +168,7 @@ def test_documents_with_one_text_are_embedded_once(tmp_path):
     assert rep.added == 50 and rep.embedded == 1 and len(emb.seen) == 1
 
 
+@pytest.mark.slow
 def test_registry_kernels_are_indexed_with_time_and_device(full):
     db, rep = full
     assert rep.docs == {"example": len(index.example_dirs()), "kernel": 4, "rule": len(load_rules())}
@@ -327,6 +328,7 @@ def test_a_build_that_fails_midway_changes_nothing(tmp_path, monkeypatch):
     assert index.search("split", url=url, embedder=embed.HashEmbedder()).hits[0].id == "r-split"
 
 
+@pytest.mark.slow
 def test_query_builds_the_index_on_first_use(tmp_path, monkeypatch):
     monkeypatch.setenv("FACTDB_HOME", str(tmp_path))
     monkeypatch.setenv("FACTDB_SEED", "")
@@ -344,6 +346,7 @@ def test_a_non_duckdb_registry_keeps_the_index_in_factdb_home(tmp_path, monkeypa
     assert index.store_path(str(tmp_path / "x.duckdb")) == tmp_path / "x.duckdb"
 
 
+@pytest.mark.slow
 def test_hnsw_path_agrees_with_exact_search(tmp_path, monkeypatch):
     url = str(tmp_path / "fact.duckdb")
     docs = index.rule_docs() + index.example_docs()
@@ -414,6 +417,7 @@ def test_the_index_module_does_not_import_torch_or_sentence_transformers_itself(
     assert json.loads(json.dumps(index.FUSION)) == index.FUSION
 
 
+@pytest.mark.slow
 def test_every_family_is_indexed_and_found(tmp_path):
     """Attention, norm and region rows get documents from their key's words, and a kernel
     search finds them (GEMM rows keep their own description)."""

@@ -134,6 +134,7 @@ def test_no_import_cycle_counting_function_level_imports():
     assert cycles(imports(modules())) == []
 
 
+@pytest.mark.slow
 def test_the_check_catches_a_wrong_way_import_and_a_cycle(tmp_path):
     """The same check on a copy of the package with one wrong-way import added (kernels
     importing realization, inside a function) fails, naming it; and one closing a cycle."""

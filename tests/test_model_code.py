@@ -113,6 +113,7 @@ def test_the_float64_run_goes_to_the_cpu_where_the_gpu_cannot_hold_it():
 # ------------------------------------------------------------------------------------------
 # optimize on the problems.
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stem", ["closure_mlp", "lstm_attr", "lstm_randn", "global_tensor"])
 def test_optimize_verifies_model_code_against_a_fresh_float64_build(stem):
     fast = _opt(stem)

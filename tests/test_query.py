@@ -61,6 +61,7 @@ def run(home, *args):
     return CliRunner(env=home[1]).invoke(cli, list(args))
 
 
+@pytest.mark.slow
 def test_index_build_json_and_incremental(home):
     r = run(home, "index", "build", "--json")
     assert r.exit_code == 0, r.output
@@ -72,6 +73,7 @@ def test_index_build_json_and_incremental(home):
     assert t.exit_code == 0 and "0 added, 0 updated, 0 removed" in t.output
 
 
+@pytest.mark.slow
 def test_index_status(home):
     r = run(home, "index", "status", "--json")
     st = json.loads(r.stdout)
@@ -153,6 +155,7 @@ def test_clear_errors(home, args, message):
     assert r.exit_code != 0 and message in r.output and "Traceback" not in r.output
 
 
+@pytest.mark.slow
 def test_db_option_indexes_that_registry(home, tmp_path):
     db = tmp_path / "other.duckdb"
     with Registry.open(str(db), seed=False) as reg:
@@ -195,6 +198,7 @@ def test_help_has_examples():
         assert r.exit_code == 0 and "Example:" in r.output and "factdb " in r.output.split("Example:")[1]
 
 
+@pytest.mark.slow
 def test_batched_lookup_agrees_with_registry_lookup(tmp_path):
     """index.lookup fetches every family's candidates in one query; its answer per family must
     be Registry.lookup's."""

@@ -66,6 +66,7 @@ def test_realize_tunes_a_repeated_workload_once_and_reports_each_region_in_order
     assert all(r is None and p.note for p, r in results if p.workload is None)
 
 
+@pytest.mark.slow
 def test_realize_cli_lists_every_region_and_needs_no_gpu_with_compile_only():
     res = CliRunner().invoke(cli, ["realize", str(PROBLEMS / "llama_block.py"), "--policy", "bf16",
                                    "--compile-only", "--max-candidates", "1", "--no-registry"])
@@ -82,6 +83,7 @@ def test_realize_cli_lists_every_region_and_needs_no_gpu_with_compile_only():
     assert {r["tune"]["workload"]["policy"] for r in regions if r["tune"]} == {"bf16"}
 
 
+@pytest.mark.slow
 def test_realize_without_a_gpu_says_so_and_points_at_compile_only():
     import torch
     if torch.cuda.is_available():

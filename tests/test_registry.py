@@ -530,6 +530,7 @@ def test_sync_rules_mirrors_the_shipped_rules(reg, ruleset):
 # ---------------------------------------------------------------------------------------
 # JSONL
 
+@pytest.mark.slow
 def test_export_import_roundtrip(reg, tmp_path):
     reg.put_many([make_rec(make_key(m=256), env=GPU_ENV), make_rec(make_key(m=512, gpu="a100", arch="sm80")),
                   KernelRecord(key=attn_key(), template="library", label="flash", time_ms=0.4, env=GPU_ENV)], **KW)
@@ -959,6 +960,7 @@ def test_coexists_with_other_connections_in_this_process(tmp_path):
         assert reg.put(make_rec(make_key(m=128)), **KW) == "inserted"
 
 
+@pytest.mark.slow
 def test_threads_writing_one_file_do_not_duplicate_keys(tmp_path):
     import threading
     with Registry.open(str(tmp_path / "t.duckdb"), seed=False) as reg:

@@ -13,6 +13,9 @@ from fact_db.store.registry import Registry, RegistryBusy
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# Every test here starts child processes (writers holding one file): seconds each.
+pytestmark = pytest.mark.subprocess
+
 # Children load fact_db.store.registry without fact_db/__init__.py, which imports discovery and torch
 # (seconds per process on the CI machine); the registry code they run is the same.
 PRELUDE = f"""

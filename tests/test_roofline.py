@@ -53,6 +53,7 @@ def test_transposed_convolution_scatters_every_input_element():
     assert roofline.node_flops(n) == 2 * (3 * 4 * 7) * (3 * 5)
 
 
+@pytest.mark.slow
 def test_lstm_two_layers_bidirectional_batch_first():
     # batch 5, 7 steps, input 16, hidden 32: S = 35 rows, G = 4 gates, 2 layers, 2 directions
     lstm = nn.LSTM(16, 32, num_layers=2, bidirectional=True, batch_first=True)
@@ -108,6 +109,7 @@ def test_a_big_model_of_convolutions_is_compute_bound_at_the_convolutions_real_c
     assert roofline.node_time(n, dev, "fp32") == pytest.approx(f / (dev.tflops["fp32"] * 1e12) + dev.launch_s)
 
 
+@pytest.mark.slow
 def test_a_recurrent_layer_takes_at_least_a_launch_per_step_and_layer():
     """Each step of each layer waits for the one before. KernelBench L3-39's GRU (6 layers, 512
     steps of batch 10) is 0.46 ms of FLOPs and bytes on an H100 and 9.2 ms of chain; eager

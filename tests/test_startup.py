@@ -19,6 +19,9 @@ from fact_db.core.errors import RuleError
 
 from conftest import PROBLEMS, ROOT
 
+# Every test here starts child processes (the CLI in its sandbox, workers, writers): seconds each.
+pytestmark = pytest.mark.subprocess
+
 YAML_FILES = sorted(p for d in (ROOT / "rules", ROOT / "tests" / "broken_rules", ROOT / "tests" / "hostile" / "rules")
                     for p in d.rglob("*") if p.suffix in (".yaml", ".yml"))
 

@@ -5,13 +5,12 @@ The example parameter sets live in kernels_cpp/examples.yaml, which also documen
 gencode and include roots each template needs. The compile tests are opt-in because they
 take about ten minutes on two cores:
 
-    FACTDB_TEST_NVCC=1 pytest -m nvcc tests/test_templates_nvcc.py
+    pytest -m nvcc tests/test_templates_nvcc.py
 """
 from __future__ import annotations
 
 import ctypes
 import importlib.util
-import os
 import re
 import shutil
 import subprocess
@@ -130,9 +129,6 @@ def _cutlass_source() -> Path | None:
 
 
 def _nvcc_skip_reason() -> str | None:
-    if os.environ.get("FACTDB_TEST_NVCC") != "1":
-        return ("compiles CUTLASS kernels with nvcc (20-110 s each, about 10 min in all on "
-                "2 cores); run with FACTDB_TEST_NVCC=1 pytest -m nvcc tests/test_templates_nvcc.py")
     if shutil.which("nvcc") is None:
         return "nvcc is not on PATH (install the CUDA toolkit, 12.4 or newer for sm_90a)"
     if _cutlass_source() is None:

@@ -6,7 +6,7 @@ and its machine code uses the math units the parameters ask for.
 tests/test_templates_nvcc.py already renders every example case and compiles the ones that
 examples.yaml lists under `compile:`; this file checks what is particular to this template:
 
-    FACTDB_TEST_NVCC=1 pytest -m nvcc tests/test_templates_sm80.py
+    pytest -m nvcc tests/test_templates_sm80.py
 """
 from __future__ import annotations
 

@@ -387,6 +387,7 @@ def test_policy_bounds():
 # --------------------------------------------------------------------------------------
 # Worker isolation, with a stand-in worker process
 
+@pytest.mark.slow
 def test_worker_pool_survives_hangs_and_crashes(tmp_path):
     fake = tmp_path / "worker.py"
     fake.write_text(textwrap.dedent("""\

@@ -192,6 +192,7 @@ class Block(nn.Module):
         return F.silu(self.gate(h)) * self.up(h)
 
 
+@pytest.mark.slow
 def test_a_composition_for_other_shapes_shares_the_weights_the_first_made():
     from fact_db.composition.compose import ComposedModule, signature
     torch.manual_seed(0)
