@@ -70,6 +70,9 @@ def report_dict(report) -> dict:
         "verification": report.verification.as_dict() if report.verification is not None else None,
         "skipped": skipped(report), "notes": report.notes, "llm_calls": report.llm_calls,
     }
+    disc = getattr(report, "discovery", None)  # the plan keeps discovery's report: its uncovered heavy ops
+    if disc is not None:
+        d["uncovered"] = [{"node": n, "op": op, "reason": why} for n, op, why in disc.uncovered]
     return clean(d)
 
 
