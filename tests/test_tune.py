@@ -169,18 +169,22 @@ def test_workload_errors_name_the_value():
 # The tuner, with an injected benchmark function and builder
 
 class FakeBuilder:
-    """Stands in for nvcc: 'builds' every source except those whose tile_n is 64 (compile error)."""
+    """Stands in for nvcc: 'builds' every source except those whose tile_n is 64 (compile error);
+    a source built before comes back `cached`, as from the build cache."""
 
     def __init__(self):
         self.calls = 0
+        self.seen: set = set()
 
     def __call__(self, sources, **kw):
         self.calls += len(sources)
         out = []
         for s in sources:
             ok = "Shape<_128, _64," not in s.code
-            out.append(build.Built(s, build.content_key(s), Path("/nonexistent/kernel.so") if ok else None,
+            key = build.content_key(s)
+            out.append(build.Built(s, key, Path("/nonexistent/kernel.so") if ok else None, cached=key in self.seen,
                                    error="" if ok else "error: too many resources requested", command="nvcc ..."))
+            self.seen.add(key)
         return out
 
 
@@ -288,6 +292,20 @@ def test_compile_only_asks_the_registry_first_and_ends_with_a_build_summary(fake
     tune(w, registry=reg, runner=fake_runner(lambda i: 0.6), max_candidates=5, progress=False, gpu="h100")
     again = tune(w, registry=reg, compile_only=True, progress=False, max_candidates=5, gpu="h100")
     assert again.winner is not None and any("nothing to build" in n for n in again.notes)
+    assert not again.registry_built and any("its kernel from the build cache" in n for n in again.notes)
+
+
+def test_a_registry_hit_whose_kernel_is_not_in_the_build_cache_says_it_built_it(fake_build, capsys):
+    w = GemmWorkload(1024, 1024, 1024, policy="bf16")
+    reg = Registry.open("memory")
+    tune(w, registry=reg, runner=fake_runner(lambda i: 0.6), max_candidates=5, progress=False, gpu="h100")
+    fake_build.seen.clear()  # another machine, or an emptied build cache: the registry's row, no library
+    calls = fake_build.calls
+    hit = tune(w, registry=reg, compile_only=True, progress=True, max_candidates=5, gpu="h100")
+    assert fake_build.calls == calls + 1  # the registry's kernel only, no candidate
+    assert hit.registry_built and any("was not in the build cache and was built" in n for n in hit.notes)
+    assert any("its kernel was built, no other candidate" in n for n in hit.notes)
+    assert "its kernel is not in the build cache here; building it" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------------------
