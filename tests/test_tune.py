@@ -346,6 +346,20 @@ def test_build_caches_successes_and_failures(fake_nvcc):
     assert not list(Path(os.environ["FACTDB_HOME"]).rglob("*.tmp")), "no half-written files left"
 
 
+def test_no_compile_starts_past_the_deadline_and_none_is_cached_as_failed(fake_nvcc, capsys):
+    import time
+    srcs = [build.Source("gemm_sm90", f"// ok {i}\n") for i in range(3)]
+    late = build.build(srcs, progress=True, deadline=time.perf_counter() - 1)
+    assert not fake_nvcc.exists() and all(not b.ok and "budget was spent" in b.error for b in late)
+    assert not list(Path(os.environ["FACTDB_HOME"]).rglob("error.txt")), "a skipped build is not a failure"
+    capsys.readouterr()
+    done = build.build(srcs, progress=True, jobs=1)  # no deadline: all three build, one line each
+    assert all(b.ok and not b.cached for b in done)
+    err = capsys.readouterr().err.splitlines()  # not a terminal: lines, not a bar
+    assert err[0] == "[build] compiling 3 kernel(s), 1 at a time"
+    assert [ln.split(" (")[0] for ln in err[1:]] == [f"[build] {i}/3 gemm_sm90: built in 0 s" for i in (1, 2, 3)]
+
+
 def test_build_without_nvcc_says_what_to_install(monkeypatch):
     monkeypatch.setenv("FACTDB_NVCC", "")
     monkeypatch.setenv("PATH", "/nonexistent")

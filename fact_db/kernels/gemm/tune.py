@@ -410,8 +410,10 @@ def spec_of(w: GemmWorkload, c: Candidate) -> dict:
     return {"dtype": w.dtype, "layout_a": la, "layout_b": lb, "epilogue": w.epilogue, "bias_axis": w.bias_axis}
 
 
-def build_candidates(cands: list[Candidate], jobs: int | None = None, progress: bool = True) -> dict:
-    """Render and build every non-eager candidate; {config_hash: Built} (shared builds built once)."""
+def build_candidates(cands: list[Candidate], jobs: int | None = None, progress: bool = True,
+                     deadline: float | None = None) -> dict:
+    """Render and build every non-eager candidate; {config_hash: Built} (shared builds built once;
+    none started past `deadline`, a time.perf_counter() value)."""
     sources, owners = {}, {}
     for c in cands:
         if c.template == "eager":
@@ -420,7 +422,7 @@ def build_candidates(cands: list[Candidate], jobs: int | None = None, progress: 
         src = build_mod.Source(c.template, code, c.arch)
         sources.setdefault(code, src)
         owners[c.config_hash] = code
-    built = build_mod.build(list(sources.values()), jobs=jobs, progress=progress)
+    built = build_mod.build(list(sources.values()), jobs=jobs, progress=progress, deadline=deadline)
     by_code = {b.source.code: b for b in built}
     return {h: by_code[code] for h, code in owners.items()}
 
@@ -550,10 +552,12 @@ def candidate_list(w: GemmWorkload, *, arch: str = "sm90a", gpu: str = "h100", r
 
 
 def prebuild(workloads: list[GemmWorkload], *, arch: str = "sm90a", gpu: str = "h100", registry=None,
-             max_candidates: int = 24, force: bool = False, jobs: int | None = None, progress: bool = True) -> int:
+             max_candidates: int = 24, force: bool = False, jobs: int | None = None, progress: bool = True,
+             deadline: float | None = None) -> int:
     """Build every candidate of every workload in one parallel batch (what `tune` would build
     for each, skipping workloads the registry answers), so a model's regions compile together
-    instead of one region at a time. Returns the number of sources built or found cached."""
+    instead of one region at a time; no compile starts past `deadline` (the tuning budget).
+    Returns the number of sources built or found cached."""
     cands = []
     for w in workloads:
         w = with_rule(w)
@@ -565,7 +569,8 @@ def prebuild(workloads: list[GemmWorkload], *, arch: str = "sm90a", gpu: str = "
     cands = [c for c in cands if c.template != "eager"]
     if not cands:
         return 0
-    return len({b.key for b in build_candidates(cands, jobs=jobs, progress=progress).values()})
+    built = build_candidates(cands, jobs=jobs, progress=progress, deadline=deadline).values()
+    return len({b.key for b in built if b.ok or b.cached})
 
 
 def _run_jobs(jobs: list[dict], runner, gpus, timeout: float, progress: bool) -> list[dict]:
