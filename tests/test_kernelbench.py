@@ -194,6 +194,29 @@ def test_a_run_writes_after_every_row_says_a_line_each_and_resumes(tmp_path):
     assert len(final["results"]) == 6 and final["levels"]["bf16"]["1"]["fast_p"]["vs_eager"]["1"] == 1.0
 
 
+BATCHNORM = GOOD.replace("super().__init__()", "super().__init__()\n        self.bn = nn.BatchNorm1d(64)").replace(
+    "def forward(self, a, b):\n        return torch.matmul(a, b)", "def forward(self, a, b):\n        return self.bn(a @ b)")
+ON_CPU = {"realizer": lambda disc, policy: [], "timer": lambda fn, xs: 1.0, "peers": ()}
+
+
+def test_the_optimize_path_checks_the_module_fact_db_returns_and_times_it():
+    """run_problem's GPU path, on the CPU: optimize with its realizer and timer stood in (every
+    region eager), then KernelBench's check of the module it returned."""
+    import tempfile
+    root = _tree(Path(tempfile.mkdtemp()), {"level1/1_Matmul.py": GOOD, "level2/1_BN.py": BATCHNORM})
+    mm, bn = kb.problems(root)
+    row = scoreboard.run_problem(mm, "fp32", device="cpu", hooks=ON_CPU)
+    assert (row["status"], row["correct"], row["reason"], row["device"]) == ("ok", True, "", "cpu")
+    assert row["check"]["trials_passed"] == 5 and row["check"]["tolerance"] == 1e-4
+    assert (row["eager_ms"], row["factdb_ms"], row["speedup"], row["compile_ms"]) == (1.0, 1.0, 1.0, None)
+    assert row["did"]["returned"] == "eager (no region on a kernel)" and row["did"]["verified"]
+    # KernelBench leaves its reference in training mode; optimize runs the model in eval mode,
+    # so a BatchNorm problem is incorrect by KernelBench's check, and the row says so
+    row = scoreboard.run_problem(bn, "fp32", device="cpu", hooks=ON_CPU)
+    assert row["status"] == "ok" and row["correct"] is False and row["reason"].startswith("output mismatch")
+    assert row["check"]["max_difference"] > 0.1
+
+
 def test_a_file_that_is_not_a_scoreboard_is_refused_with_its_name(tmp_path):
     f = tmp_path / "x.json"
     f.write_text("[1, 2]")

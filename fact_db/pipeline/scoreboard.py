@@ -14,7 +14,6 @@ plan (what `factdb optimize` prints on a CPU) and the row says nothing was timed
 """
 from __future__ import annotations
 
-import copy
 import json
 import math
 import os
@@ -66,23 +65,30 @@ def _did(report, fast=None) -> dict:
 
 
 def run_problem(problem: kb.Problem, policy: str, *, budget_s: float = DEFAULT_BUDGET_S, registry=None,
-                max_candidates: int = 12, gpus=None, progress: bool = False) -> dict:
+                max_candidates: int = 12, gpus=None, progress: bool = False, device: str | None = None,
+                hooks: dict | None = None) -> dict:
     """One problem in this process (the scoreboard's child): its row. With a GPU: the model is
     built as KernelBench builds it (seeded, on the GPU), optimized by fact-db under `policy`
     with a tuning budget of TUNING_SHARE of `budget_s`, checked by KernelBench's check against
     the model at KernelBench's precision for the policy, and timed (eager at the policy,
     torch.compile, fact-db: fact-db's report, one process). Without one: the plan. A stage
-    that fails is the row's `reason`, not an exception."""
+    that fails is the row's `reason`, not an exception. `device` and `hooks` (optimize's
+    `realizer`, `timer`, `peers`) run the GPU path elsewhere (tests on the CPU).
+
+    >>> run_problem(kernelbench.problems(DIR, only=["L1-19"])[0], "fp32")["correct"]
+    True
+    """
     import torch
 
     from fact_db.discovery.trace import load_problem
     from fact_db.pipeline.run import optimize, plan_problem
+    device = device or ("cuda" if torch.cuda.is_available() else None)
     row = _base(problem, policy)
-    row["device"] = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    row["device"] = torch.cuda.get_device_name() if device == "cuda" else device or "cpu"
     t0 = time.perf_counter()
-    stage = "planning it" if not torch.cuda.is_available() else "building the model"
+    stage = "planning it" if device is None else "building the model"
     try:
-        if not torch.cuda.is_available():
+        if device is None:
             rep = plan_problem(str(problem.path), policy=policy, registry=registry)
             row.update(status="plan", did=_did(rep), reason="no CUDA GPU here: the plan only, nothing timed or checked")
             row["did"]["planned"] = sum(1 for z in rep.regions if z.how == "planned")
@@ -90,16 +96,16 @@ def run_problem(problem: kb.Problem, policy: str, *, budget_s: float = DEFAULT_B
             return row
         prob = load_problem(str(problem.path))
         torch.manual_seed(kb.SEED)
-        model = prob.make_model().to("cuda").eval()
-        torch.manual_seed(kb.SEED)
-        inputs = [x.cuda() if isinstance(x, torch.Tensor) else x for x in prob.make_inputs()]
+        model = prob.make_model().to(device).eval()
 
         def make_inputs():
-            return [x.cuda() if isinstance(x, torch.Tensor) else x for x in prob.make_inputs()]
+            return [x.to(device) if isinstance(x, torch.Tensor) else x for x in prob.make_inputs()]
+        torch.manual_seed(kb.SEED)
+        inputs = make_inputs()
         stage = "optimizing it"
         fast = optimize(model, inputs, policy=policy, registry=registry, max_candidates=max_candidates,
-                        budget=budget_s * TUNING_SHARE / 60, gpus=gpus, peers=PEERS, make_inputs=make_inputs,
-                        name=problem.name, progress=progress, save=False)
+                        budget=budget_s * TUNING_SHARE / 60, gpus=gpus, make_inputs=make_inputs, name=problem.name,
+                        progress=progress, save=False, **{"peers": PEERS, **(hooks or {})})
         rep = fast.report
         row["did"] = _did(rep, fast)
         v = {x.name: x.ms for x in rep.variants}
@@ -109,8 +115,11 @@ def run_problem(problem: kb.Problem, policy: str, *, budget_s: float = DEFAULT_B
         row["speedup_vs_compile"] = _ratio(row["compile_ms"], row["factdb_ms"])
         stage = "KernelBench's check"
         precision = POLICY_DTYPE[policy]
-        ref = model if precision == "float32" else copy.deepcopy(model).to(getattr(torch, precision))
-        got = kb.check(ref, fast, prob.make_inputs, precision, device="cuda")
+        # KernelBench's reference: a fresh Model with the same seed, left in training mode as
+        # KernelBench leaves it (optimize put `model` in eval mode: BatchNorm differs there).
+        torch.manual_seed(kb.SEED)
+        ref = prob.make_model().to(device=device, dtype=getattr(torch, precision))
+        got = kb.check(ref, fast, prob.make_inputs, precision, device=device)
         row["check"] = got
         row["correct"] = got["correct"]
         row["status"] = "ok"
