@@ -45,8 +45,8 @@ def run(kernelbench, level, problems, policies, budget_s, memory_mb, max_candida
                     "not timed (no GPU)")
             click.echo(f"level {lv} {pol}: {s['problems']} problem(s), {s['correct']} correct, {s['failed']} failed; "
                        f"{what}", err=True)
-    click.echo(f"wrote {target}")
-    if as_json:
+    click.echo(f"wrote {target}", err=as_json)
+    if as_json:  # stdout is the JSON alone
         click.echo(jdump(doc, indent=1))
 
 

@@ -266,7 +266,7 @@ def test_each_problem_runs_in_its_own_child_and_a_bad_one_is_a_row_with_its_reas
     r = _bench("--kernelbench", str(root), "--resume", str(out), "--json", cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "resuming: 5 run(s) already in" in r.stderr and "[1/1] L2-1 1_Relu fp32: plan: 0 region(s)" in r.stderr
-    doc = json.loads(r.stdout[r.stdout.index("{"):])
+    doc = json.loads(r.stdout)
     assert len(doc["results"]) == 6 and doc["levels"]["fp32"]["2"]["fast_p"]["vs_eager"] is None
 
 
@@ -279,3 +279,28 @@ def test_kernelbench_options_need_kernelbench_and_its_problems_must_exist(tmp_pa
     root = _tree(tmp_path, {"level1/1_A.py": GOOD})
     r = CliRunner().invoke(cli, ["bench", "--kernelbench", str(root), "--problems", "L1-7"])
     assert r.exit_code == 1 and "no problem L1-7 in level(s) 1:" in r.output and "Traceback" not in r.output
+
+
+def test_the_readme_table_reads_a_scoreboard_and_the_cpu_sweep():
+    """benchmarks/tables.py's `kernelbench` rows: fast_p cells from a scoreboard's summary, and
+    "not timed" for the plan."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("docs_tables", ROOT / "benchmarks" / "tables.py")
+    tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tables)
+    rows = [_row("L1-1", 1, speedup=1.6, vs_compile=0.9), _row("L1-2", 1, speedup=1.1, vs_compile=1.2),
+            _row("L1-3", 1, correct=False, speedup=3.0, vs_compile=3.0)]
+    doc = {"device": "NVIDIA H100 80GB HBM3", "date": "2026-12-01", "results": rows,
+           "levels": scoreboard.summary(rows)}
+    [r] = tables.rows_kernelbench(doc, "h100-2026-12-01-kernelbench-fp32.json")
+    assert (r["level"], r["policy"], r["problems"], r["answered"], r["correct"], r["gpu"]) == (1, "fp32", 3, 3, 2,
+                                                                                               "H100 80GB HBM3")
+    assert r["fast_eager"] == "0.67 / 0.67 / 0.33 / 0.00" and r["fast_compile"] == "0.67 / 0.33 / 0.00 / 0.00"
+    sweep = {"device": "cpu", "machine": {"cpu": "AMD EPYC", "cores": 2}, "date": "2026-11-26", "results": [
+        {"level": 2, "policy": "bf16", "exit_code": 0, "timed_out": False, "traceback": False, "internal_error": False,
+         "seconds": 5.2, "regions": ["gemm"]},
+        {"level": 2, "policy": "bf16", "exit_code": 1, "timed_out": False, "traceback": True, "internal_error": False,
+         "seconds": 7.9, "regions": None}]}
+    [r] = tables.rows_kernelbench(sweep, "cpu-2026-11-26-kernelbench-plan.json")
+    assert (r["answered"], r["with_regions"], r["fast_eager"], r["gpu"]) == ("1 (plan, at most 8 s)", 1,
+                                                                             "not timed (no GPU)", "AMD EPYC, 2 cores")

@@ -3,9 +3,10 @@ process each; per problem whether fact-db's module is correct by KernelBench's o
 how fast eager, torch.compile and fact-db run; per level KernelBench's fast_p against eager
 and against torch.compile (what `factdb bench --kernelbench DIR` runs).
 
-    >>> probs = kernelbench.problems("/path/to/KernelBench", levels=(1,), only=["L1-19"])
-    >>> doc = run(probs, "/path/to/KernelBench", ["fp32"], budget_s=300, out=Path("kb.json"))
-    >>> doc["levels"]["fp32"]["1"]["fast_p"]["vs_eager"]["1.0"]
+    >>> probs = kernelbench.problems(DIR, levels=(1,), only=["L1-19"])
+    >>> doc = new_doc(DIR, ["fp32"], budget_s=300, memory_mb=32768, max_candidates=12, commit="abc1234")
+    >>> doc = run(probs, DIR, ["fp32"], out=Path("kb.json"), doc=doc)
+    >>> doc["levels"]["fp32"]["1"]["fast_p"]["vs_eager"]["1.5"]      # fast_1.5 against eager
 
 Each problem runs in a child (`factdb bench --kernelbench DIR --problems ID` under
 sandbox.run), stopped at the per-problem budget or past the memory limit, so a problem that
