@@ -227,7 +227,7 @@ def test_a_file_that_is_not_a_scoreboard_is_refused_with_its_name(tmp_path):
 # ------------------------------------------------------------------ the command: a child per problem
 
 def _bench(*args, cwd, timeout=240):
-    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT), FACTDB_HOME=str(cwd / "home"))
     return subprocess.run([sys.executable, "-m", "fact_db.cli", "bench", *args], capture_output=True, text=True,
                           env=env, cwd=cwd, timeout=timeout)
 
