@@ -133,6 +133,17 @@ TABLES: dict[str, dict] = {
         "files": ["*-agent-kernel-compose.json"], "rows": "agent_compose",
         "columns": [("variant", "{name}"), ("ms", "{ms:ms}"), ("error vs float64", "{err:err}"), *_WHERE],
     },
+    "kernelbench": {
+        "about": "KernelBench per level and policy: the scoreboard (`factdb bench --kernelbench`) and the CPU plan "
+                 "sweep (`benchmarks/kernelbench_cpu_sweep.py`)",
+        "files": ["*-kernelbench*.json"], "rows": "kernelbench",
+        "select": "newest per level, policy, timed", "order": ["timed", "level", "policy_rank"],
+        "columns": [("level", "{level}"), ("policy", "`{policy}`"), ("problems", "{problems}"),
+                    ("answered (no traceback, internal error or time-out)", "{answered}"),
+                    ("with a region", "{with_regions}"), ("correct (KernelBench's check)", "{correct}"),
+                    ("fast_p vs eager, p = 0 / 1 / 1.5 / 2", "{fast_eager}"),
+                    ("fast_p vs torch.compile, p = 0 / 1 / 1.5 / 2", "{fast_compile}"), *_WHERE_CPU],
+    },
     "discover": {
         "about": "cold `factdb discover` and in-process discovery (`benchmarks/discover_speed.py`)",
         "files": ["discover-*.json"], "rows": "discover", "order": ["date", "file", "problem"],
@@ -371,6 +382,35 @@ def rows_agent_compose(doc, name):
                 yield {**_base(doc, name), **v}
 
 
+def _fast(d) -> str:
+    if not d:
+        return "not timed (no GPU)"
+    return " / ".join(DASH if d.get(p) is None else f"{d[p]:.2f}" for p in ("0", "1", "1.5", "2"))
+
+
+def rows_kernelbench(doc, name):
+    """A scoreboard JSON (its `levels` summary), or the CPU plan sweep's (counted from its rows)."""
+    base = _base(doc, name)
+    if "levels" in doc:
+        for pol, levels in doc["levels"].items():
+            for level, s in levels.items():
+                timed = s["fast_p"]["vs_eager"] is not None
+                yield {**base, "level": int(level), "policy": pol, "problems": s["problems"],
+                       "answered": s["problems"] - s["failed"], "with_regions": s["with_regions"],
+                       "correct": s["correct"] if timed else "– (no GPU)", "timed": timed,
+                       "fast_eager": _fast(s["fast_p"]["vs_eager"]), "fast_compile": _fast(s["fast_p"]["vs_compile"])}
+        return
+    groups: dict[tuple, list] = {}
+    for r in doc["results"]:
+        groups.setdefault((r["level"], r["policy"]), []).append(r)
+    for (level, pol), rs in sorted(groups.items()):
+        ok = [r for r in rs if r["exit_code"] == 0 and not (r["timed_out"] or r["traceback"] or r["internal_error"])]
+        yield {**base, "level": level, "policy": pol, "problems": len(rs),
+               "answered": f"{len(ok)} (plan, at most {max(r['seconds'] for r in rs):.0f} s)",
+               "with_regions": sum(1 for r in rs if r.get("regions")), "correct": "– (no GPU)", "timed": False,
+               "fast_eager": _fast(None), "fast_compile": _fast(None)}
+
+
 def rows_discover(doc, name):
     for r in doc["results"]:
         runs = r.get("cold_cli_runs") or []
@@ -427,7 +467,7 @@ READERS = {"e2e": rows_e2e, "gemm": rows_gemm, "results": rows_results, "multigp
            "fmha_fp32tc": rows_fmha_fp32tc, "attention": rows_attention, "norm": rows_norm,
            "agent": rows_agent, "agent_compose": rows_agent_compose, "discover": rows_discover,
            "retrieval": rows_retrieval, "measures": rows_measures,
-           "compile_peers": rows_compile_peers}
+           "compile_peers": rows_compile_peers, "kernelbench": rows_kernelbench}
 
 
 # --------------------------------------------------------------------------------------
@@ -493,6 +533,13 @@ def rows_for(name: str, results: Path) -> list[dict]:
         rows.extend(got)
     if spec.get("problems"):
         rows = [r for r in rows if r.get("problem") in spec["problems"]]
+    if spec.get("select") == "newest per level, policy, timed":
+        newest: dict[tuple, dict] = {}
+        for r in rows:
+            k = (r["level"], r["policy"], r["timed"])
+            if k not in newest or (r["date"], r["file"]) >= (newest[k]["date"], newest[k]["file"]):
+                newest[k] = r
+        rows = list(newest.values())
     if spec.get("select") == "newest per problem, policy":
         newest: dict[tuple, dict] = {}
         for r in rows:

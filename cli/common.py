@@ -77,17 +77,32 @@ def no_gpu() -> bool:
     return not torch.cuda.is_available()
 
 
-def problem_sandbox(when=lambda: True):
+def require_gpu(what: str) -> None:
+    """A ClickException at once where no CUDA GPU is visible, before anything is traced or built:
+    `what` says what needs one and what to do instead."""
+    if no_gpu():
+        raise click.ClickException(f"no CUDA GPU is visible: {what}")
+
+
+def problem_sandbox(when=lambda: True, gpu_unless: str | None = None, gpu_why: str = ""):
     """A command taking PROBLEM (a file of Python that runs) re-runs itself in a child process
     under the memory and time limits (fact_db/discovery/sandbox.py) where `when()` holds, so a file that
     allocates, loops or exits cannot take the CLI down or pass for success. The command's own
     `max_memory` and `timeout` options are the limits where it has them. Where `when()` does
     not hold (a GPU run that needs the model here), the problem is first built and traced on
-    the meta device in a child (sandbox.preflight), then run here."""
+    the meta device in a child (sandbox.preflight), then run here.
+
+    First, before any child starts or torch is imported, a PROBLEM naming a file that is not
+    there is refused; and where `gpu_unless` is given, a command without that option set
+    needs a GPU (require_gpu, `gpu_why`) before anything is traced."""
     def deco(fn):
         @functools.wraps(fn)
         def wrapper(**kw):
+            from fact_db.core.paths import problem_file
             from fact_db.discovery import sandbox
+            problem_file(kw["problem"])
+            if gpu_unless is not None and not kw.get(gpu_unless) and not sandbox.in_child():
+                require_gpu(gpu_why)
             if not sandbox.in_child():
                 if when():
                     sandbox.rerun(click.get_current_context(), kw["problem"], kw.get("max_memory"),

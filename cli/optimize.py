@@ -2,7 +2,6 @@
 `factdb bench [PROBLEM...]` (optimize over the benchmark problems, results as JSON)."""
 from __future__ import annotations
 
-import json
 import math
 import time
 from datetime import date
@@ -203,7 +202,7 @@ def bench_row(problem: str, fast, wall_s: float) -> dict:
 @cli.command()
 @click.argument("problems", nargs=-1)
 @click.option("--policy", "policies", multiple=True, type=click.Choice(POLICIES),
-              help="Policies to run (repeatable; default: fp32 and bf16).")
+              help="Policies to run (repeatable; default: fp32 and bf16; with --kernelbench, fp32).")
 @click.option("--max-candidates", type=click.IntRange(1, 512), default=12, show_default=True)
 @click.option("--budget", type=click.FloatRange(0, None), default=None, help="Minutes of tuning per problem.")
 @click.option("--gpus", default=None, help="GPUs for verification and timing: all, or 0,1.")
@@ -213,22 +212,59 @@ def bench_row(problem: str, fast, wall_s: float) -> dict:
 @click.option("--no-cuda-graph", is_flag=True, help="Run composed graphs op by op, not as CUDA graphs.")
 @click.option("--no-split-weights", is_flag=True, help="Split weights into their TF32 parts per call, not once.")
 @click.option("--db", default=None, help="Registry URL.")
-@click.option("--results", type=click.Path(dir_okay=False), default=None,
-              help="Results file (default: benchmarks/results/<gpu>-<date>-e2e.json in the source tree).")
+@click.option("--out", "--results", "results", type=click.Path(dir_okay=False), default=None,
+              help="Results file (default: benchmarks/results/<gpu>-<date>-e2e.json in the source tree; with "
+                   "--kernelbench, <gpu or cpu>-<date>-kernelbench-<policies>.json).")
 @click.option("--json", "as_json", is_flag=True, help="Print the results JSON too.")
+@click.option("--kernelbench", type=click.Path(exists=True, file_okay=False), default=None,
+              help="A clone of ScalingIntelligence/KernelBench: run its problems as they are (the scoreboard).")
+@click.option("--level", default=None, help="--kernelbench: levels to run, comma-separated (default 1,2,3).")
+@click.option("--problems", "problem_list", default=None,
+              help="--kernelbench: problems (L1-19, 19_ReLU, level1/19_ReLU.py), comma-separated, or a file of "
+                   "them such as benchmarks/kernelbench_gpu_set.txt (default: every problem of the levels).")
+@click.option("--budget-per-problem", type=click.FloatRange(1, None), default=None,
+              help="--kernelbench: seconds a problem may take in all, its child stopped after them (default 300); "
+                   "half of it for tuning.")
+@click.option("--max-memory", type=click.IntRange(256, None), default=None,
+              help="--kernelbench: MiB of resident memory a problem's processes may use together (default 32768).")
+@click.option("--resume", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="--kernelbench: a scoreboard JSON written before; its problems are skipped, new rows added to it.")
 @handle_errors
 def bench(problems, policies, max_candidates, budget, gpus, peers, max_held, no_cuda_graph, no_split_weights, db,
-          results, as_json):
+          results, as_json, kernelbench, level, problem_list, budget_per_problem, max_memory, resume):
     """Run `optimize` over benchmark problems (default: every file in benchmarks/problems/)
     under each policy, and write one results JSON: a row per problem and policy with
     fact-db, eager, torch.compile and max-autotune times, errors and peak memory, plus the
     device, date and commit. A problem that fails is a row with its error; the rest go on.
 
+    With --kernelbench DIR, the KernelBench scoreboard: DIR's problems as they are, each in
+    its own process under --budget-per-problem and --max-memory; per problem whether
+    fact-db's module passes KernelBench's own check, and eager, torch.compile and fact-db
+    times; per level KernelBench's fast_p (p = 0, 1, 1.5, 2) against eager and torch.compile.
+    One line per problem as it ends; --resume FILE goes on where an earlier run stopped.
+    Without a GPU it runs each problem's plan and says it cannot time anything.
+
     \b
     Example:
       factdb bench benchmarks/problems/mingpt_block.py --policy fp32 --policy bf16
       factdb bench --policy bf16 --peers compile --results /tmp/e2e.json
+      factdb bench --kernelbench ~/KernelBench --problems benchmarks/kernelbench_gpu_set.txt --policy fp32
+      factdb bench --kernelbench ~/KernelBench --level 1 --resume benchmarks/results/h100-2026-12-01-kernelbench-fp32.json
     """
+    if kernelbench:
+        if problems:
+            raise click.UsageError("give problem files or --kernelbench DIR (with --problems), not both")
+        from fact_db.pipeline import scoreboard as sb
+        from . import scoreboard
+        scoreboard.run(kernelbench, level, problem_list, policies, budget_per_problem or sb.DEFAULT_BUDGET_S,
+                       max_memory or sb.DEFAULT_MEMORY_MB, max_candidates, gpus, db, results, resume, as_json)
+        return
+    if level or problem_list or budget_per_problem or max_memory or resume:
+        raise click.UsageError("--level, --problems, --budget-per-problem, --max-memory and --resume go with "
+                               "--kernelbench DIR")
+    from fact_db.core.paths import problem_file
+    for p in problems:  # a mistyped path is answered before torch is imported
+        problem_file(p)
     import torch
 
     from fact_db.core import paths

@@ -190,7 +190,9 @@ def _tune_attention(shape, kv_heads, causal, scale, policy, dtype, arch, max_can
 @click.option("--offline", is_flag=True, help="Never open a socket for the language model.")
 @common
 @handle_errors
-@problem_sandbox(when=no_gpu)  # without a GPU (--compile-only) the model is built here only to discover it
+@problem_sandbox(when=no_gpu, gpu_unless="compile_only",  # without a GPU the model is built only to discover it
+                 gpu_why="`factdb realize` verifies and times candidates on an H100/H200; --compile-only builds "
+                         "them without one")
 def realize(problem, policy, max_candidates, gpus, compile_only, force, no_registry, db, jobs, as_json, use_llm, offline):
     """Discover PROBLEM's regions and tune every GEMM-family one (stages 1 and 2).
 

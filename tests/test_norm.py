@@ -401,3 +401,35 @@ def test_norms_over_trailing_dims_and_weightless_norms_compose_and_equal_eager()
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     assert sum((standins.CALLS - before).values()) == 3
     gm.graph.lint()
+
+
+def test_norm_candidates_count_eager_among_max_candidates_in_the_batch_build(monkeypatch):
+    """--max-candidates 4 builds three norm kernels a workload (eager is the fourth), not twelve:
+    KernelBench L3-28's ViT compiled twelve for its LayerNorms' one workload."""
+    from fact_db.kernels import build
+    from fact_db.kernels.family import Context
+    w = NormWorkload("layernorm", 394, 512, residual=True, eps=1e-5)
+    built = []
+    monkeypatch.setattr(build, "build", lambda sources, **kw: built.extend(sources) or [])
+    norm_family.prebuild([w, w], Context(max_candidates=4))
+    assert len(built) == 3 and len({s.code for s in built}) == 3
+    built.clear()
+    norm_family.prebuild([w], Context(max_candidates=40))
+    assert len(built) == norm_tune.MAX_CANDIDATES == len(norm_tune.candidates(w))
+    assert norm_family.limit(Context(max_candidates=1)) == 1
+
+
+def test_realize_says_a_line_per_region_with_its_candidates_and_its_time(capsys):
+    from fact_db.realization.realize import realize_regions
+    rep = _analyse(_Norms(), torch.randn(2, 8, 64), torch.randn(2, 8, 64))
+    realize_regions(rep, "fp32", gpu="h100", progress=True, norm_impl=_standin_norm_impl,
+                    norm_chooser=_norm_trials, budget_s=600.0)
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("[realize]")]
+    assert lines[0].startswith("[realize] 3 region(s), 3 workload(s) to realize, up to 24 candidates each")
+    done = [ln for ln in lines if ": tuned, 2 candidates, 0.02 ms against eager 0.05 ms" in ln]
+    assert len(done) == 3 and all(re.search(r"\[\d/3\] region \d \S+ .*; \d+\.\d s \(\d+ s, \d+ s of the budget "
+                                            r"left\)$", ln) for ln in done), lines
+    assert sum(": realizing ..." in ln for ln in lines) == 3
+    capsys.readouterr()
+    realize_regions(rep, "fp32", gpu="h100", progress=False, norm_impl=_standin_norm_impl, norm_chooser=_norm_trials)
+    assert "[realize]" not in capsys.readouterr().err

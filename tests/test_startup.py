@@ -277,3 +277,82 @@ def test_the_version_is_looked_up_on_first_use():
     assert __version__ == want
     from fact_db.core.toolchain import current
     assert current().factdb == want
+
+
+# ------------------------------------------------------------------ commands that need no torch
+
+NO_TORCH = [
+    ("rules", "list"), ("rules", "show", "gemm"), ("rules", "validate"),
+    ("registry", "list"), ("registry", "show", "abcd1234"), ("registry", "export", "{tmp}/k.jsonl"),
+    ("registry", "import", "{tmp}/k.jsonl"), ("registry", "gc"), ("registry", "revalidate"),
+    ("query", "split-k gemm", "--mode", "lexical"), ("query", "--op", "gemm", "--shape", "4096x4096x4096"),
+    ("discover", "{tmp}/missing.py"), ("optimize", "{tmp}/missing.py"), ("realize", "{tmp}/missing.py"),
+    ("bench", "{tmp}/missing.py"), ("optimize", "{tmp}"),
+]
+# The hybrid query embeds its text with the offline model, whose forward pass store/embed.py
+# writes in torch: a numpy forward pass would lift this (the store branch owns store/).
+TORCH_TODAY = [("query", "split-k gemm")]
+
+
+@pytest.fixture(scope="module")
+def cli_home(tmp_path_factory):
+    """A FACTDB_HOME with an empty registry and a built index (building it embeds documents,
+    which imports torch: that is `index build`'s cost, not the commands' below)."""
+    tmp = tmp_path_factory.mktemp("no-torch")
+    env = {"FACTDB_HOME": str(tmp / "home"), "FACTDB_SEED": ""}
+    r = _cli("index", "build", env_extra=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return tmp, env
+
+
+def _imports_torch(args, cli_home) -> tuple[bool, subprocess.CompletedProcess]:
+    tmp, env = cli_home
+    args = [a.replace("{tmp}", str(tmp)) for a in args]
+    r = subprocess.run([sys.executable, "-X", "importtime", "-m", "fact_db.cli", *args], capture_output=True,
+                       text=True, env=dict(os.environ, HF_HUB_OFFLINE="1", **env), timeout=300, cwd=ROOT)
+    # -X importtime lists every module imported, torch's own line ending in "| torch"
+    return any(ln.rstrip().endswith("| torch") for ln in r.stderr.splitlines()), r
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args", NO_TORCH, ids=" ".join)
+def test_commands_that_need_no_model_never_import_torch(args, cli_home):
+    torch_imported, r = _imports_torch(args, cli_home)
+    said = [ln for ln in r.stderr.splitlines() if not ln.startswith("import time:")]
+    assert "Traceback" not in r.stdout + "\n".join(said)
+    assert not torch_imported, f"`factdb {' '.join(args)}` imported torch: " + "\n".join(said[-5:])
+    if "missing.py" in " ".join(args):
+        assert r.returncode == 1 and "missing.py` does not exist" in r.stderr
+    if args == ("optimize", "{tmp}"):
+        assert r.returncode == 1 and "is a directory, not a problem file" in r.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="store/embed.py runs the embedding model's forward pass in torch")
+@pytest.mark.parametrize("args", TORCH_TODAY, ids=" ".join)
+def test_the_hybrid_query_does_not_import_torch_yet(args, cli_home):
+    torch_imported, r = _imports_torch(args, cli_home)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert not torch_imported
+
+
+def test_realize_without_a_gpu_says_so_before_tracing():
+    """`factdb realize` times candidates on a GPU: without one (and without --compile-only) it
+    stops before building or tracing the problem, and says what to do instead."""
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here")
+    from click.testing import CliRunner
+
+    from fact_db.cli.main import cli
+    from fact_db.discovery import sandbox
+    ran = []
+    real = sandbox.run
+    sandbox.run = lambda *a, **k: ran.append(a) or real(*a, **k)
+    try:
+        r = CliRunner().invoke(cli, ["realize", str(PROBLEMS / "layernorm.py")])
+    finally:
+        sandbox.run = real
+    assert r.exit_code == 1 and ran == []  # no child built or traced it
+    assert "no CUDA GPU is visible: `factdb realize` verifies and times candidates" in r.output
+    assert "--compile-only builds them without one" in r.output

@@ -169,18 +169,22 @@ def test_workload_errors_name_the_value():
 # The tuner, with an injected benchmark function and builder
 
 class FakeBuilder:
-    """Stands in for nvcc: 'builds' every source except those whose tile_n is 64 (compile error)."""
+    """Stands in for nvcc: 'builds' every source except those whose tile_n is 64 (compile error);
+    a source built before comes back `cached`, as from the build cache."""
 
     def __init__(self):
         self.calls = 0
+        self.seen: set = set()
 
     def __call__(self, sources, **kw):
         self.calls += len(sources)
         out = []
         for s in sources:
             ok = "Shape<_128, _64," not in s.code
-            out.append(build.Built(s, build.content_key(s), Path("/nonexistent/kernel.so") if ok else None,
+            key = build.content_key(s)
+            out.append(build.Built(s, key, Path("/nonexistent/kernel.so") if ok else None, cached=key in self.seen,
                                    error="" if ok else "error: too many resources requested", command="nvcc ..."))
+            self.seen.add(key)
         return out
 
 
@@ -288,6 +292,20 @@ def test_compile_only_asks_the_registry_first_and_ends_with_a_build_summary(fake
     tune(w, registry=reg, runner=fake_runner(lambda i: 0.6), max_candidates=5, progress=False, gpu="h100")
     again = tune(w, registry=reg, compile_only=True, progress=False, max_candidates=5, gpu="h100")
     assert again.winner is not None and any("nothing to build" in n for n in again.notes)
+    assert not again.registry_built and any("its kernel from the build cache" in n for n in again.notes)
+
+
+def test_a_registry_hit_whose_kernel_is_not_in_the_build_cache_says_it_built_it(fake_build, capsys):
+    w = GemmWorkload(1024, 1024, 1024, policy="bf16")
+    reg = Registry.open("memory")
+    tune(w, registry=reg, runner=fake_runner(lambda i: 0.6), max_candidates=5, progress=False, gpu="h100")
+    fake_build.seen.clear()  # another machine, or an emptied build cache: the registry's row, no library
+    calls = fake_build.calls
+    hit = tune(w, registry=reg, compile_only=True, progress=True, max_candidates=5, gpu="h100")
+    assert fake_build.calls == calls + 1  # the registry's kernel only, no candidate
+    assert hit.registry_built and any("was not in the build cache and was built" in n for n in hit.notes)
+    assert any("its kernel was built, no other candidate" in n for n in hit.notes)
+    assert "its kernel is not in the build cache here; building it" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------------------
@@ -326,6 +344,20 @@ def test_build_caches_successes_and_failures(fake_nvcc):
     assert again[1].error == first[1].error
     assert len(fake_nvcc.read_text()) == n, "neither a cached success nor a recorded failure is rebuilt"
     assert not list(Path(os.environ["FACTDB_HOME"]).rglob("*.tmp")), "no half-written files left"
+
+
+def test_no_compile_starts_past_the_deadline_and_none_is_cached_as_failed(fake_nvcc, capsys):
+    import time
+    srcs = [build.Source("gemm_sm90", f"// ok {i}\n") for i in range(3)]
+    late = build.build(srcs, progress=True, deadline=time.perf_counter() - 1)
+    assert not fake_nvcc.exists() and all(not b.ok and "budget was spent" in b.error for b in late)
+    assert not list(Path(os.environ["FACTDB_HOME"]).rglob("error.txt")), "a skipped build is not a failure"
+    capsys.readouterr()
+    done = build.build(srcs, progress=True, jobs=1)  # no deadline: all three build, one line each
+    assert all(b.ok and not b.cached for b in done)
+    err = capsys.readouterr().err.splitlines()  # not a terminal: lines, not a bar
+    assert err[0] == "[build] compiling 3 kernel(s), 1 at a time"
+    assert [ln.split(" (")[0] for ln in err[1:]] == [f"[build] {i}/3 gemm_sm90: built in 0 s" for i in (1, 2, 3)]
 
 
 def test_build_without_nvcc_says_what_to_install(monkeypatch):

@@ -72,6 +72,9 @@ def report_dict(report) -> dict:
         "choice": report.choice.as_dict() if getattr(report, "choice", None) is not None else None,
         "fallback": getattr(report, "fallback", "") or None,
     }
+    disc = getattr(report, "discovery", None)  # the plan keeps discovery's report: its uncovered heavy ops
+    if disc is not None:
+        d["uncovered"] = [{"node": n, "op": op, "reason": why} for n, op, why in disc.uncovered]
     return clean(d)
 
 

@@ -11,6 +11,8 @@ import importlib.util
 import os
 from pathlib import Path
 
+from fact_db.core.errors import ProblemError
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -43,3 +45,23 @@ def cutlass_examples_dir() -> Path | None:
         return None
     path = Path(list(spec.submodule_search_locations)[0]) / "source" / "examples"
     return path if path.is_dir() else None
+
+
+def problem_file(spec: str) -> Path | None:
+    """The file a PROBLEM argument names (it ends in .py, has a slash, or exists), or None for
+    an import spec (`package.module[:factory]`); ProblemError where the file is missing or a
+    directory. Commands call it before they start a child or import torch, so a mistyped path
+    is answered at once.
+
+    >>> problem_file("benchmarks/problems/mingpt_block.py").name
+    'mingpt_block.py'
+    """
+    text = str(spec)
+    if not (text.endswith(".py") or "/" in text or Path(text).exists()):
+        return None
+    path = Path(text)
+    if not path.exists():
+        raise ProblemError(f"problem file `{text}` does not exist")
+    if not path.is_file():
+        raise ProblemError(f"`{text}` is a directory, not a problem file")
+    return path

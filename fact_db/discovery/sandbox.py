@@ -256,10 +256,63 @@ def _die_with_parent() -> None:
         pass
 
 
-def run(args: list[str], problem: str, *, max_memory_mb: int, timeout_s: float, stderr: list | None = None) -> int:
+def group_rss_mb(pgid: int) -> float:
+    """Resident memory of every process in process group `pgid` (a child and what it
+    started: torch.compile's compile workers), in MiB; Linux only (0 elsewhere)."""
+    total = 0
+    page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+    try:
+        pids = [d for d in os.listdir("/proc") if d.isdigit()]
+    except OSError:
+        return 0.0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+            if int(fields[2]) != pgid:  # after the command's name: state, ppid, pgrp
+                continue
+            with open(f"/proc/{pid}/statm") as f:
+                total += int(f.read().split()[1]) * page
+        except (OSError, ValueError, IndexError):
+            continue  # ended meanwhile
+    return total / (1 << 20)
+
+
+def _wait(child, timeout_s: float, rss_mb: int | None) -> tuple[int | None, str]:
+    """(exit code, "") when the child ends in time; (None, "time") past `timeout_s`; (None,
+    "memory") where `rss_mb` is set and its process group's resident memory passed it."""
+    if rss_mb is None:
+        try:
+            return child.wait(timeout=timeout_s), ""
+        except subprocess.TimeoutExpired:
+            return None, "time"
+    import time
+    end = time.monotonic() + timeout_s
+    while True:
+        try:
+            return child.wait(timeout=max(0.0, min(0.5, end - time.monotonic()))), ""
+        except subprocess.TimeoutExpired:
+            pass
+        if time.monotonic() >= end:
+            return None, "time"
+        if group_rss_mb(child.pid) > rss_mb:
+            return None, "memory"
+
+
+def run(args: list[str], problem: str, *, max_memory_mb: int, timeout_s: float, stderr: list | None = None,
+        memory: str = "data", doing: str = "building and tracing it",
+        hint: str = "(a loop in the problem file?); it was stopped. Raise --timeout if it needs longer",
+        lost: str = "nothing was discovered") -> int:
     """Run `python -m fact_db.cli ARGS` in a child under the limits, its output passed
     through (or, given a `stderr` list, its stderr appended there and nothing shown);
-    returns its exit code, or raises ProblemError saying how the problem file ended it."""
+    returns its exit code, or raises ProblemError saying how the problem file ended it.
+
+    `memory`: "data" sets RLIMIT_DATA in the child (an allocation past it fails there, with a
+    MemoryError the command names); "rss" leaves the child's address space alone and the
+    parent stops its whole process group once their resident memory passes the limit (a CUDA
+    process maps far more than it uses, and torch.compile's workers are processes of their
+    own). `doing`, `hint` and `lost` word the messages: what the child was doing, what to do
+    about a child stopped at the time limit, and what a child that died took with it."""
     relay = stderr is None
     import resource
 
@@ -269,6 +322,8 @@ def run(args: list[str], problem: str, *, max_memory_mb: int, timeout_s: float, 
         # a backstop where the parent cannot stop it (killed itself): CPU seconds for every core
         cpu = int(timeout_s * max(1, os.cpu_count() or 1)) + 10
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))
+        if memory != "data":
+            return
         cap = max_memory_mb * 1024 * 1024
         _, hard = resource.getrlimit(resource.RLIMIT_DATA)
         if hard != resource.RLIM_INFINITY:
@@ -282,15 +337,18 @@ def run(args: list[str], problem: str, *, max_memory_mb: int, timeout_s: float, 
         child = subprocess.Popen([sys.executable, "-m", "fact_db.cli", *args], env=env, preexec_fn=limit,
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         readers = [_Capped(child.stdout), _Capped(child.stderr)]
-        try:
-            rc = child.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
+        rc, over = _wait(child, timeout_s, max_memory_mb if memory == "rss" else None)
+        if over:
             os.killpg(child.pid, signal.SIGKILL)
             child.wait()
             if relay:
                 _relay(readers)
-            raise ProblemError(f"{problem}: building and tracing did not finish within {timeout_s:g} s (a loop in "
-                               "the problem file?); it was stopped. Raise --timeout if it needs longer") from None
+            elif stderr is not None:
+                stderr.append(readers[1].text())
+            if over == "memory":
+                raise ProblemError(f"{problem}: {doing} used more than {max_memory_mb} MiB of memory (its processes' "
+                                   "resident memory together); it was stopped. Raise --max-memory if it needs more")
+            raise ProblemError(f"{problem}: {doing} did not finish within {timeout_s:g} s {hint}") from None
         if relay:
             _relay(readers)
         else:
@@ -304,9 +362,9 @@ def run(args: list[str], problem: str, *, max_memory_mb: int, timeout_s: float, 
         return rc  # the command ran to its end and reported its own result
     if rc < 0:
         name = signal.Signals(-rc).name if -rc in signal.Signals._value2member_map_ else str(-rc)
-        raise ProblemError(f"{problem}: the process building the problem was killed by {name}"
+        raise ProblemError(f"{problem}: the process {doing} was killed by {name}"
                            + (" (out of memory? the limit is --max-memory "
                               f"{max_memory_mb} MiB)" if -rc == signal.SIGKILL else "")
-                           + "; nothing was discovered")
-    raise ProblemError(f"{problem}: the problem file ended the process with exit code {rc} before discovery "
-                       "finished (it calls sys.exit or os._exit?); nothing was discovered")
+                           + f"; {lost}")
+    raise ProblemError(f"{problem}: the problem file ended the process with exit code {rc} before {doing} "
+                       f"finished (it calls sys.exit or os._exit?); {lost}")

@@ -25,6 +25,7 @@ from torch.overrides import TorchFunctionMode
 
 from fact_db.discovery import aten
 from fact_db.core.errors import ProblemError, TraceError, first_line
+from fact_db.core.paths import problem_file
 
 # Tensors up to this many elements are built for real during construction so that buffer
 # values (causal masks) can be inspected; larger ones go straight to meta, and so does any
@@ -142,13 +143,8 @@ def load_problem(spec: str) -> Problem:
     (a callable returning `(module, example_inputs)`).
     """
     text = str(spec)
-    is_file = text.endswith(".py") or "/" in text or Path(text).exists()
-    if is_file:
-        path = Path(text)
-        if not path.exists():
-            raise ProblemError(f"problem file `{text}` does not exist")
-        if not path.is_file():
-            raise ProblemError(f"`{text}` is a directory, not a problem file")
+    path = problem_file(text)
+    if path is not None:
         mod = _import_file(path)
         return _kernelbench(mod, path.stem, str(path))
     modname, _, factory = text.partition(":")

@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -178,22 +179,37 @@ def _build_one(source: Source, force: bool, timeout: float) -> Built:
 
 
 def build(sources: list[Source], jobs: int | None = None, force: bool = False, progress: bool = True,
-          timeout: float = 900.0) -> list[Built]:
-    """Build every source (cached ones return at once), `jobs` nvcc processes at a time."""
+          timeout: float = 900.0, deadline: float | None = None) -> list[Built]:
+    """Build every source (cached ones return at once), `jobs` nvcc processes at a time. No
+    compile starts past `deadline` (a time.perf_counter() value: the tuning budget); those
+    sources come back unbuilt, not cached as failures. Progress: a bar on a terminal, else a
+    line per kernel on stderr (a log or a pipe shows no bar)."""
     if not sources:
         return []
     nvcc_path(), cutlass_root()  # fail early, with the install hint, before starting threads
     jobs = max(1, jobs or (os.cpu_count() or 2))
-    bar = None
-    if progress:
+    bar, t0, finished = None, time.perf_counter(), []
+    if progress and sys.stderr.isatty():
         from tqdm import tqdm
         bar = tqdm(total=len(sources), desc="compile", unit="kernel", leave=False)
+    elif progress:
+        print(f"[build] compiling {len(sources)} kernel(s), {min(jobs, len(sources))} at a time", file=sys.stderr,
+              flush=True)
     results: list[Built | None] = [None] * len(sources)
 
     def work(i: int) -> None:
-        results[i] = _build_one(sources[i], force, timeout)
+        if deadline is not None and time.perf_counter() > deadline:
+            results[i] = Built(sources[i], content_key(sources[i]), None, error="not built: the tuning budget was spent")
+        else:
+            results[i] = _build_one(sources[i], force, timeout)
         if bar is not None:
             bar.update(1)
+        elif progress:
+            b = results[i]
+            finished.append(i)
+            what = "cached" if b.cached and b.ok else "built in %.0f s" % b.seconds if b.ok else "failed: " + b.error
+            print(f"[build] {len(finished)}/{len(sources)} {sources[i].template}: {what.splitlines()[0][:160]} "
+                  f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
 
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         list(pool.map(work, range(len(sources))))

@@ -17,7 +17,8 @@ class: what they need of a registry is the object passed in.
     answer(registry, workload, arch, gpu) -> (state, measured ms)
         what the registry holds: hit, near (D), stale or miss
     prebuild(workloads, ctx)
-        compile every candidate of these workloads in one parallel batch (before tuning)
+        compile every candidate of these workloads in one parallel batch (before tuning), none
+        started past ctx.deadline
     realize(workload, ctx) -> Outcome
         registry first, then tuning (unless ctx.over_budget()), into how the region runs
     run_job(job, cache) -> dict
@@ -51,6 +52,7 @@ class Context:
     force: bool = False
     progress: bool = False
     over_budget: Callable[[], bool] = lambda: False
+    deadline: float | None = None  # time.perf_counter() past which no compile starts (the tuning budget)
     hooks: dict = field(default_factory=dict)
 
     @property
@@ -70,6 +72,7 @@ class Outcome:
     eager_err: float | None = None
     notes: list = field(default_factory=list)
     tune: Any = None               # the family's own result (the GEMM tuner's TuneResult)
+    candidates: int = 0            # candidates verified and timed, eager included (0: none, a registry answer)
 
 
 class Family(Protocol):

@@ -11,6 +11,8 @@ Other templates (GEMM + softmax, the sm80 fused kernels) stay eager, with a note
 """
 from __future__ import annotations
 
+import sys
+import time
 from dataclasses import dataclass, field
 
 from fact_db.core.device import build_arch
@@ -148,15 +150,14 @@ def realize_regions(report, policy: str, *, registry=None, arch: str = "sm90a", 
     best, how)` replace the tuners, `norm_impl(w, best)` and `conv_impl(w, best) -> Impl` the
     kernel loaders (tests on the CPU).
     """
-    import time
-
     t0 = time.perf_counter()
     hooks = {k: v for k, v in (("runner", runner), ("attention", attention_chooser), ("norm", norm_chooser),
                                ("norm_impl", norm_impl), ("conv", conv_chooser), ("conv_impl", conv_impl))
              if v is not None}
+    deadline = t0 + budget_s if budget_s is not None else None
     ctx = Context(arch=arch, gpu=gpu, registry=registry, max_candidates=max_candidates, gpus=gpus, force=force,
-                  progress=progress, hooks=hooks,
-                  over_budget=lambda: budget_s is not None and time.perf_counter() - t0 > budget_s)
+                  progress=progress, hooks=hooks, deadline=deadline,
+                  over_budget=lambda: deadline is not None and time.perf_counter() > deadline)
     planned = {id(p.region): p for p in plan(report, policy)}
     out: list[Realized] = []
     for i, r in enumerate(report.regions):
@@ -169,11 +170,22 @@ def realize_regions(report, policy: str, *, registry=None, arch: str = "sm90a", 
         out.append(rz)
     order = sorted(out, key=lambda z: -z.region.estimate.gain_s)
     team = registry is not None and registry.coordinated and not plan_only
-    if not plan_only and runner is None and budget_s is None and not team:
-        # Each family's candidates compile in one parallel batch, not region by region (on a
-        # team registry each host builds only the regions it takes, as it takes them).
+    say = _sayer(progress and not plan_only, t0, budget_s)
+    live = [z for z in order if z.workload is not None and not z.region.composable]
+    say(f"{len(out)} region(s), {len(set(z.workload for z in live))} workload(s) to realize, up to {max_candidates} "
+        "candidates each (eager included)")
+    if not plan_only and runner is None and not team and not ctx.over_budget():
+        # Each family's candidates compile in one parallel batch, not region by region (KernelBench
+        # L3-28's ViT: twelve fp32 GEMM kernels of about a minute of nvcc each); no compile starts
+        # once the budget is spent, and then no region is tuned either. On a team registry each
+        # host builds only the regions it takes, as it takes them.
         for fam in families.FAMILIES:
-            fam.prebuild([z.workload for z in order if fam.owns(z.workload) and not z.region.composable], ctx)
+            ws = [z.workload for z in live if fam.owns(z.workload)]
+            if ws:
+                t = time.perf_counter()
+                say(f"compiling the {fam.NAME} candidates of {len(set(ws))} workload(s) in one batch")
+                fam.prebuild(ws, ctx)
+                say(f"compiled the {fam.NAME} candidates in {time.perf_counter() - t:.1f} s")
     done: dict = {}
 
     def lease_key(rz):
@@ -181,10 +193,12 @@ def realize_regions(report, policy: str, *, registry=None, arch: str = "sm90a", 
         return None if w is None or rz.region.composable or w in done else w.key(arch, ctx.gpu_name)
     # a team registry: hosts running this at once divide the regions (each takes those no other
     # host holds, and comes back to the rest, by then usually in the registry)
-    for rz in lease.each(order, lease_key, registry.claim) if team else order:
-        w = rz.workload
+    for n, rz in enumerate(lease.each(order, lease_key, registry.claim) if team else order, 1):
+        w, t = rz.workload, time.perf_counter()
+        head = f"[{n}/{len(order)}] region {rz.index + 1} {rz.region.rule} {rz.region.shape}"
         if w is None or rz.region.composable:
             rz.how = "eager"
+            say(f"{head}: eager ({(rz.notes or ['no kernel family realizes it'])[0]})")
         elif plan_only:
             rz.how = "planned"
         elif w in done:
@@ -192,15 +206,32 @@ def realize_regions(report, policy: str, *, registry=None, arch: str = "sm90a", 
             rz.impl, rz.how, rz.tune = src.impl, src.how, src.tune
             rz.eager_ms, rz.ms, rz.err, rz.eager_err = src.eager_ms, src.ms, src.err, src.eager_err
             rz.notes.append(f"same workload as region {src.index + 1}: realized once")
+            say(f"{head}: as region {src.index + 1} (the same workload)")
         else:
+            say(f"{head}: realizing ...")
             got = families.of(w).realize(w, rz.region, ctx)
             rz.impl, rz.how, rz.tune = got.impl, got.how, got.tune
             rz.eager_ms, rz.ms, rz.err, rz.eager_err = got.eager_ms, got.ms, got.err, got.eager_err
             rz.notes += got.notes
             done[w] = rz
+            tried = f", {got.candidates} candidates" if got.candidates else ""
+            timed = f", {rz.ms:.4g} ms against eager {rz.eager_ms:.4g} ms" if rz.ms and rz.eager_ms else ""
+            say(f"{head}: {got.how}{tried}{timed}, runs {rz.impl.label}; {time.perf_counter() - t:.1f} s")
         if on_result is not None:
             on_result(rz)
     return out
+
+
+def _sayer(on: bool, t0: float, budget_s: float | None):
+    """One `[realize]` line on stderr per step, with the time since realizing began (and the
+    budget's seconds left); a no-op where progress is off."""
+    def say(text: str) -> None:
+        if not on:
+            return
+        spent = time.perf_counter() - t0
+        left = f", {max(0.0, budget_s - spent):.0f} s of the budget left" if budget_s is not None else ""
+        print(f"[realize] {text} ({spent:.0f} s{left})", file=sys.stderr, flush=True)
+    return say
 
 
 def realize_region_kernels(report, realized: list, registry, *, gpu: str, arch: str = "sm90a", rules=None,

@@ -119,8 +119,10 @@ def realize(w: AttentionWorkload, region, ctx: Context) -> Outcome:
     chooser = ctx.hooks.get("attention") or (lambda w: tune_rows(w, ctx))
     rows, best = chooser(w)
     explicit = next((x for x in rows if x["label"] == "explicit"), None)
-    out = Outcome(impl_of(best, w), "registry" if best and best.get("from_registry") else "tuned",
-                  eager_ms=explicit["ms"] if explicit else None, eager_err=explicit["err"] if explicit else None)
+    from_registry = bool(best and best.get("from_registry"))
+    out = Outcome(impl_of(best, w), "registry" if from_registry else "tuned",
+                  eager_ms=explicit["ms"] if explicit else None, eager_err=explicit["err"] if explicit else None,
+                  candidates=0 if from_registry else len(rows))
     if best:
         out.ms, out.err = best["ms"], best["err"]
     out.notes += [f"{x['label']}: {'%.3f ms' % x['ms'] if x['ms'] else x['note'] or 'failed'}" for x in rows]

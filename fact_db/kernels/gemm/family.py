@@ -101,7 +101,7 @@ def prebuild(workloads: list, ctx: Context) -> None:
         return
     from fact_db.kernels.gemm.tune import prebuild as tune_prebuild
     tune_prebuild(list(dict.fromkeys(workloads)), arch=ctx.arch, gpu=ctx.gpu_name, registry=ctx.registry,
-                  max_candidates=ctx.max_candidates, force=ctx.force, progress=ctx.progress)
+                  max_candidates=ctx.max_candidates, force=ctx.force, progress=ctx.progress, deadline=ctx.deadline)
 
 
 def impl_of(result, w: GemmWorkload, library: bool = True) -> Impl:
@@ -145,7 +145,8 @@ def realize(w: GemmWorkload, region, ctx: Context) -> Outcome:
     else:
         res = tune(w, arch=ctx.arch, gpu=ctx.gpu, registry=ctx.registry, max_candidates=ctx.max_candidates,
                    gpus=ctx.gpus, runner=ctx.hooks.get("runner"), force=ctx.force, progress=ctx.progress)
-        out = Outcome(Impl.eager(), "registry" if res.from_registry else "tuned")
+        out = Outcome(Impl.eager(), "registry" if res.from_registry else "tuned",
+                      candidates=0 if res.from_registry else len(res.trials))
     if res is not None:
         out.tune = res
         out.impl = impl_of(res, w, library=not _dual(region))

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -111,6 +112,7 @@ class TuneResult:
     eager: Trial | None
     trials: list = field(default_factory=list)
     from_registry: bool = False
+    registry_built: bool = False   # a registry hit whose kernel was not in the build cache, built here
     notes: list = field(default_factory=list)
     compile_s: float = 0.0
     bench_s: float = 0.0
@@ -408,8 +410,10 @@ def spec_of(w: GemmWorkload, c: Candidate) -> dict:
     return {"dtype": w.dtype, "layout_a": la, "layout_b": lb, "epilogue": w.epilogue, "bias_axis": w.bias_axis}
 
 
-def build_candidates(cands: list[Candidate], jobs: int | None = None, progress: bool = True) -> dict:
-    """Render and build every non-eager candidate; {config_hash: Built} (shared builds built once)."""
+def build_candidates(cands: list[Candidate], jobs: int | None = None, progress: bool = True,
+                     deadline: float | None = None) -> dict:
+    """Render and build every non-eager candidate; {config_hash: Built} (shared builds built once;
+    none started past `deadline`, a time.perf_counter() value)."""
     sources, owners = {}, {}
     for c in cands:
         if c.template == "eager":
@@ -418,7 +422,7 @@ def build_candidates(cands: list[Candidate], jobs: int | None = None, progress: 
         src = build_mod.Source(c.template, code, c.arch)
         sources.setdefault(code, src)
         owners[c.config_hash] = code
-    built = build_mod.build(list(sources.values()), jobs=jobs, progress=progress)
+    built = build_mod.build(list(sources.values()), jobs=jobs, progress=progress, deadline=deadline)
     by_code = {b.source.code: b for b in built}
     return {h: by_code[code] for h, code in owners.items()}
 
@@ -500,11 +504,12 @@ def tune(w: GemmWorkload, *, arch: str = "sm90a", gpu: str | None = None, regist
 
     # 1. The registry first (with --compile-only too: a kernel it has needs no build).
     if registry is not None and not force:
-        hit = _from_registry(registry, key, w, result)
+        hit = _from_registry(registry, key, w, result, progress=progress)
         if hit:
             if compile_only:
-                hit.notes.append("the registry has a current kernel for this workload: nothing to build "
-                                 "(--force builds the candidates anyway)")
+                hit.notes.append("the registry has a current kernel for this workload: " +
+                                 ("its kernel was built, no other candidate" if hit.registry_built else "nothing to build")
+                                 + " (--force builds the candidates anyway)")
             return hit
 
     # 2-5 while holding the workload's lease (a team registry: a host that waited for another
@@ -570,10 +575,12 @@ def candidate_list(w: GemmWorkload, *, arch: str = "sm90a", gpu: str = "h100", r
 
 
 def prebuild(workloads: list[GemmWorkload], *, arch: str = "sm90a", gpu: str = "h100", registry=None,
-             max_candidates: int = 24, force: bool = False, jobs: int | None = None, progress: bool = True) -> int:
+             max_candidates: int = 24, force: bool = False, jobs: int | None = None, progress: bool = True,
+             deadline: float | None = None) -> int:
     """Build every candidate of every workload in one parallel batch (what `tune` would build
     for each, skipping workloads the registry answers), so a model's regions compile together
-    instead of one region at a time. Returns the number of sources built or found cached."""
+    instead of one region at a time; no compile starts past `deadline` (the tuning budget).
+    Returns the number of sources built or found cached."""
     cands = []
     for w in workloads:
         w = with_rule(w)
@@ -585,7 +592,8 @@ def prebuild(workloads: list[GemmWorkload], *, arch: str = "sm90a", gpu: str = "
     cands = [c for c in cands if c.template != "eager"]
     if not cands:
         return 0
-    return len({b.key for b in build_candidates(cands, jobs=jobs, progress=progress).values()})
+    built = build_candidates(cands, jobs=jobs, progress=progress, deadline=deadline).values()
+    return len({b.key for b in built if b.ok or b.cached})
 
 
 def _run_jobs(jobs: list[dict], runner, gpus, timeout: float, progress: bool) -> list[dict]:
@@ -612,7 +620,11 @@ def from_registry(w: GemmWorkload, registry, *, arch: str = "sm90a", gpu: str = 
     return _from_registry(registry, w.key(arch, gpu), w, result, cached_only=cached_only)
 
 
-def _from_registry(registry, key, w: GemmWorkload, result: TuneResult, cached_only: bool = False) -> TuneResult | None:
+def _from_registry(registry, key, w: GemmWorkload, result: TuneResult, cached_only: bool = False,
+                   progress: bool = False) -> TuneResult | None:
+    """The registry's row for `key` as a TuneResult, its kernel loaded from the build cache, or
+    built (said on stderr with `progress`; `compile_s` then counts it) where the cache lacks it;
+    with `cached_only`, None where it would have to be built."""
     hit = registry.lookup(key)
     if hit is None or not hit.exact:
         return None
@@ -625,24 +637,30 @@ def _from_registry(registry, key, w: GemmWorkload, result: TuneResult, cached_on
     cfg = rec.config or {}
     c = Candidate(cfg.get("template", rec.template), cfg.get("params", {}), tuple(cfg.get("options") or ()) or None,
                   key.arch, float("nan"), cfg.get("label", "") or "from registry")
-    so, bkey = "", ""
+    so, bkey, built = "", "", ""
     if c.template != "eager":
-        if cached_only:
-            src = build_mod.Source(c.template, template.render(c.template, c.params), c.arch)
-            if not (build_mod.cache_dir() / build_mod.content_key(src) / "kernel.so").is_file():
-                return None
-        b = build_candidates([c], progress=False)[c.config_hash]
+        src = build_mod.Source(c.template, template.render(c.template, c.params), c.arch)
+        in_cache = (build_mod.cache_dir() / build_mod.content_key(src) / "kernel.so").is_file()
+        if cached_only and not in_cache:
+            return None
+        if not in_cache and progress:
+            print(f"registry hit {key.digest()} ({w.shape}): its kernel is not in the build cache here; building it "
+                  "(nvcc, tens of seconds)", file=sys.stderr, flush=True)
+        b = build_candidates([c], progress=progress)[c.config_hash]
         if not b.ok:
             result.notes.append(f"registry row {key.digest()} no longer builds: {b.error}; tuning again")
             return None
         so, bkey = str(b.path), b.key
+        if not b.cached:
+            result.compile_s, result.registry_built = b.seconds, True
+            built = f"; its kernel was not in the build cache and was built ({b.seconds:.0f} s)"
     result.winner = Trial(c, "ok", rec.time_ms, rec.rel_err, rec.baseline_rel_err, so=so, build_key=bkey,
                           device=rec.device_name)
     result.eager = Trial(Candidate("eager", {}, None, key.arch, float("nan"), rec.baseline or "torch eager"),
                          "ok", rec.baseline_ms, rec.baseline_rel_err, device=rec.device_name)
     result.from_registry = True
-    result.notes.append(f"registry hit {key.digest()}: tuned {rec.created_at} on {rec.device_name}; nothing compiled "
-                        "or timed (use --force to tune again)")
+    result.notes.append(f"registry hit {key.digest()}: tuned {rec.created_at} on {rec.device_name}; nothing timed"
+                        + (built or (", its kernel from the build cache" if c.template != "eager" else "")) + " (use --force to tune again)")
     return result
 
 

@@ -93,6 +93,14 @@ def answer(registry, w: NormWorkload, arch: str, gpu: str) -> tuple[str, float |
     return ("stale", None) if hit.stale else ("hit", hit.record.time_ms)
 
 
+def limit(ctx: Context) -> int:
+    """Kernel candidates a norm workload gets: ctx.max_candidates with eager counted among
+    them (the ViT of KernelBench L3-28 compiled twelve for its twelve LayerNorms' one workload
+    under --max-candidates 4, half of the kernels its realize built)."""
+    from fact_db.kernels.norm.tune import MAX_CANDIDATES
+    return max(1, min(MAX_CANDIDATES, ctx.max_candidates - 1))
+
+
 def prebuild(workloads: list, ctx: Context) -> None:
     """Every norm region's candidates compiled in one parallel batch (the tuner then finds them
     in the build cache); a failed build is recorded by the tuner, not here."""
@@ -100,9 +108,10 @@ def prebuild(workloads: list, ctx: Context) -> None:
         return
     from fact_db.kernels import build
     from fact_db.kernels.norm.tune import candidates, render
-    sources = [build.Source(TEMPLATE, render(w, c), ctx.arch) for w in dict.fromkeys(workloads) for c in candidates(w)]
+    sources = [build.Source(TEMPLATE, render(w, c), ctx.arch) for w in dict.fromkeys(workloads)
+               for c in candidates(w, limit=limit(ctx))]
     if sources:
-        build.build(sources, progress=ctx.progress)
+        build.build(sources, progress=ctx.progress, deadline=ctx.deadline)
 
 
 def tune_region(w: NormWorkload, ctx: Context, tune: bool = True):
@@ -145,8 +154,8 @@ def _stored(w: NormWorkload, ctx: Context):
 
 def _tune(w: NormWorkload, ctx: Context):
     from fact_db.kernels.norm import tune as norm_tune
-    trials = norm_tune.tune_norm(w, arch=ctx.arch, registry=ctx.registry, gpu=ctx.gpu_name, gpus=ctx.gpus,
-                                 progress=ctx.progress)
+    trials = norm_tune.tune_norm(w, norm_tune.candidates(w, limit=limit(ctx)), arch=ctx.arch, registry=ctx.registry,
+                                 gpu=ctx.gpu_name, gpus=ctx.gpus, progress=ctx.progress)
     return trials, next((t for t in trials if t.status == "ok"), None), "tuned"
 
 
@@ -172,7 +181,7 @@ def realize(w: NormWorkload, region, ctx: Context) -> Outcome:
         trials, best, how = chooser(w)
     if how == "skipped":
         return Outcome(Impl.eager(), how, notes=["skipped: the tuning budget was spent; eager serves it"])
-    out = Outcome((ctx.hooks.get("norm_impl") or impl_of)(w, best), how)
+    out = Outcome((ctx.hooks.get("norm_impl") or impl_of)(w, best), how, candidates=len(trials) if how == "tuned" else 0)
     eager = next((t for t in trials if t.label == "eager" and t.status == "ok"), None)
     if eager is not None:
         out.eager_ms, out.eager_err = eager.time_ms, eager.err

@@ -55,7 +55,10 @@ def valid(w: NormWorkload, c: NormCandidate) -> bool:
     return (w.width // c.vec) >= c.threads // 2  # no thread group more than half idle
 
 
-def candidates(w: NormWorkload, limit: int = 12) -> list[NormCandidate]:
+MAX_CANDIDATES = 12  # kernel candidates of one norm workload, at most
+
+
+def candidates(w: NormWorkload, limit: int = MAX_CANDIDATES) -> list[NormCandidate]:
     """Widest vectors first, thread counts that leave each thread 1-8 vectors, rows per CTA so a
     CTA has 128-512 threads. At most `limit`, ordered by a simple preference (no model)."""
     size = {"float32": 4, "bfloat16": 2, "float16": 2}[w.dtype]

@@ -1,0 +1,283 @@
+"""The KernelBench scoreboard: KernelBench problems, as they are, through fact-db, one child
+process each; per problem whether fact-db's module is correct by KernelBench's own check and
+how fast eager, torch.compile and fact-db run; per level KernelBench's fast_p against eager
+and against torch.compile (what `factdb bench --kernelbench DIR` runs).
+
+    >>> probs = kernelbench.problems(DIR, levels=(1,), only=["L1-19"])
+    >>> doc = new_doc(DIR, ["fp32"], budget_s=300, memory_mb=32768, max_candidates=12, commit="abc1234")
+    >>> doc = run(probs, DIR, ["fp32"], out=Path("kb.json"), doc=doc)
+    >>> doc["levels"]["fp32"]["1"]["fast_p"]["vs_eager"]["1.5"]      # fast_1.5 against eager
+
+Each problem runs in a child (`factdb bench --kernelbench DIR --problems ID` under
+sandbox.run), stopped at the per-problem budget or past the memory limit, so a problem that
+crashes, hangs or leaks costs its own row and nothing else. Without a GPU the child runs the
+plan (what `factdb optimize` prints on a CPU) and the row says nothing was timed.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import tempfile
+import time
+from datetime import date
+from pathlib import Path
+
+from fact_db.core.errors import FactError, first_line
+from fact_db.core.policy import POLICY_DTYPE
+from fact_db.pipeline import kernelbench as kb
+
+DEFAULT_BUDGET_S = 300.0   # a problem's child is stopped after this many seconds
+DEFAULT_MEMORY_MB = 32768  # resident memory of a problem's processes (torch.compile's workers included)
+TUNING_SHARE = 0.5         # of the budget, for tuning; the rest builds, verifies, compiles the peers, times
+PEERS = ("compile",)       # torch.compile's default mode: the baseline KernelBench reports beside eager
+
+
+def _ratio(a, b):
+    return a / b if a and b and math.isfinite(a) and math.isfinite(b) else None
+
+
+def _base(problem: kb.Problem, policy: str) -> dict:
+    return {**problem.as_dict(), "policy": policy, "status": "failed", "correct": None, "eager_ms": None,
+            "compile_ms": None, "factdb_ms": None, "speedup": None, "speedup_vs_compile": None, "reason": ""}
+
+
+def _did(report, fast=None) -> dict:
+    """What fact-db did with a problem: its regions, how each runs, and what the module it
+    returned runs (`fast`: that module; None for the plan)."""
+    regions = report.regions or []
+    disc = getattr(report, "discovery", None)
+    out = {"regions": len(regions), "rules": sorted({z.region.rule for z in regions}),
+           "kernels": sum(1 for z in regions if z.impl.kind != "eager"),
+           "from_registry": sum(1 for z in regions if z.how == "registry"),
+           "how": {h: sum(1 for z in regions if z.how == h) for h in sorted({z.how for z in regions})},
+           "stages_s": dict(report.stages_s)}
+    if disc is not None:
+        out["uncovered"] = sorted({op for _, op, _ in disc.uncovered})
+    v = report.verification
+    if fast is not None and v is not None:
+        out["verified"] = bool(v.ok)
+        out["returned"] = ("eager (failed verification)" if not v.ok else
+                           "eager (timed faster)" if getattr(fast, "prefer_eager", False) else
+                           "composed" if out["kernels"] else "eager (no region on a kernel)")
+    out["notes"] = [first_line(n, 240) for n in report.notes][:8]
+    return out
+
+
+def run_problem(problem: kb.Problem, policy: str, *, budget_s: float = DEFAULT_BUDGET_S, registry=None,
+                max_candidates: int = 12, gpus=None, progress: bool = False, device: str | None = None,
+                hooks: dict | None = None) -> dict:
+    """One problem in this process (the scoreboard's child): its row. With a GPU: the model is
+    built as KernelBench builds it (seeded, on the GPU), optimized by fact-db under `policy`
+    with a tuning budget of TUNING_SHARE of `budget_s`, checked by KernelBench's check against
+    the model at KernelBench's precision for the policy, and timed (eager at the policy,
+    torch.compile, fact-db: fact-db's report, one process). Without one: the plan. A stage
+    that fails is the row's `reason`, not an exception. `device` and `hooks` (optimize's
+    `realizer`, `timer`, `peers`) run the GPU path elsewhere (tests on the CPU).
+
+    >>> run_problem(kernelbench.problems(DIR, only=["L1-19"])[0], "fp32")["correct"]
+    True
+    """
+    import torch
+
+    from fact_db.discovery.trace import load_problem
+    from fact_db.pipeline.run import optimize, plan_problem
+    device = device or ("cuda" if torch.cuda.is_available() else None)
+    row = _base(problem, policy)
+    row["device"] = torch.cuda.get_device_name() if device == "cuda" else device or "cpu"
+    t0 = time.perf_counter()
+    stage = "planning it" if device is None else "building the model"
+    try:
+        if device is None:
+            rep = plan_problem(str(problem.path), policy=policy, registry=registry)
+            row.update(status="plan", did=_did(rep), reason="no CUDA GPU here: the plan only, nothing timed or checked")
+            row["did"]["planned"] = sum(1 for z in rep.regions if z.how == "planned")
+            row["wall_s"] = round(time.perf_counter() - t0, 2)
+            return row
+        prob = load_problem(str(problem.path))
+        torch.manual_seed(kb.SEED)
+        model = prob.make_model().to(device).eval()
+
+        def make_inputs():
+            return [x.to(device) if isinstance(x, torch.Tensor) else x for x in prob.make_inputs()]
+        torch.manual_seed(kb.SEED)
+        inputs = make_inputs()
+        stage = "optimizing it"
+        fast = optimize(model, inputs, policy=policy, registry=registry, max_candidates=max_candidates,
+                        budget=budget_s * TUNING_SHARE / 60, gpus=gpus, make_inputs=make_inputs, name=problem.name,
+                        progress=progress, save=False, **{"peers": PEERS, **(hooks or {})})
+        rep = fast.report
+        row["did"] = _did(rep, fast)
+        v = {x.name: x.ms for x in rep.variants}
+        row["eager_ms"] = v.get(f"eager {policy}") or v.get("eager fp32")
+        row["compile_ms"], row["factdb_ms"] = v.get("torch.compile"), v.get("fact-db")
+        row["speedup"] = _ratio(row["eager_ms"], row["factdb_ms"])
+        row["speedup_vs_compile"] = _ratio(row["compile_ms"], row["factdb_ms"])
+        stage = "KernelBench's check"
+        precision = POLICY_DTYPE[policy]
+        # KernelBench's reference: a fresh Model with the same seed, left in training mode as
+        # KernelBench leaves it (optimize put `model` in eval mode: BatchNorm differs there).
+        torch.manual_seed(kb.SEED)
+        ref = prob.make_model().to(device=device, dtype=getattr(torch, precision))
+        got = kb.check(ref, fast, prob.make_inputs, precision, device=device)
+        row["check"] = got
+        row["correct"] = got["correct"]
+        row["status"] = "ok"
+        row["reason"] = got["reason"]
+    except Exception as e:  # noqa: BLE001  (a problem that fails is a row with its reason; the run goes on)
+        row["reason"] = f"{stage} failed: {first_line(e, 300, typed=not isinstance(e, FactError))}"
+        row["correct"] = False
+    row["wall_s"] = round(time.perf_counter() - t0, 2)
+    return row
+
+
+def line(row: dict) -> str:
+    """A row as one progress line: its result and elapsed time."""
+    head = f"{row['id']} {row['name']} {row['policy']}: "
+    took = f"; {row.get('wall_s', 0):.1f} s"
+    did = row.get("did") or {}
+    if row["status"] == "plan":
+        unc = did.get("uncovered") or []
+        return (head + f"plan: {did.get('regions', 0)} region(s), {did.get('planned', 0)} to tune, "
+                f"{len(unc)} uncovered op(s); not timed (no GPU)" + took)
+    if row["status"] != "ok":
+        return head + f"failed: {row['reason']}" + took
+
+    def ms(x):
+        return f"{x:.4g} ms" if x is not None else "-"
+    sp = f" ({row['speedup']:.2f}x eager" if row.get("speedup") else " (-"
+    sp += f", {row['speedup_vs_compile']:.2f}x torch.compile)" if row.get("speedup_vs_compile") else ")"
+    verdict = "correct" if row["correct"] else f"INCORRECT ({row['reason']})"
+    return (head + f"{verdict}; eager {ms(row['eager_ms'])}, torch.compile {ms(row['compile_ms'])}, fact-db "
+            f"{ms(row['factdb_ms'])}{sp}; {did.get('kernels', 0)}/{did.get('regions', 0)} region(s) on kernels, "
+            f"returned {did.get('returned', '?')}" + took)
+
+
+def summary(rows: list[dict]) -> dict:
+    """Per policy, per level: problems, correct, timed, and fast_p (kernelbench.P_VALUES)
+    against eager and against torch.compile; fast_p is None where nothing could be timed."""
+    out: dict = {}
+    for pol in sorted({r["policy"] for r in rows}):
+        for level in sorted({r["level"] for r in rows if r["policy"] == pol}):
+            mine = [r for r in rows if r["policy"] == pol and r["level"] == level]
+            timed = [r for r in mine if r.get("factdb_ms") is not None]
+            s = {"problems": len(mine), "correct": sum(1 for r in mine if r.get("correct")), "timed": len(timed),
+                 "failed": sum(1 for r in mine if r["status"] == "failed"),
+                 "plan_only": sum(1 for r in mine if r["status"] == "plan"),
+                 "with_regions": sum(1 for r in mine if (r.get("did") or {}).get("regions"))}
+            s["fast_p"] = {base: ({f"{p:g}": kb.fast_p(mine, p, key) for p in kb.P_VALUES}
+                                  if timed else None)
+                           for base, key in (("vs_eager", "speedup"), ("vs_compile", "speedup_vs_compile"))}
+            out.setdefault(pol, {})[str(level)] = s
+    return out
+
+
+def new_doc(kernelbench_dir, policies: list[str], *, budget_s: float, memory_mb: int, max_candidates: int,
+            commit: str, machine: dict | None = None) -> dict:
+    """The head of a scoreboard JSON: device, date, commit (this repository's and the
+    KernelBench clone's), the host (`machine`), toolchain, the settings and KernelBench's
+    check; rows go in `results`."""
+    import torch
+
+    from fact_db.core.environment import device_info, toolchain_info
+    gpu = torch.cuda.is_available()
+    info = device_info(torch.device("cuda")) if gpu else {"name": "cpu", "gpu": None}
+    try:
+        kb_commit = subprocess.run(["git", "-C", str(kernelbench_dir), "rev-parse", "HEAD"], capture_output=True,
+                                   text=True, timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        kb_commit = None
+    return {"what": "KernelBench scoreboard (factdb bench --kernelbench)", "device": info["name"], "gpu": info["gpu"],
+            "date": date.today().isoformat(), "commit": commit, "machine": machine or {}, "toolchain": toolchain_info(),
+            "kernelbench": {"dir": str(Path(kernelbench_dir).resolve()), "commit": kb_commit},
+            "policies": list(policies), "budget_per_problem_s": budget_s, "tuning_share": TUNING_SHARE,
+            "max_memory_mb": memory_mb, "max_candidates": max_candidates, "peers": list(PEERS),
+            "check": {"trials": kb.CORRECT_TRIALS, "seed": kb.SEED, "tolerance": kb.TOLERANCE,
+                      "source": "KernelBench src/kernelbench/eval.py: run_and_check_correctness"},
+            "fast_p": {"p": list(kb.P_VALUES), "source": "KernelBench src/kernelbench/score.py: fastp"},
+            "timed": gpu, "results": []}
+
+
+def default_out(root: Path, gpu: str | None, policies: list[str]) -> Path:
+    """benchmarks/results/<gpu>-<date>-kernelbench-<policies>.json (`cpu` without a GPU)."""
+    return root / "benchmarks" / "results" / f"{gpu or 'cpu'}-{date.today().isoformat()}-kernelbench-" \
+        f"{'-'.join(policies)}.json"
+
+
+def load(path: Path) -> dict:
+    """A scoreboard JSON written before (for --resume); KernelBenchError naming the file if it is not one."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise kb.KernelBenchError(f"{path}: cannot be read as a scoreboard JSON ({first_line(e)}); pass a file "
+                                  "`factdb bench --kernelbench` wrote") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("results"), list):
+        raise kb.KernelBenchError(f"{path}: no `results` list in it; pass a file `factdb bench --kernelbench` wrote")
+    return doc
+
+
+def _write(doc: dict, out: Path) -> None:
+    """Atomically, after every row: a run cut short keeps the rows it finished."""
+    from fact_db.composition.report import clean
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(clean(doc), indent=1, allow_nan=False) + "\n")
+    tmp.replace(out)
+
+
+def child_row(problem: kb.Problem, policy: str, kernelbench_dir: str, *, budget_s: float, memory_mb: int,
+              extra: list[str] | None = None, doing: str = "optimizing, checking and timing it") -> dict:
+    """`run_problem` in a child process under the limits; a child that crashes, hangs, exits
+    or passes the memory limit is a failed row saying so."""
+    from fact_db.discovery import sandbox
+    fd, path = tempfile.mkstemp(prefix="factdb-kb-row-", suffix=".json")
+    os.close(fd)
+    t0 = time.perf_counter()
+    err: list = []
+    try:
+        args = ["bench", "--kernelbench", str(kernelbench_dir), "--problems", problem.id, "--level",
+                str(problem.level), "--policy", policy, "--budget-per-problem", f"{budget_s:g}", "--out", path,
+                *(extra or [])]
+        try:
+            rc = sandbox.run(args, problem.id, max_memory_mb=memory_mb, timeout_s=budget_s, stderr=err,
+                             memory="rss", doing=doing,
+                             hint="(the per-problem budget, --budget-per-problem); it was stopped",
+                             lost="no result")
+        except FactError as e:
+            return {**_base(problem, policy), "correct": False, "reason": str(e).removeprefix(f"{problem.id}: "),
+                    "wall_s": round(time.perf_counter() - t0, 2)}
+        text = Path(path).read_text() if os.path.getsize(path) else ""
+        rows = json.loads(text).get("results", []) if text else []
+        if rc == 0 and rows:
+            return {**rows[0], "wall_s": round(time.perf_counter() - t0, 2)}  # its process's start included
+        said = [ln for ln in "".join(err).splitlines() if ln.strip()]
+        why = said[-1].removeprefix("Error: ") if said else f"exit code {rc}"
+        return {**_base(problem, policy), "correct": False, "reason": f"the child failed: {why}",
+                "wall_s": round(time.perf_counter() - t0, 2)}
+    finally:
+        Path(path).unlink(missing_ok=True)
+
+
+def run(problems: list[kb.Problem], kernelbench_dir, policies: list[str], *, out: Path, doc: dict,
+        budget_s: float = DEFAULT_BUDGET_S, memory_mb: int = DEFAULT_MEMORY_MB, extra: list[str] | None = None,
+        say=print, runner=None) -> dict:
+    """Every problem under every policy not already in `doc["results"]` (resume), each in its
+    own child (`runner(problem, policy)` replaces it in tests); `doc` is written to `out`
+    after each row, with its per-level summary; `say` gets one line per problem."""
+    doing = "optimizing, checking and timing it" if doc.get("timed") else "planning it"
+    done = {(r["id"], r["policy"]) for r in doc["results"]}
+    todo = [(p, pol) for p in problems for pol in policies if (p.id, pol) not in done]
+    if len(todo) < len(problems) * len(policies):
+        say(f"resuming: {len(problems) * len(policies) - len(todo)} run(s) already in {out}, {len(todo)} to go")
+    width = len(str(len(todo)))
+    for i, (p, pol) in enumerate(todo, 1):
+        row = runner(p, pol) if runner else child_row(p, pol, kernelbench_dir, budget_s=budget_s, memory_mb=memory_mb,
+                                                      extra=extra, doing=doing)
+        doc["results"].append(row)
+        doc["levels"] = summary(doc["results"])
+        _write(doc, out)
+        say(f"[{i:>{width}}/{len(todo)}] {line(row)}")
+    doc["levels"] = summary(doc["results"])
+    _write(doc, out)
+    return doc

@@ -1,0 +1,306 @@
+"""The KernelBench scoreboard: problems found in a KernelBench-shaped folder (small problems
+written here, never KernelBench's own files), KernelBench's correctness check and fast_p as
+KernelBench defines them, the per-level summary, resume, and one child per problem so a
+problem that raises, exits, hangs or allocates costs only its own row."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from fact_db.pipeline import kernelbench as kb
+from fact_db.pipeline import scoreboard
+
+ROOT = Path(__file__).resolve().parent.parent
+
+GOOD = '''import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, a, b):
+        return torch.matmul(a, b)
+
+def get_inputs():
+    return [torch.rand(256, 128), torch.rand(128, 64)]
+
+def get_init_inputs():
+    return []
+'''
+RELU = GOOD.replace("torch.matmul(a, b)", "torch.relu(a) + b.sum()")
+
+
+def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
+    """A folder shaped like a clone of KernelBench: KernelBench/level<N>/<n>_<name>.py."""
+    for rel, text in files.items():
+        p = tmp_path / "KernelBench" / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    return tmp_path
+
+
+# ------------------------------------------------------------------ the problems
+
+def test_problems_are_found_by_level_and_number_and_named_three_ways(tmp_path):
+    root = _tree(tmp_path, {"level1/10_Ten.py": GOOD, "level1/2_Two.py": GOOD, "level1/notes.py": "",
+                            "level2/1_One.py": GOOD, "level3/1_Net.py": GOOD})
+    assert [p.id for p in kb.problems(root)] == ["L1-2", "L1-10", "L2-1", "L3-1"]
+    assert [p.id for p in kb.problems(root / "KernelBench", levels=(2, 3))] == ["L2-1", "L3-1"]
+    got = kb.problems(root, only=["10_Ten", "level2/1_One.py", "l3-1"])
+    assert [(p.id, p.name, p.level, p.number) for p in got] == [("L1-10", "10_Ten", 1, 10), ("L2-1", "1_One", 2, 1),
+                                                               ("L3-1", "1_Net", 3, 1)]
+    with pytest.raises(kb.KernelBenchError, match=r"no problem L1-99, 3_Three in level\(s\) 1, 2, 3"):
+        kb.problems(root, only=["L1-2", "L1-99", "3_Three"])
+    with pytest.raises(kb.KernelBenchError, match="no KernelBench/level1 folder in it; point --kernelbench at a clone"):
+        kb.problems(tmp_path / "elsewhere")
+
+
+def test_a_selection_is_a_file_of_names_or_a_list(tmp_path):
+    f = tmp_path / "set.txt"
+    f.write_text("# a comment\nL1-2    2_Two.py\n\n  L3-1  # the net\n")
+    assert kb.selection(str(f)) == ["L1-2", "L3-1"]
+    assert kb.selection("L1-2, 10_Ten,") == ["L1-2", "10_Ten"]
+    assert kb.selection(None) is None
+    with pytest.raises(kb.KernelBenchError, match="no such file"):
+        kb.selection("benchmarks/no_such_set.txt")
+    assert kb.levels_of("3,1") == (1, 3) and kb.levels_of(None) is None
+    with pytest.raises(kb.KernelBenchError, match="--level 4: use levels 1, 2 and 3"):
+        kb.levels_of("4")
+
+
+def test_the_committed_gpu_set_is_the_seeded_draw_and_its_names_parse():
+    names = kb.selection(str(ROOT / "benchmarks" / "kernelbench_gpu_set.txt"))
+    levels = [n.split("-")[0] for n in names]
+    assert (levels.count("L1"), levels.count("L2"), levels.count("L3")) == (30, 30, 50)
+    assert len(set(names)) == len(names)
+    kbdir = Path("/work/kernelbench")
+    if (kbdir / "KernelBench" / "level1").is_dir():  # a clone is here: the file is what the script draws
+        r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernelbench_gpu_set.py"), "--kernelbench",
+                            str(kbdir), "--check"], capture_output=True, text=True, cwd=ROOT, timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert len(kb.problems(kbdir, only=names)) == 110
+
+
+# ------------------------------------------------------------------ KernelBench's check and fast_p
+
+def test_fast_p_is_kernelbenchs_share_of_all_problems_correct_and_faster_than_p():
+    rows = [{"correct": True, "speedup": 2.5}, {"correct": True, "speedup": 1.2}, {"correct": True, "speedup": 0.8},
+            {"correct": False, "speedup": 3.0}, {"correct": False, "speedup": None}]
+    # score.py: fastp counts speed_up > p among the correct and divides by n, every problem
+    assert [kb.fast_p(rows, p) for p in (0.0, 1.0, 1.5, 2.0)] == [3 / 5, 2 / 5, 1 / 5, 1 / 5]
+    assert kb.fast_p([{"correct": True, "speedup": 1.0}], 1.0) == 0.0  # strictly faster than p
+    assert kb.fast_p([], 1.0) is None
+
+
+class _Scaled(torch.nn.Module):
+    def __init__(self, inner, scale=1.0, shift=0.0):
+        super().__init__()
+        self.inner, self.scale, self.shift = inner, scale, shift
+
+    def forward(self, *x):
+        return self.inner(*x) * self.scale + self.shift
+
+
+def test_the_check_passes_the_same_model_and_fails_outside_kernelbenchs_tolerance():
+    lin = torch.nn.Linear(64, 32)
+
+    def inputs():
+        return [torch.rand(16, 64)]
+    same = kb.check(lin, lin, inputs)
+    assert same == {"correct": True, "trials_passed": 5, "trials": 5, "tolerance": 1e-4, "max_difference": None,
+                    "avg_difference": None, "reason": ""}
+    off = kb.check(lin, _Scaled(lin, shift=5e-4), inputs)
+    assert not off["correct"] and off["trials_passed"] == 0 and off["reason"] == "output mismatch (atol = rtol = 0.0001)"
+    assert off["max_difference"] == pytest.approx(5e-4, rel=1e-3)
+    # the same error passes at bf16's tolerance (1e-2), where both run in bfloat16
+    lin16 = torch.nn.Linear(64, 32).to(torch.bfloat16)
+    assert kb.check(lin16, _Scaled(lin16, shift=5e-4), inputs, "bfloat16")["correct"]
+
+
+def test_the_check_records_a_shape_mismatch_and_a_raising_candidate_as_incorrect():
+    lin = torch.nn.Linear(64, 32)
+
+    def inputs():
+        return [torch.rand(16, 64)]
+
+    class Raises(torch.nn.Module):
+        def forward(self, x):
+            raise RuntimeError("illegal memory access\nmore lines")
+    assert kb.check(lin, torch.nn.Linear(64, 31), inputs)["reason"] == \
+        "output shape mismatch: expected (16, 32), got (16, 31)"
+    bad = kb.check(lin, Raises(), inputs)
+    assert not bad["correct"] and bad["reason"] == "runtime error: RuntimeError: illegal memory access"
+
+
+def test_the_check_draws_each_trials_inputs_with_kernelbenchs_seeds():
+    seen = []
+
+    def inputs():
+        seen.append(torch.initial_seed())
+        return [torch.rand(4, 8)]
+    lin = torch.nn.Linear(8, 2)
+    kb.check(lin, lin, inputs, trials=3, seed=42)
+    torch.manual_seed(42)  # eval.py: run_and_check_correctness's trial seeds
+    assert seen == [torch.randint(0, 2**32 - 1, (1,)).item() for _ in range(3)]
+
+
+# ------------------------------------------------------------------ the scoreboard, in process
+
+def _row(pid, level, policy="fp32", correct=True, speedup=None, vs_compile=None, status="ok"):
+    return {"id": pid, "level": level, "name": pid, "policy": policy, "status": status, "correct": correct,
+            "eager_ms": 1.0 if speedup else None, "compile_ms": None, "factdb_ms": 1.0 / speedup if speedup else None,
+            "speedup": speedup, "speedup_vs_compile": vs_compile, "reason": "", "did": {"regions": 1}, "wall_s": 1.0}
+
+
+def test_the_summary_gives_fast_p_per_level_against_eager_and_torch_compile():
+    rows = [_row("L1-1", 1, speedup=1.6, vs_compile=0.9), _row("L1-2", 1, speedup=1.1, vs_compile=1.2),
+            _row("L1-3", 1, correct=False, speedup=3.0, vs_compile=3.0), _row("L2-1", 2, status="failed", correct=False),
+            _row("L1-1", 1, policy="bf16", correct=None, status="plan")]
+    s = scoreboard.summary(rows)
+    one = s["fp32"]["1"]
+    assert (one["problems"], one["correct"], one["timed"], one["failed"]) == (3, 2, 3, 0)
+    assert one["fast_p"]["vs_eager"] == {"0": 2 / 3, "1": 2 / 3, "1.5": 1 / 3, "2": 0.0}
+    assert one["fast_p"]["vs_compile"] == {"0": 2 / 3, "1": 1 / 3, "1.5": 0.0, "2": 0.0}
+    assert s["fp32"]["2"]["fast_p"] == {"vs_eager": None, "vs_compile": None} and s["fp32"]["2"]["failed"] == 1
+    assert s["bf16"]["1"]["plan_only"] == 1 and s["bf16"]["1"]["fast_p"]["vs_eager"] is None
+
+
+def test_a_run_writes_after_every_row_says_a_line_each_and_resumes(tmp_path):
+    root = _tree(tmp_path, {"level1/1_A.py": GOOD, "level1/2_B.py": GOOD, "level2/1_C.py": GOOD})
+    probs = kb.problems(root)
+    out = tmp_path / "kb.json"
+    ran, said = [], []
+
+    def runner(p, pol):
+        ran.append((p.id, pol))
+        assert json.loads(out.read_text())["results"] if ran[1:] else True  # the rows before are on disk
+        return _row(p.id, p.level, pol, speedup=1.5, vs_compile=1.1)
+    doc = {"results": []}
+    scoreboard.run(probs[:2], root, ["fp32"], out=out, doc=doc, say=said.append, runner=runner)
+    assert ran == [("L1-1", "fp32"), ("L1-2", "fp32")] and len(said) == 2
+    assert said[0].startswith("[1/2] L1-1 L1-1 fp32: correct; eager 1 ms") and said[0].endswith("; 1.0 s")
+    again = scoreboard.load(out)
+    scoreboard.run(probs, root, ["fp32", "bf16"], out=out, doc=again, say=said.append, runner=runner)
+    assert ran[2:] == [("L1-1", "bf16"), ("L1-2", "bf16"), ("L2-1", "fp32"), ("L2-1", "bf16")]
+    assert said[2] == f"resuming: 2 run(s) already in {out}, 4 to go"
+    final = json.loads(out.read_text())
+    assert len(final["results"]) == 6 and final["levels"]["bf16"]["1"]["fast_p"]["vs_eager"]["1"] == 1.0
+
+
+BATCHNORM = GOOD.replace("super().__init__()", "super().__init__()\n        self.bn = nn.BatchNorm1d(64)").replace(
+    "def forward(self, a, b):\n        return torch.matmul(a, b)", "def forward(self, a, b):\n        return self.bn(a @ b)")
+ON_CPU = {"realizer": lambda disc, policy: [], "timer": lambda fn, xs: 1.0, "peers": ()}
+
+
+def test_the_optimize_path_checks_the_module_fact_db_returns_and_times_it():
+    """run_problem's GPU path, on the CPU: optimize with its realizer and timer stood in (every
+    region eager), then KernelBench's check of the module it returned."""
+    import tempfile
+    root = _tree(Path(tempfile.mkdtemp()), {"level1/1_Matmul.py": GOOD, "level2/1_BN.py": BATCHNORM})
+    mm, bn = kb.problems(root)
+    row = scoreboard.run_problem(mm, "fp32", device="cpu", hooks=ON_CPU)
+    assert (row["status"], row["correct"], row["reason"], row["device"]) == ("ok", True, "", "cpu")
+    assert row["check"]["trials_passed"] == 5 and row["check"]["tolerance"] == 1e-4
+    assert (row["eager_ms"], row["factdb_ms"], row["speedup"], row["compile_ms"]) == (1.0, 1.0, 1.0, None)
+    assert row["did"]["returned"] == "eager (no region on a kernel)" and row["did"]["verified"]
+    # KernelBench leaves its reference in training mode; optimize runs the model in eval mode,
+    # so a BatchNorm problem is incorrect by KernelBench's check, and the row says so
+    row = scoreboard.run_problem(bn, "fp32", device="cpu", hooks=ON_CPU)
+    assert row["status"] == "ok" and row["correct"] is False and row["reason"].startswith("output mismatch")
+    assert row["check"]["max_difference"] > 0.1
+
+
+def test_a_file_that_is_not_a_scoreboard_is_refused_with_its_name(tmp_path):
+    f = tmp_path / "x.json"
+    f.write_text("[1, 2]")
+    with pytest.raises(kb.KernelBenchError, match=f"{f}: no `results` list in it"):
+        scoreboard.load(f)
+
+
+# ------------------------------------------------------------------ the command: a child per problem
+
+def _bench(*args, cwd, timeout=240):
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT), FACTDB_HOME=str(cwd / "home"))
+    return subprocess.run([sys.executable, "-m", "fact_db.cli", "bench", *args], capture_output=True, text=True,
+                          env=env, cwd=cwd, timeout=timeout)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the plan path; with a GPU each problem is optimized")
+def test_each_problem_runs_in_its_own_child_and_a_bad_one_is_a_row_with_its_reason(tmp_path):
+    """A problem that raises, exits, hangs or allocates past the limit ends as a row saying so;
+    the others are planned; nothing prints a traceback; --resume runs only what is missing."""
+    root = _tree(tmp_path, {
+        "level1/1_Matmul.py": GOOD,
+        "level1/2_Raises.py": "raise ValueError('no such layer')\n" + GOOD,
+        "level1/3_Exits.py": "import os\nos._exit(3)\n",
+        "level1/4_Hangs.py": "import time\ntime.sleep(600)\n" + GOOD,
+        "level1/5_Hog.py": "hog = b'x' * (1536 << 20)\nimport time\ntime.sleep(60)\n" + GOOD,
+        "level2/1_Relu.py": RELU,
+    })
+    out = tmp_path / "kb.json"
+    r = _bench("--kernelbench", str(root), "--level", "1", "--budget-per-problem", "25", "--max-memory", "1200",
+               "--out", str(out), cwd=tmp_path)
+    text = r.stdout + r.stderr
+    assert r.returncode == 0, text
+    assert "Traceback" not in text and "no CUDA GPU here: the scoreboard runs the plan" in r.stderr
+    rows = {x["id"]: x for x in json.loads(out.read_text())["results"]}
+    assert list(rows) == ["L1-1", "L1-2", "L1-3", "L1-4", "L1-5"]
+    assert rows["L1-1"]["status"] == "plan" and rows["L1-1"]["did"]["rules"] == ["gemm"]
+    assert rows["L1-2"]["status"] == "failed" and "ValueError: no such layer" in rows["L1-2"]["reason"]
+    assert "ended the process with exit code 3" in rows["L1-3"]["reason"]
+    assert rows["L1-4"]["reason"].startswith("planning it did not finish within 25 s (the per-problem budget")
+    assert rows["L1-4"]["wall_s"] < 40
+    assert "used more than 1200 MiB of memory" in rows["L1-5"]["reason"]
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("[")]
+    assert len(lines) == 5 and lines[0].startswith("[1/5] L1-1 1_Matmul fp32: plan: 1 region(s), 1 to tune")
+    assert lines[3].startswith("[4/5] L1-4 4_Hangs fp32: failed: planning it did not finish within 25 s")
+
+    r = _bench("--kernelbench", str(root), "--resume", str(out), "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "resuming: 5 run(s) already in" in r.stderr and "[1/1] L2-1 1_Relu fp32: plan: 0 region(s)" in r.stderr
+    doc = json.loads(r.stdout)
+    assert len(doc["results"]) == 6 and doc["levels"]["fp32"]["2"]["fast_p"]["vs_eager"] is None
+
+
+def test_kernelbench_options_need_kernelbench_and_its_problems_must_exist(tmp_path):
+    from click.testing import CliRunner
+
+    from fact_db.cli.main import cli
+    r = CliRunner().invoke(cli, ["bench", "--level", "1"])
+    assert r.exit_code == 2 and "go with --kernelbench DIR" in r.output
+    root = _tree(tmp_path, {"level1/1_A.py": GOOD})
+    r = CliRunner().invoke(cli, ["bench", "--kernelbench", str(root), "--problems", "L1-7"])
+    assert r.exit_code == 1 and "no problem L1-7 in level(s) 1:" in r.output and "Traceback" not in r.output
+
+
+def test_the_readme_table_reads_a_scoreboard_and_the_cpu_sweep():
+    """benchmarks/tables.py's `kernelbench` rows: fast_p cells from a scoreboard's summary, and
+    "not timed" for the plan."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("docs_tables", ROOT / "benchmarks" / "tables.py")
+    tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tables)
+    rows = [_row("L1-1", 1, speedup=1.6, vs_compile=0.9), _row("L1-2", 1, speedup=1.1, vs_compile=1.2),
+            _row("L1-3", 1, correct=False, speedup=3.0, vs_compile=3.0)]
+    doc = {"device": "NVIDIA H100 80GB HBM3", "date": "2026-12-01", "results": rows,
+           "levels": scoreboard.summary(rows)}
+    [r] = tables.rows_kernelbench(doc, "h100-2026-12-01-kernelbench-fp32.json")
+    assert (r["level"], r["policy"], r["problems"], r["answered"], r["correct"], r["gpu"]) == (1, "fp32", 3, 3, 2,
+                                                                                               "H100 80GB HBM3")
+    assert r["fast_eager"] == "0.67 / 0.67 / 0.33 / 0.00" and r["fast_compile"] == "0.67 / 0.33 / 0.00 / 0.00"
+    sweep = {"device": "cpu", "machine": {"cpu": "AMD EPYC", "cores": 2}, "date": "2026-11-26", "results": [
+        {"level": 2, "policy": "bf16", "exit_code": 0, "timed_out": False, "traceback": False, "internal_error": False,
+         "seconds": 5.2, "regions": ["gemm"]},
+        {"level": 2, "policy": "bf16", "exit_code": 1, "timed_out": False, "traceback": True, "internal_error": False,
+         "seconds": 7.9, "regions": None}]}
+    [r] = tables.rows_kernelbench(sweep, "cpu-2026-11-26-kernelbench-plan.json")
+    assert (r["answered"], r["with_regions"], r["fast_eager"], r["gpu"]) == ("1 (plan, at most 8 s)", 1,
+                                                                             "not timed (no GPU)", "AMD EPYC, 2 cores")
