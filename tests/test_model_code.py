@@ -312,3 +312,27 @@ def test_a_forward_that_writes_its_parameters_is_not_verifiable_and_optimize_sti
                                      "the model never start from the same state")
     assert any(n.endswith("the model is left as its runs left it") for n in fast.report.notes)
     assert fast.regions == []  # eager
+
+
+def test_a_model_in_training_mode_is_optimized_as_given_batchnorm_on_batch_statistics():
+    """KernelBench builds its models in training mode and checks them there: optimize keeps
+    the mode, so BatchNorm normalizes by the batch (not the running statistics), the GEMM
+    region before it still runs on a kernel, and the report says how to optimize inference."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.BatchNorm1d(64), torch.nn.ReLU())
+    x = torch.randn(16, 32)
+    before = model[1].running_mean.clone()
+    fast = optimize(model, (x,), realizer=standin_realizer(), timer=lambda fn, xs: 1.0, peers=(), progress=False,
+                    save=False)
+    v = fast.report.verification
+    assert v.ok, v.reason
+    assert any(z.impl.kind == "gemm" for z in fast.report.regions)  # (nn.Sequential: its `input` composes)
+    assert any("in training mode: its BatchNorm1d run as in training" in n for n in fast.report.notes)
+    assert model.training and torch.equal(model[1].running_mean, before)  # the user's model as it was given
+    y = fast(x)
+    torch.testing.assert_close(y, model(x), rtol=1e-5, atol=1e-5)      # batch statistics, as in training
+    assert not torch.allclose(y, model.eval()(x), atol=1e-3)           # not the running statistics
+    model.train()
+    eval_fast = optimize(model.eval(), (x,), realizer=standin_realizer(), timer=lambda fn, xs: 1.0, peers=(),
+                         progress=False, save=False)
+    assert not any("training mode" in n for n in eval_fast.report.notes)

@@ -50,6 +50,11 @@ def _fx_resolver(gm, program):
     by_name = {n.name: n for n in gm.graph.nodes}
     attrs = {n.target: n for n in gm.graph.nodes if n.op == "get_attr"}
     sig = program.graph_signature
+    # user inputs by position: unlifting renames one that shadows a builtin (nn.Sequential's
+    # `input` becomes `input_1`)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(placeholders) == len(sig.user_inputs):
+        by_name.update(zip(sig.user_inputs, placeholders))
     fqns = {**sig.inputs_to_parameters, **sig.inputs_to_buffers, **sig.inputs_to_lifted_tensor_constants}
     replaced: dict = {}  # a replaced region's output name -> the node that computes it now
 

@@ -267,7 +267,7 @@ def build_on_meta(problem: Problem):
         raise ProblemError(f"building the model raised {type(err).__name__}: {first_line(err, None)}{_where(err, problem.source)}") from err
     if not isinstance(model, torch.nn.Module):
         raise ProblemError(f"`{problem.name}` built a {type(model).__name__}, not an nn.Module")
-    model.eval()
+    # left in the mode the file builds it in (training, for `Model()`), as optimize runs it
     known = _to_meta(model)
     try:
         with torch.device("meta"):

@@ -69,12 +69,14 @@ def _has_level(root, level: int) -> bool:
 def problems(root: str | Path, levels=None, only: list[str] | None = None) -> list[Problem]:
     """The problem files of `levels` under `root` (default: every level folder it has), by
     level then number. `only` keeps the ones named (ids like L1-19, file stems like 19_ReLU,
-    or level1/19_ReLU.py), in the order of the levels; a name that matches no file, or a
+    or level1/19_ReLU.py) that are in `levels` (so `--level 1` with the GPU set's file runs its
+    level 1 part), in the order of the levels; a name that matches no file of any level, or a
     level asked for that has no folder, is an error naming it."""
+    there = [lv for lv in LEVELS if _has_level(root, lv)]
     if levels is None:
-        levels = [lv for lv in LEVELS if _has_level(root, lv)] or LEVELS
+        levels = there or LEVELS
     found = []
-    for level in levels:
+    for level in sorted(set(levels) | (set(there) if only is not None else set())):
         for p in level_dir(root, level).glob("*.py"):
             m = _FILE.match(p.name)
             if m:
@@ -90,10 +92,10 @@ def problems(root: str | Path, levels=None, only: list[str] | None = None) -> li
     if missing:
         raise KernelBenchError(f"{Path(root)}: no problem {', '.join(missing[:5])}"
                                + (f" (and {len(missing) - 5} more)" if len(missing) > 5 else "")
-                               + f" in level(s) {', '.join(map(str, levels))}: name problems as L1-19, 19_ReLU "
-                               "or level1/19_ReLU.py")
+                               + f" in level(s) {', '.join(map(str, sorted(set(levels) | set(there))))}: name "
+                               "problems as L1-19, 19_ReLU or level1/19_ReLU.py")
     want = {id(keys[n.lower()]) for n in only}
-    return [p for p in found if id(p) in want]
+    return [p for p in found if id(p) in want and p.level in levels]
 
 
 def selection(spec: str | None) -> list[str] | None:

@@ -53,8 +53,13 @@ def _did(report, fast=None) -> dict:
            "from_registry": sum(1 for z in regions if z.how == "registry"),
            "how": {h: sum(1 for z in regions if z.how == h) for h in sorted({z.how for z in regions})},
            "stages_s": dict(report.stages_s)}
-    if disc is not None:
-        out["uncovered"] = sorted({op for _, op, _ in disc.uncovered})
+    if disc is not None:  # what no rule covers: op -> its share of the estimated eager time (None: unknown)
+        shares: dict = {}
+        for u in disc.uncovered:
+            shares[u.op] = None if u.share is None or shares.get(u.op, 0) is None else shares.get(u.op, 0) + u.share
+        out["uncovered"] = {op: (round(v, 4) if v is not None else None) for op, v in sorted(shares.items())}
+        rest = getattr(disc, "rest", None) or {}
+        out["uncovered_rest"] = {"ops": rest.get("ops", 0), "share": round(rest.get("share", 0.0), 4)}  # small ops
     v = report.verification
     if fast is not None and v is not None:
         out["verified"] = bool(v.ok)
@@ -97,7 +102,7 @@ def run_problem(problem: kb.Problem, policy: str, *, budget_s: float = DEFAULT_B
             return row
         prob = load_problem(str(problem.path))
         torch.manual_seed(kb.SEED)
-        model = prob.make_model().to(device).eval()
+        model = prob.make_model().to(device)  # in training mode, as KernelBench builds it
 
         def make_inputs():
             return [x.to(device) if isinstance(x, torch.Tensor) else x for x in prob.make_inputs()]
@@ -116,8 +121,8 @@ def run_problem(problem: kb.Problem, policy: str, *, budget_s: float = DEFAULT_B
         row["speedup_vs_compile"] = _ratio(row["compile_ms"], row["factdb_ms"])
         stage = "KernelBench's check"
         precision = POLICY_DTYPE[policy]
-        # KernelBench's reference: a fresh Model with the same seed, left in training mode as
-        # KernelBench leaves it (optimize put `model` in eval mode: BatchNorm differs there).
+        # KernelBench's reference: a fresh Model with the same seed, in training mode as KernelBench
+        # leaves it (and as `model` was optimized: BatchNorm on batch statistics).
         torch.manual_seed(kb.SEED)
         ref = prob.make_model().to(device=device, dtype=getattr(torch, precision))
         got = kb.check(ref, fast, prob.make_inputs, precision, device=device)

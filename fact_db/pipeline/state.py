@@ -56,11 +56,21 @@ class ModelState:
             return mod._buffers.get(name)
         return vars(mod).get(name)
 
+    @staticmethod
+    def _written(t, version, saved) -> bool:
+        """Whether `t` was written since it was recorded: its version counter moved, or (where a
+        copy was kept) its values differ, as after a write through an alias with a counter of its
+        own (an exported program's module writes BatchNorm's running statistics so)."""
+        import torch
+        if t._version != version:
+            return True
+        return saved is not None and not torch.equal(t, saved)
+
     def changed(self) -> list[str]:
         """The names whose object or values a run changed since this state was recorded."""
         out, seen = [], set()
-        for label, mod, kind, name, t, version, _ in self.slots:
-            if (self._now(mod, kind, name) is not t or t._version != version) and id(t) not in seen:
+        for label, mod, kind, name, t, version, saved in self.slots:
+            if (self._now(mod, kind, name) is not t or self._written(t, version, saved)) and id(t) not in seen:
                 seen.add(id(t))  # one tensor held in two places (an exported program's constant) is said once
                 out.append(label if kind != "param" else f"{label} (a parameter)")
         return out
@@ -76,7 +86,7 @@ class ModelState:
                         object.__setattr__(mod, name, t)
                     else:
                         getattr(mod, "_parameters" if kind == "param" else "_buffers")[name] = t
-                if t._version != version:
+                if self._written(t, version, saved):
                     if saved is None and kind == "param":
                         raise StateError(f"forward writes parameter `{label}` in place, so two runs of the model "
                                          "never start from the same state")
