@@ -1,20 +1,36 @@
 #!/usr/bin/env bash
-# One part of the KernelBench GPU scoreboard in one device call: goes on from the scoreboard
-# JSON and registry a previous part left in CARRY (copied back from the device's OUTDIR), for
-# at most LIMIT seconds; the JSON is written after every problem, so a part cut short keeps
-# every problem it finished. Results, registry and log go to OUTDIR.
+# One part of the KernelBench GPU scoreboard in one device call, on every GPU of the host: the
+# GPU set (benchmarks/kernelbench_gpu_set.txt) dealt round-robin into one shard per GPU, each
+# shard a `factdb bench --kernelbench` of its own on its own GPU and its own share of the CPU
+# cores (so one shard's compiles do not slow another's timings), with its own registry. Each
+# shard goes on from the JSON a previous part left in CARRY (copied back from OUTDIR), for at
+# most LIMIT seconds; the JSON is written after every problem, so a part cut short keeps every
+# problem it finished. Merge the shards with benchmarks/kernelbench_merge.py.
 # Usage: bash benchmarks/scoreboard_device.sh KERNELBENCH_DIR CARRY OUTDIR LIMIT_S POLICY [bench options...]
 # Needs the project installed (pip install --no-deps --no-build-isolation -e .).
 set -u
 kb=$1 carry=$2 out=$3 limit=$4 policy=$5; shift 5
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
-json="$out/kernelbench-$policy.json"
-[ -f "$carry/registry.duckdb" ] && cp "$carry/registry.duckdb" "$out/registry.duckdb"
-resume=()
-if [ -f "$carry/kernelbench-$policy.json" ]; then
-  cp "$carry/kernelbench-$policy.json" "$json"; resume=(--resume "$json")
-fi
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
-timeout -k 15 "$limit" "${PYTHON:-python3}" -m fact_db.cli bench --kernelbench "$kb" --problems benchmarks/kernelbench_gpu_set.txt \
-  --policy "$policy" --db "$out/registry.duckdb" --out "$json" "${resume[@]}" "$@" 2>&1 | tee "$out/scoreboard-$policy.log" | grep -v '^\[realize\]'
-echo "rc ${PIPESTATUS[0]}"
+py=${PYTHON:-python3}
+gpus=$(nvidia-smi -L 2>/dev/null | wc -l); [ "$gpus" -ge 1 ] || gpus=1
+cores=$(nproc); per=$(( cores / gpus )); [ "$per" -ge 1 ] || per=1
+nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
+echo "$gpus shard(s), $per core(s) each"
+ids=$(grep -v '^#' benchmarks/kernelbench_gpu_set.txt | awk 'NF {print $1}')
+for s in $(seq 0 $(( gpus - 1 ))); do
+  mine=$(echo "$ids" | awk -v s="$s" -v n="$gpus" '(NR - 1) % n == s' | paste -sd, -)
+  json="$out/kernelbench-$policy-shard$s.json"
+  resume=()
+  if [ -f "$carry/kernelbench-$policy-shard$s.json" ]; then
+    cp "$carry/kernelbench-$policy-shard$s.json" "$json"; resume=(--resume "$json")
+  fi
+  CUDA_VISIBLE_DEVICES=$s FACTDB_HOME="/tmp/factdb-home$s" timeout -k 15 "$limit" \
+    taskset -c $(( s * per ))-$(( s * per + per - 1 )) "$py" -m fact_db.cli bench --kernelbench "$kb" \
+    --problems "$mine" --policy "$policy" --db "/tmp/registry-shard$s.duckdb" --out "$json" "${resume[@]}" "$@" \
+    > "$out/scoreboard-$policy-shard$s.log" 2>&1 &
+done
+wait
+for s in $(seq 0 $(( gpus - 1 ))); do
+  echo "=== shard $s"; grep -v '^\[realize\]' "$out/scoreboard-$policy-shard$s.log" | tail -40
+done
+du -sh "$out"

@@ -73,6 +73,8 @@ def test_a_selection_is_a_file_of_names_or_a_list(tmp_path):
     f.write_text("# a comment\nL1-2    2_Two.py\n\n  L3-1  # the net\n")
     assert kb.selection(str(f)) == ["L1-2", "L3-1"]
     assert kb.selection("L1-2, 10_Ten,") == ["L1-2", "10_Ten"]
+    many = [f"L2-{i}" for i in range(1, 101)]  # longer than a file name may be: a list all the same
+    assert kb.selection(",".join(many)) == many
     assert kb.selection(None) is None
     with pytest.raises(kb.KernelBenchError, match="no such file"):
         kb.selection("benchmarks/no_such_set.txt")
@@ -176,6 +178,32 @@ def test_the_summary_gives_fast_p_per_level_against_eager_and_torch_compile():
     assert one["fast_p"]["vs_compile"] == {"0": 2 / 3, "1": 1 / 3, "1.5": 0.0, "2": 0.0}
     assert s["fp32"]["2"]["fast_p"] == {"vs_eager": None, "vs_compile": None} and s["fp32"]["2"]["failed"] == 1
     assert s["bf16"]["1"]["plan_only"] == 1 and s["bf16"]["1"]["fast_p"]["vs_eager"] is None
+
+
+@pytest.mark.subprocess
+def test_parts_run_apart_merge_into_one_scoreboard_with_the_summary_recomputed(tmp_path):
+    head = {"budget_per_problem_s": 120.0, "max_candidates": 4, "peers": ["compile"], "timed": True,
+            "kernelbench": {"commit": "423217d"}, "policies": ["fp32"]}
+    a = {**head, "device": "NVIDIA H100 80GB HBM3", "date": "2026-11-26", "commit": "abc",
+         "results": [_row("L1-1", 1, speedup=1.6), _row("L2-1", 2, speedup=0.9)]}
+    b = {**head, "device": "NVIDIA H100 80GB HBM3", "date": "2026-11-27", "commit": "def",
+         "results": [_row("L1-2", 1, speedup=2.5), _row("L1-1", 1, speedup=9.0)]}  # L1-1 twice: a's row is kept
+    doc = scoreboard.merge([a, b])
+    assert [r["id"] for r in doc["results"]] == ["L1-1", "L2-1", "L1-2"] and doc["results"][0]["speedup"] == 1.6
+    assert [(p["date"], p["commit"], p["rows"]) for p in doc["parts"]] == [("2026-11-26", "abc", 2),
+                                                                          ("2026-11-27", "def", 2)]
+    assert doc["levels"]["fp32"]["1"]["fast_p"]["vs_eager"]["1.5"] == 1.0
+    assert doc["levels"]["fp32"]["2"]["fast_p"]["vs_eager"]["0"] == 1.0 and doc["levels"]["fp32"]["2"]["correct"] == 1
+    assert scoreboard.merge([doc, {**a, "results": []}])["parts"][:2] == doc["parts"]  # parts of a merge carry over
+    with pytest.raises(kb.KernelBenchError, match=r"the parts differ in max_candidates \(4 and 12\)"):
+        scoreboard.merge([a, {**b, "max_candidates": 12}])
+    pa, pb = tmp_path / "a.json", tmp_path / "b.json"
+    scoreboard.write(a, pa)
+    scoreboard.write(b, pb)
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernelbench_merge.py"), str(pa), str(pb), "--out",
+                        str(tmp_path / "all.json")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert len(json.loads((tmp_path / "all.json").read_text())["results"]) == 3
 
 
 def test_a_run_writes_after_every_row_says_a_line_each_and_resumes(tmp_path):
@@ -312,6 +340,7 @@ def test_the_readme_table_reads_a_scoreboard_and_the_cpu_sweep():
                                                                              "not timed (no GPU)", "AMD EPYC, 2 cores")
 
 
+@pytest.mark.slow
 def test_the_plan_row_names_what_no_rule_covers_with_its_share(tmp_path):
     """Without a GPU a row is the plan: its regions, and each op no rule covers with its share
     of the estimated eager time (what would have to be covered to go faster)."""

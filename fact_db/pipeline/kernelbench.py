@@ -104,7 +104,11 @@ def selection(spec: str | None) -> list[str] | None:
     if not spec:
         return None
     path = Path(spec).expanduser()
-    if path.is_file():
+    try:
+        is_file = "," not in spec and path.is_file()
+    except OSError:  # a list longer than a file name may be
+        is_file = False
+    if is_file:
         text = path.read_text()
         names = [ln.split("#", 1)[0].split()[0] for ln in text.splitlines() if ln.split("#", 1)[0].strip()]
         if not names:

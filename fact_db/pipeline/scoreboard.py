@@ -105,7 +105,10 @@ def run_problem(problem: kb.Problem, policy: str, *, budget_s: float = DEFAULT_B
         model = prob.make_model().to(device)  # in training mode, as KernelBench builds it
 
         def make_inputs():
-            return [x.to(device) if isinstance(x, torch.Tensor) else x for x in prob.make_inputs()]
+            # drawn on the device: KernelBench's level 1 inputs reach 1.6e9 elements, seconds of
+            # CPU random numbers a draw (its harness draws on the CPU: the same seeds, other values)
+            with torch.device(device):
+                return [x.to(device) if isinstance(x, torch.Tensor) else x for x in prob.make_inputs()]
         torch.manual_seed(kb.SEED)
         inputs = make_inputs()
         stage = "optimizing it"
@@ -125,7 +128,7 @@ def run_problem(problem: kb.Problem, policy: str, *, budget_s: float = DEFAULT_B
         # leaves it (and as `model` was optimized: BatchNorm on batch statistics).
         torch.manual_seed(kb.SEED)
         ref = prob.make_model().to(device=device, dtype=getattr(torch, precision))
-        got = kb.check(ref, fast, prob.make_inputs, precision, device=device)
+        got = kb.check(ref, fast, make_inputs, precision, device=device)
         row["check"] = got
         row["correct"] = got["correct"]
         row["status"] = "ok"
@@ -222,7 +225,39 @@ def load(path: Path) -> dict:
     return doc
 
 
-def _write(doc: dict, out: Path) -> None:
+def merge(docs: list[dict]) -> dict:
+    """One scoreboard from parts run apart (shards on several GPUs of one host, or runs in
+    several sessions): the first part's head, every part's rows (a problem and policy that two
+    parts ran keeps the first part's row), each part's device, date, commit and row count in
+    `parts`, and the per-level summary recomputed. KernelBenchError where the parts ran
+    different policies' settings (budget, candidates, KernelBench commit)."""
+    if not docs:
+        raise kb.KernelBenchError("no scoreboard to merge")
+    same = ("budget_per_problem_s", "max_candidates", "peers", "timed")
+    for d in docs[1:]:
+        for k in same:
+            if d.get(k) != docs[0].get(k):
+                raise kb.KernelBenchError(f"the parts differ in {k} ({docs[0].get(k)!r} and {d.get(k)!r}): merge "
+                                          "only parts run with the same settings")
+        if (d.get("kernelbench") or {}).get("commit") != (docs[0].get("kernelbench") or {}).get("commit"):
+            raise kb.KernelBenchError("the parts ran different KernelBench commits: merge only parts of one commit")
+    out = {k: v for k, v in docs[0].items() if k not in ("results", "levels", "parts")}
+    seen, rows, parts = set(), [], []
+    for d in docs:
+        for part in d.get("parts") or [{k: d.get(k) for k in ("device", "gpu", "date", "commit", "machine")}
+                                         | {"rows": len(d["results"])}]:
+            parts.append(part)
+        for r in d["results"]:
+            if (r["id"], r["policy"]) not in seen:
+                seen.add((r["id"], r["policy"]))
+                rows.append(r)
+    out["policies"] = sorted({p for d in docs for p in d.get("policies", [])})
+    out["parts"], out["results"] = parts, rows
+    out["levels"] = summary(rows)
+    return out
+
+
+def write(doc: dict, out: Path) -> None:
     """Atomically, after every row: a run cut short keeps the rows it finished."""
     from fact_db.composition.report import clean
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -281,8 +316,8 @@ def run(problems: list[kb.Problem], kernelbench_dir, policies: list[str], *, out
                                                       extra=extra, doing=doing)
         doc["results"].append(row)
         doc["levels"] = summary(doc["results"])
-        _write(doc, out)
+        write(doc, out)
         say(f"[{i:>{width}}/{len(todo)}] {line(row)}")
     doc["levels"] = summary(doc["results"])
-    _write(doc, out)
+    write(doc, out)
     return doc
