@@ -243,7 +243,8 @@ def test_the_optimize_path_checks_the_module_fact_db_returns_and_times_it():
     assert (row["status"], row["correct"], row["reason"], row["device"]) == ("ok", True, "", "cpu")
     assert row["check"]["trials_passed"] == 5 and row["check"]["tolerance"] == 1e-4
     assert (row["eager_ms"], row["factdb_ms"], row["speedup"], row["compile_ms"]) == (1.0, 1.0, 1.0, None)
-    assert row["did"]["returned"] == "eager (no region on a kernel)" and row["did"]["verified"]
+    assert row["did"]["returned"] == "composed (no region on a kernel)" and row["did"]["verified"]
+    assert row["check_pytorch_default"]["correct"]  # under fp32 also checked against PyTorch's defaults
     # KernelBench builds its models in training mode; optimize keeps the mode it is given, so
     # BatchNorm runs on batch statistics in both, the check passes, and the report says why
     row = scoreboard.run_problem(bn, "fp32", device="cpu", hooks=ON_CPU)
