@@ -3,8 +3,9 @@
 # GPU set (benchmarks/kernelbench_gpu_set.txt) dealt round-robin into one shard per GPU, each
 # shard a `factdb bench --kernelbench` of its own on its own GPU and its own share of the CPU
 # cores (so one shard's compiles do not slow another's timings), with its own registry. Each
-# shard goes on from the JSON a previous part left in CARRY (copied back from OUTDIR), for at
-# most LIMIT seconds; the JSON is written after every problem, so a part cut short keeps every
+# shard goes on from the JSON a previous part left in CARRY (copied back from OUTDIR; or from a
+# merged scoreboard, CARRY/kernelbench-POLICY.json, whose rows every shard skips), for at most
+# LIMIT seconds; the JSON is written after every problem, so a part cut short keeps every
 # problem it finished. Merge the shards with benchmarks/kernelbench_merge.py.
 # Usage: bash benchmarks/scoreboard_device.sh KERNELBENCH_DIR CARRY OUTDIR LIMIT_S POLICY [bench options...]
 # Needs the project installed (pip install --no-deps --no-build-isolation -e .).
@@ -21,8 +22,10 @@ for s in $(seq 0 $(( gpus - 1 ))); do
   mine=$(echo "$ids" | awk -v s="$s" -v n="$gpus" '(NR - 1) % n == s' | paste -sd, -)
   json="$out/kernelbench-$policy-shard$s.json"
   resume=()
-  if [ -f "$carry/kernelbench-$policy-shard$s.json" ]; then
+  if [ -f "$carry/kernelbench-$policy-shard$s.json" ]; then    # this shard's part, from the last call
     cp "$carry/kernelbench-$policy-shard$s.json" "$json"; resume=(--resume "$json")
+  elif [ -f "$carry/kernelbench-$policy.json" ]; then          # a merged scoreboard: each shard skips its rows
+    cp "$carry/kernelbench-$policy.json" "$json"; resume=(--resume "$json")
   fi
   CUDA_VISIBLE_DEVICES=$s FACTDB_HOME="/tmp/factdb-home$s" timeout -k 15 "$limit" \
     taskset -c $(( s * per ))-$(( s * per + per - 1 )) "$py" -m fact_db.cli bench --kernelbench "$kb" \

@@ -395,7 +395,9 @@ def rows_kernelbench(doc, name):
         for pol, levels in doc["levels"].items():
             for level, s in levels.items():
                 timed = s["fast_p"]["vs_eager"] is not None
-                yield {**base, "level": int(level), "policy": pol, "problems": s["problems"],
+                size = (doc.get("set_size") or {}).get(level)  # a part of a set: how much of it has run
+                yield {**base, "level": int(level), "policy": pol,
+                       "problems": f"{s['problems']} of {size} (a part)" if size and size > s["problems"] else s["problems"],
                        "answered": s["problems"] - s["failed"], "with_regions": s["with_regions"],
                        "correct": s["correct"] if timed else "– (no GPU)", "timed": timed,
                        "fast_eager": _fast(s["fast_p"]["vs_eager"]), "fast_compile": _fast(s["fast_p"]["vs_compile"])}

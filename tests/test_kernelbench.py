@@ -245,6 +245,12 @@ def test_the_optimize_path_checks_the_module_fact_db_returns_and_times_it():
     assert (row["eager_ms"], row["factdb_ms"], row["speedup"], row["compile_ms"]) == (1.0, 1.0, 1.0, None)
     assert row["did"]["returned"] == "composed (no region on a kernel)" and row["did"]["verified"]
     assert row["check_pytorch_default"]["correct"]  # under fp32 also checked against PyTorch's defaults
+    assert row["did"]["per_region"] == []  # the stand-in realizer realized nothing
+    from test_compose import standin_realizer
+    row = scoreboard.run_problem(mm, "fp32", device="cpu", hooks={**ON_CPU, "realizer": standin_realizer()})
+    assert row["correct"] and row["did"]["kernels"] == 1
+    (one,) = row["did"]["per_region"]
+    assert (one["rule"], one["shape"], one["how"]) == ("gemm", "256x64x128", "tuned") and one["runs"], one
     # KernelBench builds its models in training mode; optimize keeps the mode it is given, so
     # BatchNorm runs on batch statistics in both, the check passes, and the report says why
     row = scoreboard.run_problem(bn, "fp32", device="cpu", hooks=ON_CPU)

@@ -494,3 +494,28 @@ def test_tune_cli_errors_are_one_sentence():
         assert r.exit_code != 0 and "no CUDA GPU" in r.output and "--compile-only" in r.output
     r = runner.invoke(cli, ["tune", "--shape", "64x64x64", "--gpus", "x"])
     assert r.exit_code != 0 and "--gpus" in r.output
+
+
+def test_nvcc_jobs_fit_the_cores_this_process_may_use_and_the_memory_it_may_fill(monkeypatch):
+    """64 compiles at once of ResNet's convolutions (os.cpu_count() on a 64-core host, with the
+    process pinned to 16) passed the scoreboard's 96 GiB: jobs follow the affinity, and no more
+    run than memory holds at NVCC_PEAK_BYTES each, under a sandbox's FACTDB_MAX_MEMORY_MB."""
+    from fact_db.kernels import build
+    monkeypatch.delenv("FACTDB_BUILD_JOBS", raising=False)
+    monkeypatch.delenv("FACTDB_MAX_MEMORY_MB", raising=False)
+    monkeypatch.setattr(build.os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    monkeypatch.setattr(build.os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(build, "_memory_available", lambda: 500 * 2**30)
+    assert build.default_jobs() == 16
+    monkeypatch.setattr(build, "_memory_available", lambda: 20 * 2**30)
+    assert build.default_jobs() == 20 * 2**30 // build.NVCC_PEAK_BYTES == 5
+    monkeypatch.setattr(build, "_memory_available", lambda: 2**30)
+    assert build.default_jobs() == 1
+    monkeypatch.undo()
+    monkeypatch.setenv("FACTDB_MAX_MEMORY_MB", "16384")  # 3/4 of it for compiles: 12 GiB, three at a time
+    assert build._memory_available() <= 12 * 2**30 and build.default_jobs() <= 3
+    monkeypatch.setenv("FACTDB_BUILD_JOBS", "7")
+    assert build.default_jobs() == 7
+    monkeypatch.setenv("FACTDB_BUILD_JOBS", "many")
+    with pytest.raises(build.BuildError, match="FACTDB_BUILD_JOBS='many': give a whole number"):
+        build.default_jobs()

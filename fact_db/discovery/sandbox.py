@@ -332,7 +332,7 @@ def run(args: list[str], problem: str, *, max_memory_mb: int, timeout_s: float, 
 
     fd, done = tempfile.mkstemp(prefix="factdb-sandbox-")
     os.close(fd)
-    env = dict(os.environ, **{ENV_CHILD: done})
+    env = dict(os.environ, **{ENV_CHILD: done, "FACTDB_MAX_MEMORY_MB": str(max_memory_mb)})  # builds size to it
     try:
         child = subprocess.Popen([sys.executable, "-m", "fact_db.cli", *args], env=env, preexec_fn=limit,
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)

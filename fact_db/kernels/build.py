@@ -178,6 +178,40 @@ def _build_one(source: Source, force: bool, timeout: float) -> Built:
     return Built(source, key, None, error=first, command=shown, seconds=seconds, log=log)
 
 
+NVCC_PEAK_BYTES = int(3.5 * 2**30)  # one CUTLASS sm90 kernel's nvcc at its peak (cicc: 3.2 GiB for a conv)
+
+
+def _memory_available() -> int | None:
+    """Bytes this process may still fill: MemAvailable, and at most FACTDB_MAX_MEMORY_MB (the
+    limit a sandbox put on it and its children); None where neither is known."""
+    caps = []
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    caps.append(int(line.split()[1]) * 1024)
+    except OSError:
+        pass
+    limit = os.environ.get("FACTDB_MAX_MEMORY_MB")
+    if limit and limit.isdigit():
+        caps.append(int(limit) * 2**20 * 3 // 4)  # the rest for the process that builds, and its model
+    return min(caps) if caps else None
+
+
+def default_jobs() -> int:
+    """nvcc processes at a time: FACTDB_BUILD_JOBS where set; else the cores this process may
+    run on (its affinity, not the host's count), and no more than memory holds at
+    NVCC_PEAK_BYTES each (64 compiles of ResNet's convolutions at once passed 96 GiB)."""
+    env = os.environ.get("FACTDB_BUILD_JOBS", "")
+    if env.strip():
+        if not env.strip().isdigit() or int(env) < 1:
+            raise BuildError(f"FACTDB_BUILD_JOBS={env!r}: give a whole number of compiles at a time, 1 or more")
+        return int(env)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2)
+    mem = _memory_available()
+    return max(1, min(cores, mem // NVCC_PEAK_BYTES) if mem is not None else cores)
+
+
 def build(sources: list[Source], jobs: int | None = None, force: bool = False, progress: bool = True,
           timeout: float = 900.0, deadline: float | None = None) -> list[Built]:
     """Build every source (cached ones return at once), `jobs` nvcc processes at a time. No
@@ -187,7 +221,7 @@ def build(sources: list[Source], jobs: int | None = None, force: bool = False, p
     if not sources:
         return []
     nvcc_path(), cutlass_root()  # fail early, with the install hint, before starting threads
-    jobs = max(1, jobs or (os.cpu_count() or 2))
+    jobs = max(1, jobs or default_jobs())
     bar, t0, finished = None, time.perf_counter(), []
     if progress and sys.stderr.isatty():
         from tqdm import tqdm

@@ -52,7 +52,11 @@ def _did(report, fast=None) -> dict:
            "kernels": sum(1 for z in regions if z.impl.kind != "eager"),
            "from_registry": sum(1 for z in regions if z.how == "registry"),
            "how": {h: sum(1 for z in regions if z.how == h) for h in sorted({z.how for z in regions})},
-           "stages_s": dict(report.stages_s)}
+           "stages_s": dict(report.stages_s),
+           # per region: what it runs and why (a kernel that lost to the library, failed, or was never tried)
+           "per_region": [{"rule": z.region.rule, "shape": str(z.region.shape), "how": z.how, "runs": z.impl.label,
+                           "ms": z.ms, "eager_ms": z.eager_ms,
+                           "note": first_line((z.notes or [z.impl.note or ""])[0], 200)} for z in regions][:40]}
     if disc is not None:  # what no rule covers: op -> its share of the estimated eager time (None: unknown)
         shares: dict = {}
         for u in disc.uncovered:
