@@ -67,8 +67,9 @@ def _child(probs, pols, kernelbench, budget_s, max_candidates, gpus, db, out) ->
     with sandbox.guarded(probs[0].id):
         reg = open_registry(db, True)
         try:
+            # progress on: the stage lines on stderr tell the parent where a stopped child was
             row = scoreboard.run_problem(probs[0], pols[0], budget_s=budget_s, registry=reg,
-                                         max_candidates=max_candidates, gpus=gpu_list(gpus), progress=False)
+                                         max_candidates=max_candidates, gpus=gpu_list(gpus), progress=True)
         finally:
             if reg is not None:
                 reg.close()

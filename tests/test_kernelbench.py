@@ -364,3 +364,9 @@ def test_the_plan_row_names_what_no_rule_covers_with_its_share(tmp_path):
     assert f"0 region(s), 0 to tune, {len(unc)} uncovered op(s)" in scoreboard.line(row)
     row = scoreboard.run_problem(mm, "fp32")
     assert row["did"]["regions"] == 1 and row["did"]["planned"] == 1 and row["did"]["uncovered"] == {}
+
+
+def test_a_child_stopped_by_the_budget_says_the_stage_it_was_in():
+    err = "[discover] ...\n[discover] done in 4.1 s\n[realize] ...\n[build] compiling 12 kernel(s), 12 at a time\nnoise\n"
+    assert scoreboard._last_stage(err) == " (last: [build] compiling 12 kernel(s), 12 at a time)"
+    assert scoreboard._last_stage("Traceback ...\nValueError: x\n") == ""

@@ -293,6 +293,14 @@ def write(doc: dict, out: Path) -> None:
     tmp.replace(out)
 
 
+def _last_stage(stderr: str) -> str:
+    """Where a stopped child was: its last stage line (`[realize] ...`), as a clause; "" if none."""
+    import re
+    lines = [ln for ln in stderr.splitlines() if re.match(r"\[(discover|realize|compose|verify|choose|benchmark|"
+                                                          r"build|save)\] ", ln)]
+    return f" (last: {first_line(lines[-1], 160)})" if lines else ""
+
+
 def child_row(problem: kb.Problem, policy: str, kernelbench_dir: str, *, budget_s: float, memory_mb: int,
               extra: list[str] | None = None, doing: str = "optimizing, checking and timing it") -> dict:
     """`run_problem` in a child process under the limits; a child that crashes, hangs, exits
@@ -312,7 +320,8 @@ def child_row(problem: kb.Problem, policy: str, kernelbench_dir: str, *, budget_
                              hint="(the per-problem budget, --budget-per-problem); it was stopped",
                              lost="no result")
         except FactError as e:
-            return {**_base(problem, policy), "correct": False, "reason": str(e).removeprefix(f"{problem.id}: "),
+            return {**_base(problem, policy), "correct": False,
+                    "reason": str(e).removeprefix(f"{problem.id}: ") + _last_stage("".join(err)),
                     "wall_s": round(time.perf_counter() - t0, 2)}
         text = Path(path).read_text() if os.path.getsize(path) else ""
         rows = json.loads(text).get("results", []) if text else []
