@@ -128,6 +128,13 @@ def test_discover_lists_what_no_region_covers_with_its_share(tmp_path):
     assert f"{unc['aten.gru']['share'] * 100:.0f}%" == rows["aten.gru"]
     total = sum(x["share"] for x in data["regions"]) + sum(u["share"] for u in data["uncovered"])
     assert total + data["uncovered_rest"]["share"] == pytest.approx(1.0)
+    if not __import__("torch").cuda.is_available():  # optimize's plan lists them too (its JSON once failed on them)
+        o = CliRunner().invoke(cli, ["optimize", str(p), "--no-registry", "--json"])
+        assert o.exit_code == 0, o.output
+        plan = json.loads(o.stdout)
+        assert {u["op"]: round(u["share"], 6) for u in plan["uncovered"]} == \
+            {op: round(u["share"], 6) for op, u in unc.items()}
+        assert plan["uncovered_rest"]["share"] == pytest.approx(data["uncovered_rest"]["share"])
 
 
 def test_the_share_floor_the_cli_prints_is_discoverys():

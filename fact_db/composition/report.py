@@ -74,7 +74,8 @@ def report_dict(report) -> dict:
     }
     disc = getattr(report, "discovery", None)  # the plan keeps discovery's report: its uncovered heavy ops
     if disc is not None:
-        d["uncovered"] = [{"node": n, "op": op, "reason": why} for n, op, why in disc.uncovered]
+        d["uncovered"] = [u.as_dict() for u in disc.uncovered]  # node, op, reason, share, est_s, source
+        d["uncovered_rest"] = getattr(disc, "rest", None)
     return clean(d)
 
 
