@@ -149,7 +149,7 @@ def region_op(spec):
 def conv_op(workload):
     """torch.ops.factdb_test.conv_<hash>(x, w, bias, vecs, residual): a stand-in for a conv kernel
     op (fact_db/kernels/conv/kernel.py) of `workload`: w as the kernel holds it (KRSC; split3's
-    [w, lo(w), w] along C: the first third is w), the output channels-last. Counts its calls,
+    [hi(w), lo(w), hi(w)] along C: the first two thirds add up to w), the output channels-last. Counts its calls,
     and separately the calls whose activation or residual did not arrive channels-last (the
     real op would convert them)."""
     import hashlib
@@ -166,7 +166,9 @@ def conv_op(workload):
         CALLS["conv"] += 1
         if not is_channels_last(x) or (residual is not None and not is_channels_last(residual)):
             CALLS["conv_not_channels_last"] += 1
-        kcrs = w[..., :workload.c].movedim(-1, 1)
+        c = workload.c
+        held = w[..., :c] + w[..., c:2 * c] if w.shape[-1] == 3 * c else w  # split3: hi(w) + lo(w), fp32-class
+        kcrs = held.movedim(-1, 1)
         if workload.transposed:  # held as the forward convolution it equals (kernel.prepare_weight)
             kcrs = kcrs.transpose(0, 1).flip(list(range(2, kcrs.dim())))
         inp = {"x": x, "w": kcrs, "bias": bias, **{f"v{i}": v for i, v in enumerate(vecs)}}

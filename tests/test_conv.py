@@ -315,19 +315,31 @@ def _trunc(t):
     return (t.contiguous().view(torch.int32) & -8192).view(torch.float32)
 
 
-def test_split3_over_three_channel_blocks_is_fp32_class_where_one_tf32_product_is_not():
-    """What the kernel computes for split3, emulated on the CPU: TF32 operands truncated, three
-    channel blocks [x, x, lo(x)] . [w, lo(w), w] summed in one convolution."""
+def _round(t):  # to the nearest TF32 (ties away): what a rounding path to the tensor cores does
+    return ((t.contiguous().view(torch.int32) + 0x1000) & -8192).view(torch.float32)
+
+
+@pytest.mark.parametrize("load", [_trunc, _round], ids=["truncating", "rounding"])
+def test_split3_over_three_channel_blocks_is_fp32_class_where_one_tf32_product_is_not(load):
+    """What the kernel computes for split3, emulated on the CPU: three channel blocks
+    [hi(x), hi(x), lo(x)] . [hi(w), lo(w), hi(w)] summed in one convolution, fp32-class whether
+    the tensor cores truncate their raw fp32 operands or round them. Raw x and w in the hi
+    blocks (the first version) were fp32-class only under truncation; on an H200 they gave
+    TF32's error (8.7e-4, the 'rounding' case here)."""
     torch.manual_seed(0)
     x = torch.randn(2, 32, 9, 9)
     w = torch.randn(16, 32, 3, 3) / math.sqrt(32 * 9)
     ref = F.conv2d(x.double(), w.double())
     xs = split_activation(x.movedim(1, -1)).movedim(-1, 1)
-    ws = torch.cat([w, tf32_lo(w), w], dim=1)
-    got = F.conv2d(_trunc(xs).double(), _trunc(ws).double())
-    one = F.conv2d(_trunc(x).double(), _trunc(w).double())
+    cfg = ConvConfig(128, 64, 32, split3=True)
+    ws = prepare_weight(w, ConvWorkload(2, 32, 16, (9, 9), (3, 3)), cfg).movedim(-1, 1)
+    assert torch.equal(load(xs), xs) and torch.equal(load(ws), ws)  # every operand is TF32 already
+    got = F.conv2d(load(xs).double(), load(ws).double())
+    one = F.conv2d(load(x).double(), load(w).double())
     rel = lambda a: ((a - ref).norm() / ref.norm()).item()  # noqa: E731
     assert rel(got) < 1e-6 < 1e-4 < rel(one)
+    raw = F.conv2d(load(torch.cat([x, x, tf32_lo(x)], 1)).double(), load(torch.cat([w, tf32_lo(w), w], 1)).double())
+    assert (rel(raw) < 1e-6) == (load is _trunc)  # the first version's split, right only when truncating
 
 
 @pytest.mark.parametrize("dims", [1, 2, 3])

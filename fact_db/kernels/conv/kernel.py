@@ -16,10 +16,13 @@ not channels-last is converted in the op (composition inserts that conversion ex
 where it plans one, fact_db/kernels/conv/layout.py).
 
 `split3` (the fp32 and tf32x3 candidates): 3xTF32 along the reduction. The weight is held
-once as [w, lo(w), w] along its input channels (prepare_weight), and each launch first writes
-[x, x, lo(x)] into its workspace (one pass in the template), so the one TF32 implicit GEMM
-over 3C channels sums x w_hi + x w_lo + x_lo w_hi (the tensor cores truncate the raw x and w to
-their high parts; lo(v) = tf32_rna(v - tf32_trunc(v))). The partial sums are not promoted
+once as [hi(w), lo(w), hi(w)] along its input channels (prepare_weight), and each launch first
+writes [hi(x), hi(x), lo(x)] into its workspace (one pass in the template), so the one TF32
+implicit GEMM over 3C channels sums hi(x) hi(w) + hi(x) lo(w) + lo(x) hi(w), with hi(v) =
+tf32_trunc(v) and lo(v) = tf32_rna(v - hi(v)). Every operand is a TF32 value, so the sum does not
+depend on whether the tensor cores truncate raw fp32 or round it (the first version held raw x
+and w in the hi blocks and counted on truncation: an H200 rounded, and every split3 candidate
+failed verification at TF32's error, 8.7e-4). The partial sums are not promoted
 (they stay in the tensor cores' accumulators), unlike the GEMM family's fp32tc mainloop: kept
 only where it verifies under the policy.
 """
@@ -146,6 +149,13 @@ def to_channels_last(t):
     return t.movedim(1, -1).contiguous().movedim(-1, 1)
 
 
+def tf32_hi(t):
+    """tf32_trunc(t): t with its low 13 mantissa bits cleared, a TF32 value whatever the tensor
+    cores do with raw fp32 (truncate or round)."""
+    import torch
+    return (t.contiguous().view(torch.int32) & -8192).view(torch.float32).view(t.shape)
+
+
 def tf32_lo(t):
     """tf32_rna(t - tf32_trunc(t)): what TF32 operands lose when the tensor cores truncate raw
     fp32 bits, rounded to TF32 (the template's split pass computes the same bits)."""
@@ -166,7 +176,8 @@ def forward_padding(w: ConvWorkload) -> tuple:
 
 def prepare_weight(w_kcrs, workload: ConvWorkload, cfg: ConvConfig):
     """The weight as the kernel reads it, made once: K x R... x C packed (KRSC), in the
-    workload's dtype; for split3 [w, lo(w), w] along C. A stride-1 transposed convolution's
+    workload's dtype; for split3 [hi(w), lo(w), hi(w)] along C (each part TF32 already: see the
+    template). A stride-1 transposed convolution's
     weight (C x K x R...) becomes the forward one it equals: flipped in space, C and K swapped."""
     import torch
     w = w_kcrs.detach()
@@ -174,15 +185,17 @@ def prepare_weight(w_kcrs, workload: ConvWorkload, cfg: ConvConfig):
         w = w.flip(list(range(2, w.dim()))).transpose(0, 1)
     wt = w.to(torch_dtype(workload.dtype)).movedim(1, -1).contiguous()
     if cfg.split3:
-        wt = torch.cat([wt, tf32_lo(wt), wt], dim=-1).contiguous()
+        hi = tf32_hi(wt)
+        wt = torch.cat([hi, tf32_lo(wt), hi], dim=-1).contiguous()
     return wt
 
 
 def split_activation(x_nhwc):
-    """[x, x, lo(x)] along the channels of a packed N, *spatial, C tensor: what split3's launch
-    writes into its workspace, in PyTorch ops (the CPU tests' reference)."""
+    """[hi(x), hi(x), lo(x)] along the channels of a packed N, *spatial, C tensor: what split3's
+    launch writes into its workspace, in PyTorch ops (the CPU tests' reference)."""
     import torch
-    return torch.cat([x_nhwc, x_nhwc, tf32_lo(x_nhwc)], dim=-1)
+    hi = tf32_hi(x_nhwc)
+    return torch.cat([hi, hi, tf32_lo(x_nhwc)], dim=-1)
 
 
 def channels_last_strides(shape) -> list:
