@@ -396,9 +396,11 @@ def rows_kernelbench(doc, name):
             for level, s in levels.items():
                 timed = s["fast_p"]["vs_eager"] is not None
                 size = (doc.get("set_size") or {}).get(level)  # a part of a set: how much of it has run
+                rerun = sum(1 for r in doc.get("to_rerun") or [] if r["id"].startswith(f"L{level}-"))
                 yield {**base, "level": int(level), "policy": pol,
                        "problems": f"{s['problems']} of {size} (a part)" if size and size > s["problems"] else s["problems"],
-                       "answered": s["problems"] - s["failed"], "with_regions": s["with_regions"],
+                       "answered": f"{s['problems'] - s['failed']}" + (f" ({rerun} more to rerun)" if rerun else ""),
+                       "with_regions": s["with_regions"],
                        "correct": s["correct"] if timed else "– (no GPU)", "timed": timed,
                        "fast_eager": _fast(s["fast_p"]["vs_eager"]), "fast_compile": _fast(s["fast_p"]["vs_compile"])}
         return

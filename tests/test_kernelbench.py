@@ -334,9 +334,13 @@ def test_the_readme_table_reads_a_scoreboard_and_the_cpu_sweep():
     doc = {"device": "NVIDIA H100 80GB HBM3", "date": "2026-12-01", "results": rows,
            "levels": scoreboard.summary(rows)}
     [r] = tables.rows_kernelbench(doc, "h100-2026-12-01-kernelbench-fp32.json")
-    assert (r["level"], r["policy"], r["problems"], r["answered"], r["correct"], r["gpu"]) == (1, "fp32", 3, 3, 2,
+    assert (r["level"], r["policy"], r["problems"], r["answered"], r["correct"], r["gpu"]) == (1, "fp32", 3, "3", 2,
                                                                                                "H100 80GB HBM3")
     assert r["fast_eager"] == "0.67 / 0.67 / 0.33 / 0.00" and r["fast_compile"] == "0.67 / 0.33 / 0.00 / 0.00"
+    # a part of a set: how much of the level has run, and what waits to run again
+    part = {**doc, "set_size": {"1": 30}, "to_rerun": [{"id": "L1-7"}, {"id": "L1-9"}, {"id": "L2-1"}]}
+    [r] = tables.rows_kernelbench(part, "h100-2026-12-01-kernelbench-fp32.json")
+    assert (r["problems"], r["answered"]) == ("3 of 30 (a part)", "3 (2 more to rerun)")
     sweep = {"device": "cpu", "machine": {"cpu": "AMD EPYC", "cores": 2}, "date": "2026-11-26", "results": [
         {"level": 2, "policy": "bf16", "exit_code": 0, "timed_out": False, "traceback": False, "internal_error": False,
          "seconds": 5.2, "regions": ["gemm"]},
