@@ -197,6 +197,7 @@ def test_parts_run_apart_merge_into_one_scoreboard_with_the_summary_recomputed(t
     assert scoreboard.merge([doc, {**a, "results": []}])["parts"][:2] == doc["parts"]  # parts of a merge carry over
     with pytest.raises(kb.KernelBenchError, match=r"the parts differ in max_candidates \(4 and 12\)"):
         scoreboard.merge([a, {**b, "max_candidates": 12}])
+    assert len(scoreboard.merge([a, {**b, "budget_per_problem_s": 300.0}])["results"]) == 3  # rows carry budgets
     pa, pb = tmp_path / "a.json", tmp_path / "b.json"
     scoreboard.write(a, pa)
     scoreboard.write(b, pb)
@@ -225,6 +226,7 @@ def test_a_run_writes_after_every_row_says_a_line_each_and_resumes(tmp_path):
     assert ran[2:] == [("L1-1", "bf16"), ("L1-2", "bf16"), ("L2-1", "fp32"), ("L2-1", "bf16")]
     assert said[2] == f"resuming: 2 run(s) already in {out}, 4 to go"
     final = json.loads(out.read_text())
+    assert {r["budget_s"] for r in final["results"]} == {scoreboard.DEFAULT_BUDGET_S}
     assert len(final["results"]) == 6 and final["levels"]["bf16"]["1"]["fast_p"]["vs_eager"]["1"] == 1.0
 
 

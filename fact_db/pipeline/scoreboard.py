@@ -256,11 +256,12 @@ def merge(docs: list[dict]) -> dict:
     """One scoreboard from parts run apart (shards on several GPUs of one host, or runs in
     several sessions): the first part's head, every part's rows (a problem and policy that two
     parts ran keeps the first part's row), each part's device, date, commit and row count in
-    `parts`, and the per-level summary recomputed. KernelBenchError where the parts ran
-    different policies' settings (budget, candidates, KernelBench commit)."""
+    `parts`, and the per-level summary recomputed. KernelBenchError where the parts ran with
+    other candidates, peers or KernelBench commits, or one timed and another did not (the budget
+    may differ: each row says its own, `budget_s`)."""
     if not docs:
         raise kb.KernelBenchError("no scoreboard to merge")
-    same = ("budget_per_problem_s", "max_candidates", "peers", "timed")
+    same = ("max_candidates", "peers", "timed")
     for d in docs[1:]:
         for k in same:
             if d.get(k) != docs[0].get(k):
@@ -350,6 +351,7 @@ def run(problems: list[kb.Problem], kernelbench_dir, policies: list[str], *, out
     for i, (p, pol) in enumerate(todo, 1):
         row = runner(p, pol) if runner else child_row(p, pol, kernelbench_dir, budget_s=budget_s, memory_mb=memory_mb,
                                                       extra=extra, doing=doing)
+        row.setdefault("budget_s", budget_s)  # a resumed file's rows may have run under other budgets
         doc["results"].append(row)
         doc["levels"] = summary(doc["results"])
         write(doc, out)
