@@ -218,7 +218,8 @@ def bench_row(problem: str, fast, wall_s: float) -> dict:
 @click.option("--json", "as_json", is_flag=True, help="Print the results JSON too.")
 @click.option("--kernelbench", type=click.Path(exists=True, file_okay=False), default=None,
               help="A clone of ScalingIntelligence/KernelBench: run its problems as they are (the scoreboard).")
-@click.option("--level", default=None, help="--kernelbench: levels to run, comma-separated (default 1,2,3).")
+@click.option("--level", default=None, help="--kernelbench: levels to run, comma-separated (default 1,2,3); with "
+              "--problems, the part of that selection in these levels.")
 @click.option("--problems", "problem_list", default=None,
               help="--kernelbench: problems (L1-19, 19_ReLU, level1/19_ReLU.py), comma-separated, or a file of "
                    "them such as benchmarks/kernelbench_gpu_set.txt (default: every problem of the levels).")
