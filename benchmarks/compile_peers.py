@@ -31,7 +31,7 @@ ROUNDS = 3
 
 def _variants(model_p, fast, policy: str, peers: tuple, with_reduce_overhead: bool, registry) -> list:
     """(name, make) per variant; make() -> the callable, taking inputs at the policy's dtype."""
-    from fact_db.composition.compose import run_at_policy
+    from fact_db.composition.module import run_at_policy
 
     def at_policy(m):
         return lambda *x: run_at_policy(m, policy, x)
@@ -69,7 +69,7 @@ def main() -> None:
     sys.path.insert(0, str(HERE))
     from _provenance import commit
 
-    from fact_db.composition.compose import cast_floats, policy_dtype
+    from fact_db.composition.module import cast_floats, policy_dtype
     from fact_db.core.environment import device_info, toolchain_info
     from fact_db.discovery.trace import load_problem
     from fact_db.kernels.bench import held_mib, peak_mib, time_cuda

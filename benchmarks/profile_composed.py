@@ -53,7 +53,7 @@ def main() -> None:
     ap.add_argument("--max-candidates", type=int, default=2)
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
-    from fact_db.composition.compose import cast_floats, policy_dtype, run_at_policy
+    from fact_db.composition.module import cast_floats, policy_dtype, run_at_policy
     from fact_db.pipeline.run import at_policy, optimize_problem
     from fact_db.discovery.trace import load_problem
     fast = optimize_problem(a.problem, policy=a.policy, max_candidates=a.max_candidates, bench=False, save=False,

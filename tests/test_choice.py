@@ -153,8 +153,8 @@ def test_eager_is_returned_where_it_is_fastest_and_no_kernel_runs(tmp_path):
 def test_inductor_failing_leaves_a_verified_module_and_the_reason(tmp_path, monkeypatch):
     """torch.compile of the composed graph raising (as Inductor does on a lowering it lacks):
     that candidate is out with the reason; the composed module, verified, is returned."""
-    from fact_db.composition import compose
-    real = compose.compiled_target
+    from fact_db.composition import module as compose_module
+    real = compose_module.compiled_target
 
     def failing(module, mode, *, fullgraph):
         if fullgraph:  # the composed graph's
@@ -162,7 +162,7 @@ def test_inductor_failing_leaves_a_verified_module_and_the_reason(tmp_path, monk
                 raise RuntimeError("Inductor: no lowering for factdb_test.gemm_bias")
             return boom
         return real(module, mode, fullgraph=fullgraph)
-    monkeypatch.setattr(compose, "compiled_target", failing)
+    monkeypatch.setattr(compose_module, "compiled_target", failing)
     times = {"eager": 3.0, "torch.compile": 2.0, "composed": 1.5, "composed + torch.compile": 1.0}
     model, x, fast, _ = _optimize(tmp_path, times)
     bad = fast.report.choice.candidate("composed + torch.compile")

@@ -19,7 +19,8 @@ import pytest
 import torch
 
 import standins
-from fact_db.composition.compose import ComposeError, ComposedModule, rewrite, run_at_policy, signature
+from fact_db.composition.compose import ComposeError, rewrite
+from fact_db.composition.module import ComposedModule, run_at_policy, signature
 from fact_db.kernels.impl import Impl
 from fact_db.realization.realize import Realized, plan, realize_regions
 

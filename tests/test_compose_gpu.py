@@ -78,7 +78,7 @@ def test_loaded_artifact_runs_its_kernels_and_matches_its_program(artifact, load
     assert all({op, op + "_blo"} & targets for op in (r["impl"]["op"].replace("::", ".") for r in kernels))
     x = _inputs(manifest)
     eager = torch.export.load(artifact / "program.pt2").module()
-    from fact_db.composition.compose import run_at_policy
+    from fact_db.composition.module import run_at_policy
     with torch.no_grad():
         y, ref = loaded(*x), run_at_policy(eager, manifest["policy"], x)
     err = (torch.linalg.vector_norm((y - ref).double()) / torch.linalg.vector_norm(ref.double())).item()
@@ -130,7 +130,7 @@ def test_composed_module_under_torch_compile_and_cuda_graphs(artifact, loaded):
 def test_another_batch_size_is_right_and_warns_once(artifact, loaded):
     manifest = json.loads((artifact / "manifest.json").read_text())
     x = _inputs(manifest, batch=3)
-    from fact_db.composition.compose import run_at_policy
+    from fact_db.composition.module import run_at_policy
     eager = torch.export.load(artifact / "fallback.pt2").module()
     with warnings.catch_warnings(record=True) as seen, torch.no_grad():
         warnings.simplefilter("always")
@@ -146,7 +146,7 @@ def test_the_composed_module_replays_one_cuda_graph_equal_to_its_ops(artifact, l
     assert loaded.cuda_graph == manifest["cuda_graph"] and loaded.prefer_eager == manifest["prefer_eager"]
     # whether the graph was kept is a timing decision (pipeline/choice.py); replay it here regardless
     loaded.use("composed, CUDA graph")
-    from fact_db.composition.compose import run_at_policy
+    from fact_db.composition.module import run_at_policy
     x, x2 = _inputs(manifest), _inputs(manifest)
     with torch.no_grad():
         y = loaded(*x)

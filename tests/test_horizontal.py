@@ -246,7 +246,7 @@ def test_one_gemm_serves_every_projection(make, xs):
 
 
 def test_the_composed_module_counts_the_weights_it_concatenated_as_held_memory():
-    from fact_db.composition.compose import ComposedModule, signature
+    from fact_db.composition.module import ComposedModule, signature
     from fact_db.composition.report import _mib
     model = Mixed().eval()
     xs = (torch.randn(8, 32),)
@@ -338,7 +338,7 @@ def test_siblings_must_share_a_capture_every_alternative_has(ruleset):
 
 @pytest.mark.slow
 def test_the_split_projections_run_under_torch_compile_fullgraph():
-    from fact_db.composition.compose import ComposedModule, signature
+    from fact_db.composition.module import ComposedModule, signature
     torch.manual_seed(0)
     model = Qkv().eval()
     x = torch.randn(2, 8, 64)

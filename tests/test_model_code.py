@@ -211,7 +211,7 @@ def test_any_failure_after_discovery_returns_eager_never_an_internal_error():
 # The half policies build their model the same way.
 
 def test_bf16_runs_closures_plain_attributes_and_random_draws_in_bf16():
-    from fact_db.composition.compose import run_at_policy
+    from fact_db.composition.module import run_at_policy
     from fact_db.discovery.discover import discover
     from fact_db.pipeline.run import at_policy
     for stem in ("closure_mlp", "lstm_attr", "lstm_randn", "global_tensor"):

@@ -194,7 +194,7 @@ class Block(nn.Module):
 
 @pytest.mark.slow
 def test_a_composition_for_other_shapes_shares_the_weights_the_first_made():
-    from fact_db.composition.compose import ComposedModule, signature
+    from fact_db.composition.module import ComposedModule, signature
     torch.manual_seed(0)
     model = Block().eval()
     derived: dict = {}

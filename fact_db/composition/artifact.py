@@ -238,7 +238,7 @@ def _restore_choice(fast, choice: str) -> str:
     and config make the same keys). Returns the load note, with the compile time."""
     import time
 
-    from fact_db.composition.compose import CHOICES, compiled_target
+    from fact_db.composition.module import CHOICES, compiled_target
     if choice not in CHOICES:
         return f"the manifest's choice {choice!r} is unknown here: runs {fast.choice}"
     if not CHOICES[choice]:
@@ -270,7 +270,8 @@ def load(directory, *, loader=None):
 
     import torch
 
-    from fact_db.composition.compose import ComposedModule, rewrite, signature_from_json
+    from fact_db.composition.compose import rewrite
+    from fact_db.composition.module import ComposedModule, signature_from_json
     directory = Path(directory)
     manifest = read_manifest(directory)
     files = manifest.get("files", {})

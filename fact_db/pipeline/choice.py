@@ -159,7 +159,7 @@ def _runner(name: str, fn, policy: str):
     timer sees as the function's __name__)."""
     import torch
 
-    from fact_db.composition.compose import run_at_policy
+    from fact_db.composition.module import run_at_policy
 
     def run(*x):
         with torch.no_grad():
@@ -170,7 +170,7 @@ def _runner(name: str, fn, policy: str):
 
 def candidates(fast, model_p, policy: str, *, peers=(), composed_ok: bool = True, on_gpu: bool = False) -> list:
     """The candidates for composed module `fast` (see the module docstring), not yet run."""
-    from fact_db.composition.compose import compiled_target
+    from fact_db.composition.module import compiled_target
     out = [Candidate("eager", verified=True, run=_runner("eager", model_p, policy))]
     modes = [(f"torch.compile{'' if m == 'default' else ' ' + m}", m) for p, m in MODES.items() if p in peers]
     for name, mode in modes:
@@ -204,7 +204,7 @@ def choose(fast, model_p, policy: str, draw, verify, *, peers=(), timer=None, ma
 
     import torch
 
-    from fact_db.composition.compose import cast_floats, policy_dtype
+    from fact_db.composition.module import cast_floats, policy_dtype
     from fact_db.kernels.bench import held_mib, peak_mib, time_cuda
     dt = policy_dtype(policy)
     sets = [draw(2 * i + 1)[0] for i in range(3)]

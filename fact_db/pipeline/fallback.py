@@ -12,7 +12,7 @@ from fact_db.core.errors import first_line
 
 def eager_module(model_p, policy: str, inputs, inputs_p, name: str):
     """A ComposedModule that runs `model_p` eagerly under `policy` for every signature."""
-    from fact_db.composition.compose import ComposedModule, signature
+    from fact_db.composition.module import ComposedModule, signature
     return ComposedModule(model_p, model_p, policy=policy, optimized_for=signature(inputs), name=name, regions=[],
                           variants=None, also_for=[signature(inputs_p)] if inputs_p is not inputs else [])
 
@@ -31,7 +31,7 @@ def fall_back(model_p, policy: str, inputs, inputs_p, name: str, report, error: 
     inputs against eager from the same random state (it must give eager's output exactly)."""
     import torch
 
-    from fact_db.composition.compose import run_at_policy
+    from fact_db.composition.module import run_at_policy
     from fact_db.kernels.verify import _clone, _same_tensors
     if torch.cuda.is_available():
         torch.cuda.empty_cache()

@@ -95,7 +95,7 @@ def measure(module, model_p, fast, policy: str, draw, ref_model, *, peers=PEERS,
 
     from fact_db.kernels.agreement import tree_err
     from fact_db.kernels.bench import held_mib, peak_mib, time_cuda
-    from fact_db.composition.compose import cast_floats, policy_dtype
+    from fact_db.composition.module import cast_floats, policy_dtype
     from fact_db.kernels.verify import for_reference
     sets = [draw(2 * i)[0] for i in range(3)]
     dt = policy_dtype(policy)

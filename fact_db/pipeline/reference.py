@@ -105,7 +105,7 @@ def _float64_run(model):
 
 def eager_reference(model_p, policy: str, why: str, notes=()) -> Reference:
     """Eager at the policy as the reference, `why` the float64 model could not serve."""
-    from fact_db.composition.compose import run_at_policy
+    from fact_db.composition.module import run_at_policy
     import torch
 
     def run(*xs):

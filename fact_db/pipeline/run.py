@@ -78,7 +78,7 @@ def at_policy(module, policy: str, *, build=None, example_inputs=None, notes: li
     attributes converted and closures over the copy's submodules, whose forward also converts
     what it draws or reads from outside the model where `example_inputs` show it does
     (dtype_modes.policy_forward); else `module` itself. What was done goes to `notes`."""
-    from fact_db.composition.compose import cast_floats, policy_dtype
+    from fact_db.composition.module import cast_floats, policy_dtype
     from fact_db.pipeline.dtype_modes import policy_forward
     from fact_db.pipeline.recast import recast
     dt = policy_dtype(policy)
@@ -191,7 +191,8 @@ def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max
     Anything that fails after discovery (out of memory included) ends with eager PyTorch at
     the policy returned, run once to check it, and the reason in `report.fallback`.
     """
-    from fact_db.composition.compose import ComposedModule, rewrite, signature
+    from fact_db.composition.compose import rewrite
+    from fact_db.composition.module import ComposedModule, signature
     from fact_db.discovery.discover import discover
     from fact_db.pipeline.fallback import eager_module, fall_back
     from fact_db.pipeline.state import ModelState, StateError
@@ -215,7 +216,7 @@ def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max
     except Exception as e:  # noqa: BLE001  (before any tuning: the model at the policy is what everything runs)
         raise OptimizeError(f"making the {policy} copy of {name} failed ({first_line(e, 200, typed=True)}); free "
                             "memory, or optimize under a float32 policy, which needs no copy") from e
-    from fact_db.composition.compose import cast_floats, policy_dtype
+    from fact_db.composition.module import cast_floats, policy_dtype
     inputs_p = cast_floats(inputs, policy_dtype(policy)) if policy_dtype(policy) else inputs
 
     with stage("discover", report, progress):

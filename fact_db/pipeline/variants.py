@@ -17,7 +17,8 @@ def variant_factory(model_p, policy: str, registry, realized, info, split_weight
     def make(sig, args, kwargs):
         if registry is None or gpu is None or kwargs:
             return None, "no registry to look the new shapes up in"
-        from fact_db.composition.compose import cast_floats, policy_dtype, rewrite
+        from fact_db.composition.compose import rewrite
+        from fact_db.composition.module import cast_floats, policy_dtype
         from fact_db.discovery.discover import discover
         from fact_db.kernels.gemm.family import impl_of as gemm_impl
         from fact_db.realization.realize import plan

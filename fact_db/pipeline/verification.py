@@ -68,7 +68,7 @@ def verify_end_to_end(module, model_p, fast, policy: str, draw, inputs, *, build
     each of its candidates so, against the reference the composed module was checked with)."""
     import torch
 
-    from fact_db.composition.compose import run_at_policy
+    from fact_db.composition.module import run_at_policy
     from fact_db.kernels.verify import (EAGER_REFERENCE_BOUND, KERNELBENCH_TOL, KERNELBENCH_TOL_POLICY, ModelVerdict,
                                         verify_model)
     from fact_db.pipeline.reference import build_reference, free_bytes

@@ -57,7 +57,7 @@ def workload(region, graph, policy: str):
         if t is not None and tuple(t.shape or ()) not in (inner, (prod(inner),)):
             return None, (f"norm over {list(inner)} of {list(x.shape)} with a {name} of shape {list(t.shape or ())}: "
                           f"one {name} per normalized element needed")
-    # bf16/fp16 policies run the whole model in that dtype (compose.run_at_policy), whatever it was traced in.
+    # bf16/fp16 policies run the whole model in that dtype (composition.module.run_at_policy), whatever it was traced in.
     dtype = HALF_POLICIES.get(policy, x.dtype)
     if dtype not in ELEMENT:
         return None, f"norm on {dtype}: the add_norm template takes {', '.join(ELEMENT)}"
