@@ -640,3 +640,38 @@ def test_where_cudnn_wins_a_conv_bn_region_its_batchnorm_is_still_folded():
     cl = x.contiguous(memory_format=torch.channels_last)
     assert fn(cl, gm._factdb_conv_weight_0, gm._factdb_conv_bias_0, [], None).is_contiguous(
         memory_format=torch.channels_last)
+
+
+def test_conv_compiles_stop_at_the_budget_and_a_team_registry_claims_the_workload(monkeypatch):
+    """As every family (kernels/family.py): the batch compile gets the tuning budget's deadline,
+    and tuning goes through registry_first, so a team registry's hosts claim a convolution
+    workload before tuning it and take what the host they waited for stored meanwhile."""
+    import contextlib
+
+    from fact_db.kernels import build
+    from fact_db.kernels.conv import tune as conv_tune
+    from fact_db.kernels.family import Context
+    w = ConvWorkload(8, 64, 128, (32, 32), (3, 3))
+    seen = {}
+    monkeypatch.setattr(build, "build", lambda sources, **kw: seen.update(kw) or [])
+    conv_family.prebuild([w], Context(max_candidates=3, deadline=123.0))
+    assert seen["deadline"] == 123.0
+
+    class Claim:
+        coordinated = True
+
+    class TeamRegistry:
+        claimed = []
+
+        @contextlib.contextmanager
+        def claim(self, key):
+            self.claimed.append(key)
+            yield Claim()
+    hit = type("Hit", (), {"config": None})()  # cuDNN won, as another host measured it
+    answers = iter([None, hit])  # nothing stored before the claim; the other host's row after it
+    monkeypatch.setattr(conv_tune, "from_registry", lambda *a: next(answers))
+    monkeypatch.setattr(conv_tune, "tune_conv", lambda *a, **k: pytest.fail("tuned what another host stored"))
+    reg = TeamRegistry()
+    trials, best, how = conv_family.tune_region(w, Context(registry=reg))
+    assert (trials, best, how) == ([hit], hit, "registry")
+    assert reg.claimed == [w.key("sm90a", "h100")]

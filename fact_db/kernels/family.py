@@ -75,6 +75,28 @@ class Outcome:
     candidates: int = 0            # candidates verified and timed, eager included (0: none, a registry answer)
 
 
+def registry_first(w, ctx: Context, tune: bool, stored: Callable, tune_it: Callable) -> tuple:
+    """(trials, best, how) for workload `w`: the registry's winner (`stored()`: that triple, or
+    None where it has nothing usable) unless ctx.force, else `tune_it()`, or ([], None,
+    "skipped") where `tune` is off. With a team registry the workload is claimed while it is
+    tuned (one host at a time), and a winner the host it waited for stored meanwhile is taken
+    instead of tuning again."""
+    if ctx.registry is not None and not ctx.force:
+        got = stored()
+        if got is not None:
+            return got
+    if not tune:
+        return [], None, "skipped"
+    if ctx.registry is None:
+        return tune_it()
+    with ctx.registry.claim(w.key(ctx.arch, ctx.gpu_name)) as claim:
+        if claim.coordinated and not ctx.force:
+            got = stored()
+            if got is not None:
+                return got
+        return tune_it()
+
+
 class Family(Protocol):
     """A family module, as the stages see it (see the module docstring)."""
 

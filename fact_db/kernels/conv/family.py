@@ -18,7 +18,7 @@ from fact_db.discovery.conv import geometry
 from fact_db.kernels.conv.kernel import TEMPLATE, ConvConfig, why_not
 from fact_db.kernels.conv.layout import arrives_channels_last
 from fact_db.kernels.conv.workload import ELEMENT, ConvError, ConvWorkload, canonical_chain
-from fact_db.kernels.family import Context, Outcome
+from fact_db.kernels.family import Context, Outcome, registry_first
 from fact_db.kernels.impl import Impl, stored
 
 NAME = "conv"
@@ -93,24 +93,33 @@ def prebuild(workloads: list, ctx: Context) -> None:
     sources = [build.Source(TEMPLATE, render(w, c), ctx.arch) for w in dict.fromkeys(workloads)
                for c in candidates(w, ctx.max_candidates)]
     if sources:
-        build.build(sources, progress=ctx.progress)
+        build.build(sources, progress=ctx.progress, deadline=ctx.deadline)
 
 
 def tune_region(w: ConvWorkload, ctx: Context, tune: bool = True):
     """(trials, best, how): the registry's winner first (its kernel from the build cache), else
-    tune.tune_conv; how is registry, tuned or skipped."""
+    tune.tune_conv; how is registry, tuned or skipped. With a team registry the workload is
+    claimed while it is tuned (kernels.family.registry_first)."""
+    return registry_first(w, ctx, tune, lambda: _stored(w, ctx), lambda: _tune(w, ctx))
+
+
+def _stored(w: ConvWorkload, ctx: Context):
+    """(trials, best, "registry") from the registry's current winner, or None."""
     from fact_db.kernels.conv import tune as conv_tune
-    if ctx.registry is not None and not ctx.force:
-        hit = conv_tune.from_registry(w, ctx.registry, ctx.arch, ctx.gpu_name)
-        if hit is not None:
-            if hit.config is None:
-                return [hit], hit, "registry"
-            b = conv_tune.build_candidates(w, [hit.config], arch=ctx.arch, progress=ctx.progress)[hit.config]
-            if b.ok:
-                hit.so, hit.build_key = str(b.path), b.key
-                return [hit], hit, "registry"
-    if not tune:
-        return [], None, "skipped"
+    hit = conv_tune.from_registry(w, ctx.registry, ctx.arch, ctx.gpu_name)
+    if hit is None:
+        return None
+    if hit.config is None:
+        return [hit], hit, "registry"
+    b = conv_tune.build_candidates(w, [hit.config], arch=ctx.arch, progress=ctx.progress)[hit.config]
+    if b.ok:
+        hit.so, hit.build_key = str(b.path), b.key
+        return [hit], hit, "registry"
+    return None
+
+
+def _tune(w: ConvWorkload, ctx: Context):
+    from fact_db.kernels.conv import tune as conv_tune
     trials = conv_tune.tune_conv(w, arch=ctx.arch, registry=ctx.registry, gpu=ctx.gpu_name, gpus=ctx.gpus,
                                  progress=ctx.progress, limit=ctx.max_candidates)
     return trials, next((t for t in trials if t.status == "ok"), None), "tuned"

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from fact_db.core.policy import HALF_POLICIES
-from fact_db.kernels.family import Context, Outcome
+from fact_db.kernels.family import Context, Outcome, registry_first
 from fact_db.kernels.impl import Impl, stored
 from fact_db.kernels.norm.workload import ELEMENT, TEMPLATE, NormError, NormWorkload
 
@@ -121,20 +121,7 @@ def tune_region(w: NormWorkload, ctx: Context, tune: bool = True):
     to the registry). `best` is a NormTrial (candidate None: eager won) or None; `how` is
     "registry", "tuned", or "skipped" where `tune` is off and the registry has nothing usable.
     With a team registry the workload is claimed while it is tuned (registry.claim)."""
-    if ctx.registry is not None and not ctx.force:
-        got = _stored(w, ctx)
-        if got is not None:
-            return got
-    if not tune:
-        return [], None, "skipped"
-    if ctx.registry is None:
-        return _tune(w, ctx)
-    with ctx.registry.claim(w.key(ctx.arch, ctx.gpu_name)) as claim:   # a team registry: one host at a time
-        if claim.coordinated and not ctx.force:
-            got = _stored(w, ctx)   # stored meanwhile by the host this one waited for
-            if got is not None:
-                return got
-        return _tune(w, ctx)
+    return registry_first(w, ctx, tune, lambda: _stored(w, ctx), lambda: _tune(w, ctx))
 
 
 def _stored(w: NormWorkload, ctx: Context):
