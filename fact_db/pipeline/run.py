@@ -205,8 +205,9 @@ def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max
     device = _device_of(module, inputs)
     info = device_info(device) if realizer is not None else _check_gpu(device)
     report = OptimizeReport(name, policy, info, toolchain_info(), [])
-    if module.training and _mode_dependent(module):
-        report.notes.append(f"{name} is in training mode: its {_mode_dependent(module)} run as in training (batch "
+    moded = _mode_dependent(module) if module.training else ""
+    if moded:
+        report.notes.append(f"{name} is in training mode: its {moded} run as in training (batch "
                             "statistics, dropout draws) and are optimized as such; call model.eval() first to "
                             "optimize inference (then BatchNorm folds into the convolutions)")
     state = ModelState(module)  # the user's model is left as it was given, whatever forward changes

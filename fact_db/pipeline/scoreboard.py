@@ -140,25 +140,16 @@ def run_problem(problem: kb.Problem, policy: str, *, budget_s: float = DEFAULT_B
         # TF32 off. KernelBench's harness leaves PyTorch's default (cuDNN convolutions on TF32,
         # about 1e-3 off), which a true-fp32 module misses at KernelBench's 1e-4: that check is
         # recorded beside it (check_pytorch_default), not counted.
-        from fact_db.core.policy import policy_mode
-
-        class AtPolicy(torch.nn.Module):
-            def __init__(self, m):
-                super().__init__()
-                self.m = m
-
-            def forward(self, *xs):
-                with policy_mode(policy):
-                    return self.m(*xs)
-        got = kb.check(AtPolicy(ref) if POLICY_DTYPE[policy] == "float32" else ref, fast, make_inputs, precision,
-                       device=device)
+        from fact_db.composition.module import run_at_policy
+        at_policy = (lambda *xs: run_at_policy(ref, policy, xs)) if precision == "float32" else ref
+        ieee = precision == "float32" and policy != "tf32"  # fp32, tf32x3: IEEE fp32, PyTorch's TF32 differs
+        got = kb.check(at_policy, fast, make_inputs, precision, device=device)
         row["check"] = got
-        row["check_reference"] = (f"{policy}: IEEE fp32 (TF32 off)" if POLICY_DTYPE[policy] == "float32" and policy != "tf32"
-                                  else f"{policy}: {precision}")
+        row["check_reference"] = f"{policy}: IEEE fp32 (TF32 off)" if ieee else f"{policy}: {precision}"
         row["correct"] = got["correct"]
         row["status"] = "ok"
         row["reason"] = got["reason"]
-        if POLICY_DTYPE[policy] == "float32" and policy != "tf32":
+        if ieee:
             row["check_pytorch_default"] = kb.check(ref, fast, make_inputs, precision, device=device)
     except Exception as e:  # noqa: BLE001  (a problem that fails is a row with its reason; the run goes on)
         row["reason"] = f"{stage} failed: {first_line(e, 300, typed=not isinstance(e, FactError))}"
