@@ -3,6 +3,7 @@
 # device call, each step under its own wall-clock limit so one slow compile cannot cost the
 # others their results. Results JSON and logs go to OUTDIR (on the device tool: $OUT).
 # Usage: bash benchmarks/kernels_device.sh OUTDIR [STEP...]; steps: fmha-fp32tc attention norm tests conv conv-tests
+# LIMIT_S=N caps every step's limit at N seconds (to share a device call with other work).
 # Needs the project installed (pip install --no-deps --no-build-isolation -e .) and the wheels
 # of ../shared/gpu-host/wheels.sh on PYTHONPATH.
 set -u
@@ -11,6 +12,7 @@ steps=${*:-fmha-fp32tc attention norm tests}
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 run() {  # name limit_s command...
   local name=$1 limit=$2; shift 2
+  if [ -n "${LIMIT_S:-}" ] && [ "$LIMIT_S" -lt "$limit" ]; then limit=$LIMIT_S; fi
   echo "=== $name (limit ${limit}s) $(date +%T)"
   timeout -k 10 "$limit" "$@" >"$out/$name.log" 2>&1
   echo "rc $? ($name)"; tail -15 "$out/$name.log"

@@ -8,6 +8,9 @@
 # LIMIT seconds; the JSON is written after every problem, so a part cut short keeps every
 # problem it finished. Merge the shards with benchmarks/kernelbench_merge.py.
 # Usage: bash benchmarks/scoreboard_device.sh KERNELBENCH_DIR CARRY OUTDIR LIMIT_S POLICY [bench options...]
+# Environment: GPUS="2 3" runs shards on those GPUs alone (default: every GPU), leaving the others
+# to other work; each shard keeps the cores of its GPU's share and is named by its GPU index.
+# PROBLEMS="L1-24,L3-28,..." deals that list instead of the whole GPU set.
 # Needs the project installed (pip install --no-deps --no-build-isolation -e .).
 set -u
 kb=$1 carry=$2 out=$3 limit=$4 policy=$5; shift 5
@@ -16,10 +19,14 @@ py=${PYTHON:-python3}
 gpus=$(nvidia-smi -L 2>/dev/null | wc -l); [ "$gpus" -ge 1 ] || gpus=1
 cores=$(nproc); per=$(( cores / gpus )); [ "$per" -ge 1 ] || per=1
 nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
-echo "$gpus shard(s), $per core(s) each"
-ids=$(grep -v '^#' benchmarks/kernelbench_gpu_set.txt | awk 'NF {print $1}')
-for s in $(seq 0 $(( gpus - 1 ))); do
-  mine=$(echo "$ids" | awk -v s="$s" -v n="$gpus" '(NR - 1) % n == s' | paste -sd, -)
+use=(${GPUS:-$(seq 0 $(( gpus - 1 )))})
+echo "${#use[@]} shard(s) on GPU(s) ${use[*]}, $per core(s) each"
+if [ -n "${PROBLEMS:-}" ]; then ids=$(echo "$PROBLEMS" | tr ', ' '\n\n' | awk 'NF')
+else ids=$(grep -v '^#' benchmarks/kernelbench_gpu_set.txt | awk 'NF {print $1}'); fi
+for i in "${!use[@]}"; do
+  s=${use[$i]}
+  mine=$(echo "$ids" | awk -v s="$i" -v n="${#use[@]}" '(NR - 1) % n == s' | paste -sd, -)
+  [ -n "$mine" ] || continue
   json="$out/kernelbench-$policy-shard$s.json"
   resume=()
   if [ -f "$carry/kernelbench-$policy-shard$s.json" ]; then    # this shard's part, from the last call
@@ -33,7 +40,8 @@ for s in $(seq 0 $(( gpus - 1 ))); do
     > "$out/scoreboard-$policy-shard$s.log" 2>&1 &
 done
 wait
-for s in $(seq 0 $(( gpus - 1 ))); do
+for s in "${use[@]}"; do
+  [ -f "$out/scoreboard-$policy-shard$s.log" ] || continue
   echo "=== shard $s"; grep -v '^\[realize\]' "$out/scoreboard-$policy-shard$s.log" | tail -40
 done
 du -sh "$out"
