@@ -2,6 +2,11 @@
 or one per session) into one scoreboard JSON with its per-level summary recomputed.
 
     python benchmarks/kernelbench_merge.py part-0.json part-1.json --out benchmarks/results/h100-<date>-kernelbench-fp32.json
+    python benchmarks/kernelbench_merge.py ... --rerun "L3-29=its compose bug is fixed" --raw raw/shard-2.json
+
+A merged scoreboard keeps `to_rerun` (problems whose rows ended on faults fixed since): an
+entry is dropped once a part has its row, and `--rerun ID=WHY` moves a row there (the row as
+measured stays in the raw part named with `--raw`, whose paths the JSON lists).
 """
 from __future__ import annotations
 
@@ -19,13 +24,36 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("parts", nargs="+", type=Path, help="scoreboard JSONs")
     ap.add_argument("--out", type=Path, required=True, help="the merged scoreboard JSON")
+    ap.add_argument("--rerun", action="append", default=[], metavar="ID=WHY",
+                    help="move that problem's row to to_rerun, saying why it is run again")
+    ap.add_argument("--raw", action="append", default=[], help="a raw part's path, added to the JSON's list")
     args = ap.parse_args(argv)
-    doc = scoreboard.merge([scoreboard.load(p) for p in args.parts])
+    docs = [scoreboard.load(p) for p in args.parts]
+    doc = scoreboard.merge(docs)
+    rerun = {}
+    for d in docs:  # every part's list, first mention kept
+        for e in d.get("to_rerun") or []:
+            rerun.setdefault(e["id"], e)
+    have = {r["id"] for r in doc["results"]}
+    rerun = {k: e for k, e in rerun.items() if k not in have}
+    for spec in args.rerun:
+        pid, _, why = spec.partition("=")
+        row = next((r for r in doc["results"] if r["id"] == pid), None)
+        if row is None or not why:
+            raise SystemExit(f"--rerun {spec!r}: give ID=WHY for a problem with a row (no row for {pid!r})")
+        doc["results"].remove(row)
+        measured = row.get("reason") or "; ".join((row.get("did") or {}).get("notes", [])[:1]) or row["status"]
+        rerun[pid] = {"id": pid, "name": row["name"], "measured": measured, "why_rerun": why,
+                      **{k: row.get(k) for k in ("eager_ms", "compile_ms", "factdb_ms")}}
+    doc["to_rerun"] = list(rerun.values())
+    doc["raw"] = list(dict.fromkeys([*(doc.get("raw") or []), *args.raw]))
+    doc["levels"] = scoreboard.summary(doc["results"])
     scoreboard.write(doc, args.out)
     for pol, levels in doc["levels"].items():
         for lv, s in levels.items():
             print(f"level {lv} {pol}: {s['problems']} problem(s), {s['correct']} correct, {s['failed']} failed")
-    print(f"wrote {args.out} ({len(doc['results'])} rows from {len(args.parts)} part(s))")
+    print(f"wrote {args.out} ({len(doc['results'])} rows from {len(args.parts)} part(s); "
+          f"{len(doc['to_rerun'])} to rerun)")
     return 0
 
 

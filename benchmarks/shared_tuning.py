@@ -82,7 +82,9 @@ def run_hosts(n: int, url: str, args, tmp: Path) -> dict:
     t0 = time.perf_counter()
     for h in range(n):
         env = {**os.environ, "FACTDB_HOME": str(tmp / f"run{n}-host{h}"), "FACTDB_SEED": "",
-               "PYTHONPATH": str(ROOT)}
+               # the project first, then whatever the caller's PYTHONPATH holds (wheels installed
+               # with --target on a device machine): replacing it loses the dependencies
+               "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
         env.pop("FACTDB_DB", None)
         env.pop("FACTDB_CACHE", None)
         procs.append(subprocess.Popen([sys.executable, "-c", HOST, args.problem, args.policy, url, args.gpus],

@@ -35,8 +35,10 @@ def run(kernelbench, level, problems, policies, budget_s, memory_mb, max_candida
     extra = ["--max-candidates", str(max_candidates), *(["--gpus", gpus] if gpus else []), *(["--db", db] if db else [])]
     click.echo(f"{len(probs)} problem(s) x {len(pols)} polic{'y' if len(pols) == 1 else 'ies'}, each in its own "
                f"process: at most {budget_s:g} s and {memory_mb} MiB; results in {target}", err=True)
+    from datetime import date
     doc = scoreboard.run(probs, kernelbench, pols, out=target, doc=doc, budget_s=budget_s, memory_mb=memory_mb,
-                         extra=extra, say=lambda s: click.echo(s, err=True))
+                         extra=extra, say=lambda s: click.echo(s, err=True),
+                         stamp={"commit": commit(), "date": date.today().isoformat()} if resume else None)
     for pol, levels in doc["levels"].items():
         for lv, s in levels.items():
             fp = s["fast_p"]["vs_eager"]

@@ -444,6 +444,42 @@ def _norm_loader(rec):
     return standin_loader(rec)
 
 
+def test_a_residual_gemm_reading_an_add_norm_regions_sum_composes():
+    """A pre-norm block whose residual add is no GEMM's epilogue (Swin's `shortcut + x`): the
+    add-layernorm region erases the add and its sum comes from the fused op; a residual GEMM
+    rewritten after it reads that sum (KernelBench L3-29 ended in `Argument 'add' ... used
+    before it has been defined` on the GPU)."""
+    from fact_db.kernels.norm.family import workload as norm_workload
+
+    class PreNorm(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln, self.fc = torch.nn.LayerNorm(64), torch.nn.Linear(64, 64)
+
+        def forward(self, x):
+            h = x + torch.tanh(x)
+            return h + self.fc(self.ln(h))
+
+    def realize(disc, policy):
+        out = standin_realizer()(disc, policy)
+        for z in out:
+            if z.region.rule == "add-layernorm":
+                w, _ = norm_workload(z.region, disc.graph, policy)
+                z.workload, z.how, z.eager_ms, z.ms = w, "tuned", 1.0, 0.5
+                z.impl = Impl("norm", "stand-in add_norm", standins.norm_op(w.kind, w.eps), {"standin": "norm"})
+        return out
+    from fact_db.pipeline.run import optimize
+    torch.manual_seed(0)
+    model, x = PreNorm(), torch.randn(4, 16, 64)
+    fast = optimize(model, (x,), realizer=realize, timer=lambda fn, xs: 1.0, peers=(), progress=False, save=False)
+    rep = fast.report
+    assert not rep.fallback, rep.notes
+    assert sorted(z.region.rule for z in rep.regions if z.impl.kind != "eager") == ["add-layernorm", "gemm-residual"]
+    targets = [str(n.target) for n in fast.gm.graph.nodes if n.op == "call_function"]
+    assert not any(t.startswith(("aten.layer_norm", "aten.linear", "aten.addmm")) for t in targets), targets
+    assert rep.verification.ok and torch.allclose(fast(x), model(x), atol=1e-5)
+
+
 @pytest.mark.slow
 def test_norm_regions_compose_save_and_load(tmp_path):
     from fact_db.composition.artifact import load

@@ -207,6 +207,41 @@ def test_parts_run_apart_merge_into_one_scoreboard_with_the_summary_recomputed(t
     assert len(json.loads((tmp_path / "all.json").read_text())["results"]) == 3
 
 
+@pytest.mark.subprocess
+def test_resumed_parts_list_each_run_once_and_rows_move_to_to_rerun(tmp_path):
+    """A shard resumed from a merged file carries that file's head and parts: merged again,
+    each part is listed once, and the rows the resumed runs added (stamped with their commit)
+    count as parts of their own. --rerun moves a row to to_rerun; a to_rerun entry whose
+    problem has a row now is dropped."""
+    head = {"budget_per_problem_s": 300.0, "max_candidates": 4, "peers": ["compile"], "timed": True,
+            "kernelbench": {"commit": "423217d"}, "policies": ["fp32"], "device": "NVIDIA H200", "gpu": "h200"}
+    merged = {**head, "date": "2026-11-26", "commit": "abc", "results": [_row("L1-1", 1, speedup=1.6)],
+              "parts": [{"date": "2026-11-26", "commit": "abc", "rows": 1}],
+              "to_rerun": [{"id": "L1-2", "name": "L1-2", "why_rerun": "a fixed fault"},
+                           {"id": "L1-3", "name": "L1-3", "why_rerun": "a fixed fault"}]}
+    shard = json.loads(json.dumps(merged))  # what the resumed shard began from
+    shard["results"] += [{**_row("L1-2", 1, speedup=2.0), "commit": "def", "date": "2026-11-27"},
+                         {**_row("L2-1", 2, speedup=1.2), "commit": "def", "date": "2026-11-27"}]
+    doc = scoreboard.merge([merged, shard])
+    assert [(p["commit"], p["rows"]) for p in doc["parts"]] == [("abc", 1), ("def", 2)]
+    pm, ps = tmp_path / "merged.json", tmp_path / "shard.json"
+    scoreboard.write(merged, pm)
+    scoreboard.write(shard, ps)
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernelbench_merge.py"), str(pm), str(ps), "--out",
+                        str(tmp_path / "all.json"), "--rerun", "L2-1=its stage failed on a bug fixed since",
+                        "--raw", "raw/shard.json"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    out = json.loads((tmp_path / "all.json").read_text())
+    assert [x["id"] for x in out["results"]] == ["L1-1", "L1-2"]
+    assert [(e["id"], e["why_rerun"]) for e in out["to_rerun"]] == [("L1-3", "a fixed fault"),
+                                                                   ("L2-1", "its stage failed on a bug fixed since")]
+    assert out["raw"] == ["raw/shard.json"] and "2" not in out["levels"]["fp32"]
+    bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernelbench_merge.py"), str(pm), "--out",
+                          str(tmp_path / "x.json"), "--rerun", "L9-9=no such row"], capture_output=True, text=True,
+                         timeout=120)
+    assert bad.returncode != 0 and "no row for 'L9-9'" in bad.stderr
+
+
 def test_a_run_writes_after_every_row_says_a_line_each_and_resumes(tmp_path):
     root = _tree(tmp_path, {"level1/1_A.py": GOOD, "level1/2_B.py": GOOD, "level2/1_C.py": GOOD})
     probs = kb.problems(root)
@@ -227,6 +262,10 @@ def test_a_run_writes_after_every_row_says_a_line_each_and_resumes(tmp_path):
     assert said[2] == f"resuming: 2 run(s) already in {out}, 4 to go"
     final = json.loads(out.read_text())
     assert {r["budget_s"] for r in final["results"]} == {scoreboard.DEFAULT_BUDGET_S}
+    scoreboard.run(probs, root, ["tf32"], out=out, doc=scoreboard.load(out), say=said.append, runner=runner,
+                   stamp={"commit": "def", "date": "2026-11-27"})  # a resumed run stamps the rows it adds
+    rows = json.loads(out.read_text())["results"]
+    assert [r.get("commit") for r in rows] == [None] * 6 + ["def"] * 3
     assert len(final["results"]) == 6 and final["levels"]["bf16"]["1"]["fast_p"]["vs_eager"]["1"] == 1.0
 
 

@@ -177,6 +177,12 @@ def test_running_out_of_memory_after_discovery_returns_eager_with_the_reason(tmp
     assert r.fallback.startswith("the realize stage ran out of GPU memory (CUDA out of memory. Tried to allocate 8.00")
     assert any(n.startswith(r.fallback) and "one run on fresh inputs gives eager's output exactly" in n for n in r.notes)
     assert r.verification is None and fast.regions == []
+    # what was returned is still timed against eager (the scoreboard's row takes its times from here)
+    v = {x.name: x for x in r.variants}
+    assert v["eager fp32"].ms == 1.0 and v["fact-db"].ms == 1.0 and v["fact-db"].err is None
+    assert v["fact-db"].note.startswith("no error: no reference (optimize fell back to eager")
+    assert f"eager PyTorch: {r.fallback}" in v["fact-db"].note
+    assert "benchmark" in r.stages_s
     with torch.no_grad():
         assert torch.equal(fast(x), model(x))
     assert (Path(fast.artifact) / "report.md").read_text().count("Returned eager PyTorch under the `fp32` policy") == 1

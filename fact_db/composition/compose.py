@@ -59,7 +59,10 @@ def _fx_resolver(gm, program):
                 return attrs[fqns[name]]
             raise ComposeError(f"operand `{name}` ({fqns[name]}) has no node in the unlifted program")
         if name in by_name:
-            return by_name[name]
+            node = by_name[name]
+            if getattr(node, "_erased", False):  # an earlier region's rewrite took it out and said nothing
+                raise ComposeError(f"operand `{name}` was replaced by an earlier region's rewrite")
+            return node
         raise ComposeError(f"operand `{name}` is not a node of the exported program")
     fx.replaced = replaced
     fx.derived = {}  # key -> tensor: weights made for the composition (see _derived)
@@ -416,6 +419,9 @@ def _norm_nodes(gm, g, shapes, r, impl, fx, index: int):
         for u in list(anchor.users):
             if u is not call and u.name not in region:
                 u.replace_input_with(anchor, s)
+        # regions rewritten after this one that read the sum (a later residual GEMM's c, in a
+        # pre-norm block whose residual add is no GEMM's epilogue) take s too: the add is erased
+        fx.replaced[total] = s
     return y
 
 

@@ -74,7 +74,7 @@ def _add_note(v: Variant, text: str) -> None:
 
 
 def measure(module, model_p, fast, policy: str, draw, ref_model, *, peers=PEERS, timer=None, progress=True,
-            composed_ok: bool = True, choice=None) -> list[Variant]:
+            composed_ok: bool = True, choice=None, fell_back: str = "") -> list[Variant]:
     """Time every variant end to end in this process: eager fp32, eager at the policy (under
     fp32, for a model with convolutions, also eager under PyTorch's default, cuDNN on TF32, with
     its error: what the user had), torch.compile (default, and max-autotune-no-cudagraphs), fact-db (the returned module),
@@ -90,7 +90,10 @@ def measure(module, model_p, fast, policy: str, draw, ref_model, *, peers=PEERS,
     The variants that compile nothing (eager, fact-db) are timed in BENCH_ROUNDS interleaved
     rounds, so a GPU whose clocks drift under sustained load drifts for all of them alike; each
     one's time is the median of its rounds' medians, and `round_ms` keeps those for the spread.
-    A compiled peer is timed right after its compile."""
+    A compiled peer is timed right after its compile.
+
+    `ref_model` None: no errors are measured (optimize fell back to eager before it had a
+    reference: `fell_back` says why, and the fact-db variant says it is eager)."""
     import torch
 
     from fact_db.kernels.agreement import tree_err
@@ -103,7 +106,10 @@ def measure(module, model_p, fast, policy: str, draw, ref_model, *, peers=PEERS,
     seed = int.from_bytes(os.urandom(8), "little") & ((1 << 62) - 1)  # every error run draws what the reference drew
     torch.manual_seed(seed)
     try:
-        ref, ref_note = ref_model(*for_reference(sets[0], ref_model)), ""
+        if ref_model is None:
+            ref, ref_note = None, "no error: no reference (optimize fell back to eager before it made one)"
+        else:
+            ref, ref_note = ref_model(*for_reference(sets[0], ref_model)), ""
     except Exception as e:  # noqa: BLE001  (the errors column is then empty, and each variant says why)
         ref, ref_note = None, f"no error: the reference raised {first_line(e, 120, typed=True)}"
     timer = timer or (lambda fn, xs: time_cuda(lambda x: fn(*x), xs))
@@ -207,7 +213,9 @@ def measure(module, model_p, fast, policy: str, draw, ref_model, *, peers=PEERS,
             _add_note(v, first_line(e, typed=True))
             if bar is not None:
                 bar.update(1 if compiled_peer else BENCH_ROUNDS)
-        if label == "fact-db" and not composed_ok:
+        if label == "fact-db" and fell_back:
+            _add_note(v, f"eager PyTorch: {fell_back}")
+        elif label == "fact-db" and not composed_ok:
             _add_note(v, f"verification failed: this is {returned}")
         elif label == "fact-db":
             _add_note(v, f"returns {returned}")

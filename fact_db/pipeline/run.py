@@ -289,7 +289,19 @@ def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max
                         + "), counted in its peak memory")
     except Exception as e:  # noqa: BLE001  (whatever failed, out of memory included: eager, with the reason)
         ref_model = None
+        if report.choice is not None:
+            report.choice.release()
         fast = fall_back(model_p, policy, inputs, inputs_p, name, report, e, where, draw)
+        if bench and where != "benchmark":
+            # What was returned is still timed against its peers, so a user (and the scoreboard)
+            # sees eager's and torch.compile's times whatever stage stopped.
+            try:
+                with stage("benchmark", report, progress):
+                    report.variants = measure(module, model_p, fast, policy, draw, None, peers=peers, timer=timer,
+                                              progress=progress, composed_ok=False, fell_back=report.fallback)
+            except Exception as e2:  # noqa: BLE001  (the module returned stays eager; the report says why untimed)
+                report.variants = []
+                report.notes.append(f"the eager module returned was not timed: {first_line(e2, 200, typed=True)}")
     if report.choice is not None:
         report.choice.release()
     del ref_model

@@ -263,16 +263,29 @@ def merge(docs: list[dict]) -> dict:
     out = {k: v for k, v in docs[0].items() if k not in ("results", "levels", "parts")}
     seen, rows, parts = set(), [], []
     for d in docs:
+        # a part resumed from a merged file carries that file's parts: each is listed once
         for part in d.get("parts") or [{k: d.get(k) for k in ("device", "gpu", "date", "commit", "machine")}
                                          | {"rows": len(d["results"])}]:
-            parts.append(part)
+            if part not in parts:
+                parts.append(part)
         for r in d["results"]:
             if (r["id"], r["policy"]) not in seen:
                 seen.add((r["id"], r["policy"]))
                 rows.append(r)
+    # runs whose rows carry their own commit and date (stamped: resumed parts)
+    for (c, day), n in sorted(_count((r["commit"], r.get("date")) for r in rows if r.get("commit")).items()):
+        parts.append({"device": out.get("device"), "gpu": out.get("gpu"), "date": day, "commit": c,
+                      "rows": n, "stamped": True})
     out["policies"] = sorted({p for d in docs for p in d.get("policies", [])})
     out["parts"], out["results"] = parts, rows
     out["levels"] = summary(rows)
+    return out
+
+
+def _count(items) -> dict:
+    out: dict = {}
+    for x in items:
+        out[x] = out.get(x, 0) + 1
     return out
 
 
@@ -329,10 +342,12 @@ def child_row(problem: kb.Problem, policy: str, kernelbench_dir: str, *, budget_
 
 def run(problems: list[kb.Problem], kernelbench_dir, policies: list[str], *, out: Path, doc: dict,
         budget_s: float = DEFAULT_BUDGET_S, memory_mb: int = DEFAULT_MEMORY_MB, extra: list[str] | None = None,
-        say=print, runner=None) -> dict:
+        say=print, runner=None, stamp: dict | None = None) -> dict:
     """Every problem under every policy not already in `doc["results"]` (resume), each in its
     own child (`runner(problem, policy)` replaces it in tests); `doc` is written to `out`
-    after each row, with its per-level summary; `say` gets one line per problem."""
+    after each row, with its per-level summary; `say` gets one line per problem. `stamp`
+    (this run's commit and date) goes into every row it adds: a resumed file's head names the
+    run that started it, and its rows may come from several."""
     doing = "optimizing, checking and timing it" if doc.get("timed") else "planning it"
     done = {(r["id"], r["policy"]) for r in doc["results"]}
     todo = [(p, pol) for p in problems for pol in policies if (p.id, pol) not in done]
@@ -343,6 +358,7 @@ def run(problems: list[kb.Problem], kernelbench_dir, policies: list[str], *, out
         row = runner(p, pol) if runner else child_row(p, pol, kernelbench_dir, budget_s=budget_s, memory_mb=memory_mb,
                                                       extra=extra, doing=doing)
         row.setdefault("budget_s", budget_s)  # a resumed file's rows may have run under other budgets
+        row.update(stamp or {})
         doc["results"].append(row)
         doc["levels"] = summary(doc["results"])
         write(doc, out)
