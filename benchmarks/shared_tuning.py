@@ -5,7 +5,11 @@ first, then tuned: fact_db.realization.realize.realize_regions) by one process w
 and an empty registry, timed; then by two processes at once, each with its own FACTDB_HOME (its
 own cache and build cache), sharing one PostgreSQL registry, and timed until both are done.
 With a team registry the two divide the regions (fact_db.store.lease.each). Target: the pair
-takes at most 60% of one host's time. Both processes use the same GPUs (--gpus).
+takes at most 60% of one host's time. Both processes use the same GPUs (--gpus);
+`--cores-per-host N` gives each process N CPU cores of its own (the first host the first N
+of the cores this script may use, the second the next N; the lone host the first N), as two
+machines would have, where without it they share this machine's cores (nvcc's compiles are
+most of a cold tuning).
 
 Writes benchmarks/results/<gpu>-<date>-shared-tuning.json (device, date, commit, each run's
 seconds and per-region outcomes) and prints the ratio.
@@ -15,7 +19,8 @@ without it, one is started from the installed binaries (tests/pg.py) on 127.0.0.
 the script says so and stops without measuring.
 
     python benchmarks/shared_tuning.py [--problem benchmarks/problems/mingpt_block.py] [--policy fp32]
-                                       [--url postgresql+psycopg://...] [--gpus 0] [--out PATH]
+                                       [--url postgresql+psycopg://...] [--gpus 0] [--max-candidates 4]
+                                       [--cores-per-host 8] [--out PATH]
 """
 from __future__ import annotations
 
@@ -43,13 +48,13 @@ from fact_db.kernels.abi import current_gpu
 from fact_db.realization.realize import realize_regions
 from fact_db.store.registry import Registry
 
-problem, policy, url, gpus = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+problem, policy, url, gpus, max_candidates = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
 gpu, device = current_gpu()
 report = discover_problem(problem, arch="sm90", policy=policy)
 reg = Registry.open(url, seed=False)
 t0 = time.perf_counter()
 realized = realize_regions(report, policy, registry=reg, gpu=gpu, gpus=[int(g) for g in gpus.split(",")],
-                           progress=False)
+                           max_candidates=max_candidates, progress=False)
 seconds = time.perf_counter() - t0
 print(json.dumps({"seconds": seconds, "device": device, "gpu": gpu,
                   "regions": [{"index": z.index + 1, "rule": z.region.rule, "how": z.how, "ms": z.ms,
@@ -79,23 +84,34 @@ def schema_url(server, url: str | None) -> str:
 
 def run_hosts(n: int, url: str, args, tmp: Path) -> dict:
     procs = []
+    mine = sorted(os.sched_getaffinity(0))
+    per = args.cores_per_host
+    if per and per * n > len(mine):
+        raise SystemExit(f"--cores-per-host {per}: {n} host(s) need {per * n} cores, this process may use {len(mine)}")
+    print(f"{n} host(s) tuning {Path(args.problem).name} at {args.policy}"
+          + (f", {per} cores each" if per else ", sharing this machine's cores"), flush=True)
     t0 = time.perf_counter()
     for h in range(n):
+        cores = set(mine[h * per:(h + 1) * per]) if per else None
         env = {**os.environ, "FACTDB_HOME": str(tmp / f"run{n}-host{h}"), "FACTDB_SEED": "",
                # the project first, then whatever the caller's PYTHONPATH holds (wheels installed
                # with --target on a device machine): replacing it loses the dependencies
                "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
         env.pop("FACTDB_DB", None)
         env.pop("FACTDB_CACHE", None)
-        procs.append(subprocess.Popen([sys.executable, "-c", HOST, args.problem, args.policy, url, args.gpus],
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT))
+        procs.append(subprocess.Popen([sys.executable, "-c", HOST, args.problem, args.policy, url, args.gpus,
+                                       str(args.max_candidates)],
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                                      preexec_fn=(lambda c=cores: os.sched_setaffinity(0, c)) if cores else None))
     outs = [p.communicate() for p in procs]
     wall = time.perf_counter() - t0
     for p, (_, err) in zip(procs, outs):
         if p.returncode != 0:
             raise SystemExit(f"a host failed ({p.returncode}): {err[-3000:]}")
     hosts = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
-    return {"hosts": n, "wall_s": round(wall, 2), "realize_s": [round(h["seconds"], 2) for h in hosts],
+    print(f"  {n} host(s): {wall:.1f} s (each host's tuning: "
+          f"{', '.join(format(h['seconds'], '.1f') for h in hosts)} s)", flush=True)
+    return {"hosts": n, "wall_s": round(wall, 2), "cores_per_host": per or None, "realize_s": [round(h["seconds"], 2) for h in hosts],
             "per_host": hosts}
 
 
@@ -105,6 +121,9 @@ def main(argv=None) -> int:
     ap.add_argument("--policy", default="fp32")
     ap.add_argument("--url", help="PostgreSQL URL of the team registry's server (default: start one here)")
     ap.add_argument("--gpus", default="0", help="GPU indices each host uses (default 0: both share one)")
+    ap.add_argument("--max-candidates", type=int, default=4, help="candidates per region (default 4)")
+    ap.add_argument("--cores-per-host", type=int, default=0,
+                    help="CPU cores of its own for each host process (default: they share this machine's)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     server = None
@@ -129,6 +148,7 @@ def main(argv=None) -> int:
     now = datetime.datetime.now(datetime.timezone.utc)
     doc = {"benchmark": "shared_tuning", "date": now.isoformat(timespec="seconds"), "commit": commit(),
            "device": device, "problem": Path(args.problem).name, "policy": args.policy, "gpus": args.gpus,
+           "max_candidates": args.max_candidates, "cores_per_host": args.cores_per_host or None,
            "one_host": one, "two_hosts": two, "ratio": round(ratio, 3), "target": "<= 0.6"}
     out = args.out or HERE / "results" / f"{gpu}-{now.date().isoformat()}-shared-tuning.json"
     out.write_text(json.dumps(doc, indent=2) + "\n")

@@ -188,6 +188,30 @@ def test_running_out_of_memory_after_discovery_returns_eager_with_the_reason(tmp
     assert (Path(fast.artifact) / "report.md").read_text().count("Returned eager PyTorch under the `fp32` policy") == 1
 
 
+def test_the_failed_stages_locals_are_freed_before_the_fallback_is_timed():
+    """An exception's traceback keeps the failed stage's frames, and their locals: the choose
+    stage's input sets, tens of GiB on KernelBench L1-45, which then ran out of memory again
+    timing the eager module it fell back to. optimize clears those frames first."""
+    import weakref
+
+    class Big:
+        pass
+    refs, alive = [], []
+
+    def realizer(disc, policy):
+        held = Big()  # a local of the failing stage, as choose's input sets are
+        refs.append(weakref.ref(held))
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 32.00 GiB")
+
+    def timer(fn, xs):
+        alive.append(refs[0]() is not None)
+        return 1.0
+    _, model, (x,) = _model("closure_mlp")
+    fast = optimize(model, (x,), realizer=realizer, timer=timer, peers=(), progress=False, save=False)
+    assert fast.report.fallback.startswith("the realize stage ran out of GPU memory")
+    assert alive and not any(alive)
+
+
 def test_a_float64_reference_out_of_memory_falls_back_to_eager_and_says_so():
     class Big(torch.nn.Module):
         def __init__(self):

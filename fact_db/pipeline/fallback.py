@@ -34,6 +34,8 @@ def fall_back(model_p, policy: str, inputs, inputs_p, name: str, report, error: 
     from fact_db.composition.module import run_at_policy
     from fact_db.kernels.verify import _clone, _same_tensors
     if torch.cuda.is_available():
+        import gc
+        gc.collect()  # what the failed stage's frames held (run.optimize clears them) goes before the cache
         torch.cuda.empty_cache()
     fast = eager_module(model_p, policy, inputs, inputs_p, name)
     reason = why(error, stage)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+import traceback
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -289,6 +290,10 @@ def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max
                         + "), counted in its peak memory")
     except Exception as e:  # noqa: BLE001  (whatever failed, out of memory included: eager, with the reason)
         ref_model = None
+        # The traceback holds the failed stage's frames, and with them its locals (the choose
+        # stage's input sets: tens of GiB on a large model): cleared, or falling back and
+        # timing run out of memory again (KernelBench L1-45 did).
+        traceback.clear_frames(e.__traceback__)
         if report.choice is not None:
             report.choice.release()
         fast = fall_back(model_p, policy, inputs, inputs_p, name, report, e, where, draw)
