@@ -224,6 +224,7 @@ def test_resumed_parts_list_each_run_once_and_rows_move_to_to_rerun(tmp_path):
                          {**_row("L2-1", 2, speedup=1.2), "commit": "def", "date": "2026-11-27"}]
     doc = scoreboard.merge([merged, shard])
     assert [(p["commit"], p["rows"]) for p in doc["parts"]] == [("abc", 1), ("def", 2)]
+    assert scoreboard.merge([doc, shard])["parts"] == doc["parts"]  # a merge merged again: stamped parts recounted
     pm, ps = tmp_path / "merged.json", tmp_path / "shard.json"
     scoreboard.write(merged, pm)
     scoreboard.write(shard, ps)

@@ -266,7 +266,7 @@ def merge(docs: list[dict]) -> dict:
         # a part resumed from a merged file carries that file's parts: each is listed once
         for part in d.get("parts") or [{k: d.get(k) for k in ("device", "gpu", "date", "commit", "machine")}
                                          | {"rows": len(d["results"])}]:
-            if part not in parts:
+            if part not in parts and not part.get("stamped"):  # stamped parts: recounted from the rows below
                 parts.append(part)
         for r in d["results"]:
             if (r["id"], r["policy"]) not in seen:
