@@ -45,7 +45,14 @@ def built():
     return res
 
 
-@pytest.mark.parametrize("i", range(len(CASES)))
+# The fp32 split3 kernel keeps its partial sums in the tensor cores' accumulators (no promotion
+# into fp32 registers, as the GEMM family's mainloop does): on the H200 it missed the fp32
+# bound by 2.6x here (2.47e-6 against 9.45e-7, 2026-11-26), so the tuner keeps cuDNN under fp32.
+FP32_SPLIT3 = pytest.mark.xfail(strict=True, reason="split3 without promotion misses the fp32 bound (docs/kernels.md)")
+
+
+@pytest.mark.parametrize("i", [pytest.param(i, marks=FP32_SPLIT3) if w.policy == "fp32" else i
+                               for i, (w, _) in enumerate(CASES)])
 def test_kernel_verifies_against_float64_at_its_policy(built, i):
     w, c = CASES[i]
     res = evaluate_one(w, str(built[i].path), c, trials=6, reps=20)
