@@ -6,7 +6,7 @@ set whose row is missing, stopped, incorrect or below --threshold (default 1.05x
 again on the CPU (discovery on the meta device, the roofline of the GPU the scoreboard ran on):
 what its regions are and what they run on the GPU, and which ops no region covers with their
 share of the estimated eager time. Writes one entry per problem (`--out`, default beside the
-scoreboard: `...-coverage.json`) and prints them as a Markdown table.
+scoreboard: `<gpu>-<date>-kb-coverage-<policy>.json`) and prints them as a Markdown table.
 
     python benchmarks/kernelbench_coverage.py benchmarks/results/h200-2026-11-26-kernelbench-fp32.json \
         --kernelbench ../KernelBench
@@ -141,7 +141,10 @@ def main(argv=None) -> int:
                     "returned": ((row or {}).get("did") or {}).get("returned"), "class": cls, "what": what,
                     "plan": plan})
         print(f"{pid}: {cls}: {what}", file=sys.stderr, flush=True)
-    target = args.out or args.scoreboard.with_name(args.scoreboard.stem + "-coverage.json")
+    # not *-kernelbench*.json: benchmarks/tables.py reads those as scoreboards
+    stem = args.scoreboard.stem
+    target = args.out or args.scoreboard.with_name(
+        (stem.replace("-kernelbench-", "-kb-coverage-") if "-kernelbench-" in stem else stem + "-kb-coverage") + ".json")
     counts: dict = {}
     for e in out:
         counts[e["class"]] = counts.get(e["class"], 0) + 1

@@ -385,6 +385,27 @@ def test_candidates_respect_the_register_budget_and_the_policy():
     assert candidates(ConvWorkload(8, 64, 64, (56, 56), (3, 3), groups=4)) == []
 
 
+def test_split3_candidates_promote_their_partial_sums_and_say_so():
+    """Unpromoted split3 missed the fp32 bound by 3-4x on an H200: fp32's candidates promote
+    every k-tile or every second (the more often first among equal tiles), tf32x3's every
+    fourth, the others never; the template then swaps the collective's mma for the promoted
+    one, and a registry row from before `promote` existed still reads back (unpromoted)."""
+    fp32 = ConvWorkload(8, 64, 128, (56, 56), (3, 3), padding=(1, 1))
+    cands = candidates(fp32, limit=20)
+    assert {c.promote for c in cands} == {1, 2} and all(c.split3 for c in cands)
+    assert cands[0].promote == 1 and cands[0].label.startswith("split3 promote/1 ")
+    assert {c.promote for c in candidates(ConvWorkload(8, 64, 128, (56, 56), (3, 3), policy="tf32x3"))} == {4}
+    for plain in (ConvWorkload(8, 64, 128, (56, 56), (3, 3), policy="tf32"),
+                  ConvWorkload(8, 64, 128, (56, 56), (3, 3), dtype="bfloat16", policy="bf16")):
+        assert {c.promote for c in candidates(plain)} == {0}
+    src = render(fp32, cands[0])
+    assert "using CollectiveMainloop = PromotedMainloop<BuiltMainloop, 1>;" in src and "GmmaFP8Accumulation" in src
+    plain_src = render(fp32, ConvConfig(128, 64, 32, split3=True))
+    assert "PromotedMainloop" not in plain_src and "using CollectiveMainloop = BuiltMainloop;" in plain_src
+    old = {"tile_m": 128, "tile_n": 64, "tile_k": 32, "cluster_m": 1, "cluster_n": 1, "stages": "auto", "split3": True}
+    assert ConvConfig(**old).promote == 0
+
+
 # ------------------------------------------------------------------ family and composition
 
 def _impls(rep, policy="fp32"):

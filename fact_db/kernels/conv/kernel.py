@@ -22,9 +22,10 @@ implicit GEMM over 3C channels sums hi(x) hi(w) + hi(x) lo(w) + lo(x) hi(w), wit
 tf32_trunc(v) and lo(v) = tf32_rna(v - hi(v)). Every operand is a TF32 value, so the sum does not
 depend on whether the tensor cores truncate raw fp32 or round it (the first version held raw x
 and w in the hi blocks and counted on truncation: an H200 rounded, and every split3 candidate
-failed verification at TF32's error, 8.7e-4). The partial sums are not promoted
-(they stay in the tensor cores' accumulators), unlike the GEMM family's fp32tc mainloop: kept
-only where it verifies under the policy.
+failed verification at TF32's error, 8.7e-4). Left in the tensor cores' accumulators, the
+partial sums still missed the fp32 bound by 3-4x on an H200; `promote` adds them into fp32
+registers every few k-tiles (kernels_cpp/_sm90_conv_promote.j2), as the GEMM family's fp32tc
+mainloop does. Kept only where it verifies under the policy.
 """
 from __future__ import annotations
 
@@ -53,10 +54,12 @@ class ConvConfig:
     cluster_n: int = 1
     stages: object = "auto"
     split3: bool = False
+    promote: int = 0  # k-tiles between promotions of the tensor cores' partial sums into fp32 registers; 0: none
 
     @property
     def label(self) -> str:
-        return (f"{'split3 ' if self.split3 else ''}{self.tile_m}x{self.tile_n}x{self.tile_k} "
+        return (f"{'split3 ' if self.split3 else ''}{f'promote/{self.promote} ' if self.promote else ''}"
+                f"{self.tile_m}x{self.tile_n}x{self.tile_k} "
                 f"c{self.cluster_m}x{self.cluster_n}" + ("" if self.stages == "auto" else f" s{self.stages}"))
 
 
@@ -106,7 +109,8 @@ def params(w: ConvWorkload, c: ConvConfig) -> dict:
     el = ELEMENT[w.dtype]
     return {"element": el, "element_out": el, "element_vec": el, "element_c": el if w.residual else "void",
             "spatial": w.spatial, "tile_m": c.tile_m, "tile_n": c.tile_n, "tile_k": c.tile_k, "cluster_m": c.cluster_m,
-            "cluster_n": c.cluster_n, "stages": c.stages, "split3": c.split3, "groups": groups_of(w)}
+            "cluster_n": c.cluster_n, "stages": c.stages, "split3": c.split3, "promote": c.promote,
+            "groups": groups_of(w)}
 
 
 def render(w: ConvWorkload, c: ConvConfig) -> str:

@@ -28,6 +28,13 @@ def uses_split(w: ConvWorkload) -> bool:
     return w.dtype == "float32" and w.policy in ("fp32", "tf32x3")
 
 
+# k-tiles between promotions of the tensor cores' partial sums, per policy's split3 candidates:
+# unpromoted split3 missed the fp32 bound by 3-4x on an H200 (2026-11-26), so fp32 promotes every
+# k-tile or every second (the GEMM family's fp32 candidates promote every 32 of K: 1 tile here);
+# tf32x3, with a looser bound, every fourth.
+PROMOTE = {"fp32": (1, 2), "tf32x3": (4,)}
+
+
 def _score(w: ConvWorkload, c: ConvConfig) -> float:
     """Higher is better: the share of the last wave used, times the share of tile area that is
     not padding, times a mild preference for larger tiles (operand reuse)."""
@@ -55,8 +62,10 @@ def candidates(w: ConvWorkload, limit: int = 8) -> list[ConvConfig]:
         for cm, cn in CLUSTERS:
             if (cm > 1 and math.ceil(m / tm) < 2 * cm) or (cn > 1 and math.ceil(w.k / tn) < 2 * cn):
                 continue
-            out.append(ConvConfig(tm, tn, tile_k, cm, cn, "auto", split))
-    return sorted(out, key=lambda c: -_score(w, c))[:limit]
+            for p in (PROMOTE.get(w.policy, (0,)) if split else (0,)):
+                out.append(ConvConfig(tm, tn, tile_k, cm, cn, "auto", split, p))
+    # ranked by the tile; among equal tiles the more often promoted first (the fp32 bound is tight)
+    return sorted(out, key=lambda c: (-_score(w, c), -(1 / c.promote if c.promote else 0)))[:limit]
 
 
 def build_candidates(w: ConvWorkload, cands: list[ConvConfig], arch: str = "sm90a", jobs: int | None = None,
