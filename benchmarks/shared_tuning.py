@@ -20,7 +20,7 @@ the script says so and stops without measuring.
 
     python benchmarks/shared_tuning.py [--problem benchmarks/problems/mingpt_block.py] [--policy fp32]
                                        [--url postgresql+psycopg://...] [--gpus 0] [--max-candidates 4]
-                                       [--cores-per-host 8] [--out PATH]
+                                       [--cores-per-host 8] [--share-binaries] [--out PATH]
 """
 from __future__ import annotations
 
@@ -99,6 +99,7 @@ def run_hosts(n: int, url: str, args, tmp: Path) -> dict:
                "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
         env.pop("FACTDB_DB", None)
         env.pop("FACTDB_CACHE", None)
+        env["FACTDB_SHARE_BINARIES"] = "1" if args.share_binaries else ""
         procs.append(subprocess.Popen([sys.executable, "-c", HOST, args.problem, args.policy, url, args.gpus,
                                        str(args.max_candidates)],
                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
@@ -122,6 +123,8 @@ def main(argv=None) -> int:
     ap.add_argument("--url", help="PostgreSQL URL of the team registry's server (default: start one here)")
     ap.add_argument("--gpus", default="0", help="GPU indices each host uses (default 0: both share one)")
     ap.add_argument("--max-candidates", type=int, default=4, help="candidates per region (default 4)")
+    ap.add_argument("--share-binaries", action="store_true",
+                    help="FACTDB_SHARE_BINARIES=1 for the hosts: a winner one host built, the other loads")
     ap.add_argument("--cores-per-host", type=int, default=0,
                     help="CPU cores of its own for each host process (default: they share this machine's)")
     ap.add_argument("--out", type=Path)
@@ -149,6 +152,7 @@ def main(argv=None) -> int:
     doc = {"benchmark": "shared_tuning", "date": now.isoformat(timespec="seconds"), "commit": commit(),
            "device": device, "problem": Path(args.problem).name, "policy": args.policy, "gpus": args.gpus,
            "max_candidates": args.max_candidates, "cores_per_host": args.cores_per_host or None,
+           "share_binaries": args.share_binaries,
            "one_host": one, "two_hosts": two, "ratio": round(ratio, 3), "target": "<= 0.6"}
     out = args.out or HERE / "results" / f"{gpu}-{now.date().isoformat()}-shared-tuning.json"
     out.write_text(json.dumps(doc, indent=2) + "\n")

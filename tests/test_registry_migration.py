@@ -95,7 +95,7 @@ def test_m005_carries_every_row_of_every_family_over(backend, tmp_path, monkeypa
     build_schema4(url)
     with Registry.open(url, seed=False) as reg:
         meta = reg.meta()
-        assert (meta["schema_version"], meta["last_migration"]) == ("6", "m006_team")
+        assert (meta["schema_version"], meta["last_migration"]) == ("7", "m007_binaries")
         with reg.transaction(write=False) as conn:
             names = _tables(conn)
         assert not names & {"attention_kernels", "norm_kernels", "region_kernels", "kernels_s5", "trials_s5"}
@@ -156,7 +156,7 @@ def test_m005_carries_every_row_of_every_family_over(backend, tmp_path, monkeypa
 def test_a_new_database_runs_every_migration_and_holds_the_new_tables(backend, tmp_path):
     url = f"{backend}:///{tmp_path / ('new.' + backend)}"
     with Registry.open(url, seed=False) as reg, reg.transaction(write=False) as conn:
-        assert reg.meta()["schema_version"] == str(M.SCHEMA_VERSION) == "6"
+        assert reg.meta()["schema_version"] == str(M.SCHEMA_VERSION) == "7"
         assert {"kernels", "trials", "rules", "examples", "factdb_meta", "leases", "outbox"} <= _tables(conn)
         assert not _tables(conn) & {"attention_kernels", "norm_kernels", "region_kernels"}
 

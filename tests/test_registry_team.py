@@ -260,3 +260,79 @@ def test_registry_status_and_sync_commands_mask_the_password(pg, tmp_path, monke
     r = runner.invoke(cli, ["registry", "status", "--db", bad], env={"FACTDB_CACHE": "off"})
     assert r.exit_code != 0 and "wrong-password" not in r.output and "***" in r.output
     assert "password authentication failed" in r.output and len(r.output.strip().splitlines()) == 1
+
+
+# ---------------------------------------------------------------------------------------
+# built kernels shared through the server (opt-in: FACTDB_SHARE_BINARIES)
+
+def test_built_kernels_are_shared_by_build_key_only_where_hosts_opt_in(pg, tmp_path, monkeypatch):
+    """Two hosts tuning minGPT together each compiled the winner the other had tuned (50 s of nvcc
+    each, of 169 s): with sharing on, a host's winner goes to the server and another host loads
+    it. Off by default (the bytes are code every host runs); bytes that do not match their
+    digest are never returned; a file registry shares nothing."""
+    url = pg.new_schema()
+    so = b"\x7fELF stand-in kernel"
+    with team(url, tmp_path, "a") as a, team(url, tmp_path, "b") as b:
+        monkeypatch.delenv("FACTDB_SHARE_BINARIES", raising=False)
+        assert not a.shares_binaries() and a.put_binary("k" * 24, so, arch="sm90a") is False
+        monkeypatch.setenv("FACTDB_SHARE_BINARIES", "1")
+        assert a.shares_binaries() and b.get_binary("k" * 24) is None
+        assert a.put_binary("k" * 24, so, arch="sm90a") is True
+        assert b.put_binary("k" * 24, b"other bytes", arch="sm90a") is False   # the first build stays
+        assert b.get_binary("k" * 24) == so
+        with Registry.open(url, seed=False, cache=False) as srv, srv.transaction() as conn:
+            conn.execute(sa.text("update kernel_binaries set data = :d where build_key = :k"),
+                         {"d": b"tampered", "k": "k" * 24})
+        assert b.get_binary("k" * 24) is None
+        assert server_count(url, "kernel_binaries") == 1
+    with Registry.open(f"duckdb:///{tmp_path / 'file.duckdb'}", seed=False) as local:
+        assert not local.shares_binaries() and local.put_binary("k" * 24, so, arch="sm90a") is False
+
+
+def test_a_registry_hit_loads_another_hosts_shared_kernel_without_nvcc(pg, tmp_path, monkeypatch):
+    """The GEMM tuner on host B, given host A's row and A's shared build, puts the kernel in B's
+    build cache and compiles nothing; the row's note says where the kernel came from."""
+    from fact_db.kernels import build
+    from fact_db.kernels.gemm import tune as tune_mod
+    from fact_db.kernels.gemm.workload import GemmWorkload
+    url = pg.new_schema()
+    monkeypatch.setenv("FACTDB_SHARE_BINARIES", "1")
+    w = GemmWorkload(256, 1024, 512, policy="bf16")
+    ran = []
+
+    def stand_in_timer(jobs):
+        return [{"id": j["id"], "status": "ok", "time_ms": 1.0 if j["kind"] == "eager" else 0.5 + j["id"] / 100,
+                 "err": 1e-3, "device": "NVIDIA H100 80GB HBM3"} for j in jobs]
+
+    def stand_in_nvcc(sources, jobs=None, progress=True, **kw):   # host A "compiles": a file per kernel
+        out = []
+        for s in sources:
+            ran.append(s)
+            d = build.cache_dir() / build.content_key(s)
+            d.mkdir(parents=True, exist_ok=True)
+            (d / "kernel.so").write_bytes(b"\x7fELF " + build.content_key(s).encode())
+            out.append(build.Built(s, build.content_key(s), d / "kernel.so"))
+        return out
+    monkeypatch.setattr(tune_mod.build_mod, "build", stand_in_nvcc)
+    monkeypatch.setenv("FACTDB_HOME", str(tmp_path / "host-a"))
+    with team(url, tmp_path, "a") as a:
+        won = tune_mod.tune(w, registry=a, runner=stand_in_timer, gpu="h100", max_candidates=3, progress=False)
+    assert won.winner is not None and won.winner.candidate.template != "eager" and server_count(url, "kernel_binaries") == 1
+    ran.clear()
+
+    def no_nvcc(sources, jobs=None, progress=True, **kw):   # host B: every source must be in its cache
+        for s in sources:
+            ran.append(s)
+        return [build.Built(s, build.content_key(s), build.cache_dir() / build.content_key(s) / "kernel.so",
+                            cached=True) if (build.cache_dir() / build.content_key(s) / "kernel.so").is_file()
+                else build.Built(s, build.content_key(s), None, error="nvcc ran") for s in sources]
+    monkeypatch.setattr(tune_mod.build_mod, "build", no_nvcc)
+    monkeypatch.setenv("FACTDB_HOME", str(tmp_path / "host-b"))
+    with team(url, tmp_path, "b") as b:
+        hit = tune_mod.tune(w, registry=b, runner=stand_in_timer, gpu="h100", max_candidates=3, progress=False)
+    assert hit.from_registry and not hit.registry_built
+    assert any("its kernel from the team registry's shared binaries" in n for n in hit.notes), hit.notes
+    key = build.content_key(ran[0])
+    got = build.cache_dir() / key / "kernel.so"
+    assert got.read_bytes() == b"\x7fELF " + key.encode()
+    assert (build.cache_dir() / key / "command.txt").read_text() == build.FETCHED

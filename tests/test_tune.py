@@ -519,3 +519,39 @@ def test_nvcc_jobs_fit_the_cores_this_process_may_use_and_the_memory_it_may_fill
     monkeypatch.setenv("FACTDB_BUILD_JOBS", "many")
     with pytest.raises(build.BuildError, match="FACTDB_BUILD_JOBS='many': give a whole number"):
         build.default_jobs()
+
+
+def test_builds_within_sharing_load_what_the_team_registry_shares_instead_of_running_nvcc(tmp_path, monkeypatch):
+    """build.sharing(registry): build() first asks the registry's shared binaries for each
+    kernel it would compile (every family builds through it); a registry that does not share
+    changes nothing, and nvcc runs as before."""
+    monkeypatch.setenv("FACTDB_HOME", str(tmp_path))
+    src = build.Source("gemm_sm90", "// a kernel source\n", "sm90a")
+    key = build.content_key(src)
+
+    class Shares:
+        asked: list = []
+
+        def __init__(self, on):
+            self.on = on
+
+        def shares_binaries(self):
+            return self.on
+
+        def get_binary(self, k):
+            self.asked.append(k)
+            return b"\x7fELF shared" if k == key else None
+
+    def no_nvcc(*a, **kw):
+        raise AssertionError("nvcc ran")
+    monkeypatch.setattr(build.subprocess, "run", no_nvcc)
+    with build.sharing(Shares(True)):
+        [b] = build.build([src], progress=False)
+    assert b.ok and b.cached and b.command == build.FETCHED and Shares.asked == [key]
+    assert b.path.read_bytes() == b"\x7fELF shared" and b.path == build.cache_dir() / key / "kernel.so"
+    [again] = build.build([src], progress=False)  # outside the block: the build cache has it now
+    assert again.ok and again.cached and len(Shares.asked) == 1
+    other = build.Source("gemm_sm90", "// another kernel\n", "sm90a")
+    with build.sharing(Shares(False)), pytest.raises(AssertionError, match="nvcc ran"):
+        build.build([other], progress=False)
+    assert len(Shares.asked) == 1

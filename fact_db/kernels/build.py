@@ -13,6 +13,7 @@ interrupted build never leaves a half-written `.so` in the cache.
 """
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import os
 import re
@@ -22,6 +23,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -178,6 +180,59 @@ def _build_one(source: Source, force: bool, timeout: float) -> Built:
     return Built(source, key, None, error=first, command=shown, seconds=seconds, log=log)
 
 
+FETCHED = "fetched from the team registry's shared binaries"  # command.txt of a kernel no nvcc built here
+_SHARED: contextvars.ContextVar = contextvars.ContextVar("factdb_shared_binaries", default=None)
+
+
+@contextmanager
+def sharing(registry):
+    """Within the block, build() first looks for each kernel it would compile among `registry`'s
+    shared binaries (fetch_shared), where the registry shares them; a no-op otherwise."""
+    on = registry is not None and getattr(registry, "shares_binaries", lambda: False)()
+    token = _SHARED.set(registry if on else None)
+    try:
+        yield
+    finally:
+        _SHARED.reset(token)
+
+
+def fetch_shared(source: Source, registry) -> Built | None:
+    """`source`'s kernel from the team registry's shared binaries into the build cache (no nvcc),
+    where the registry shares them (Registry.shares_binaries) and holds this build key; None
+    otherwise, or where the cache has it already. The bytes are checked against their digest
+    (Registry.get_binary) and written atomically."""
+    if registry is None or not getattr(registry, "shares_binaries", lambda: False)():
+        return None
+    key = content_key(source)
+    d = cache_dir() / key
+    so = d / "kernel.so"
+    if so.is_file():
+        return None
+    data = registry.get_binary(key)
+    if data is None:
+        return None
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "kernel.cu").write_text(source.code)
+    fd, tmp = tempfile.mkstemp(suffix=".so.tmp", dir=d)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, so)
+    (d / "command.txt").write_text(FETCHED)
+    return Built(source, key, so, cached=True, command=FETCHED)
+
+
+def share_built(registry, built_key: str, so: str | os.PathLike | None, arch: str) -> bool:
+    """Put a kernel this host built (a tuning's winner) into the team registry's shared binaries
+    for the other hosts; False where sharing is off, the file is missing, or it is there already."""
+    if registry is None or not so or not getattr(registry, "shares_binaries", lambda: False)():
+        return False
+    try:
+        data = Path(so).read_bytes()
+    except OSError:
+        return False
+    return registry.put_binary(built_key, data, arch=arch)
+
+
 NVCC_PEAK_BYTES = int(3.5 * 2**30)  # one CUTLASS sm90 kernel's nvcc at its peak (cicc: 3.2 GiB for a conv)
 
 
@@ -230,9 +285,13 @@ def build(sources: list[Source], jobs: int | None = None, force: bool = False, p
         print(f"[build] compiling {len(sources)} kernel(s), {min(jobs, len(sources))} at a time", file=sys.stderr,
               flush=True)
     results: list[Built | None] = [None] * len(sources)
+    shared = _SHARED.get()  # (the pool's threads do not see the caller's context)
 
     def work(i: int) -> None:
-        if deadline is not None and time.perf_counter() > deadline:
+        fetched = fetch_shared(sources[i], shared) if shared is not None else None
+        if fetched is not None:
+            results[i] = fetched
+        elif deadline is not None and time.perf_counter() > deadline:
             results[i] = Built(sources[i], content_key(sources[i]), None, error="not built: the tuning budget was spent")
         else:
             results[i] = _build_one(sources[i], force, timeout)
@@ -241,7 +300,8 @@ def build(sources: list[Source], jobs: int | None = None, force: bool = False, p
         elif progress:
             b = results[i]
             finished.append(i)
-            what = "cached" if b.cached and b.ok else "built in %.0f s" % b.seconds if b.ok else "failed: " + b.error
+            what = ("from the team registry" if b.command == FETCHED else "cached" if b.cached and b.ok else
+                    "built in %.0f s" % b.seconds if b.ok else "failed: " + b.error)
             print(f"[build] {len(finished)}/{len(sources)} {sources[i].template}: {what.splitlines()[0][:160]} "
                   f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
 

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 
 from fact_db.core.device import build_arch
+from fact_db.kernels import build as build_mod
 from fact_db.kernels import families
 from fact_db.kernels.family import Context
 from fact_db.kernels.gemm import family as gemm_family
@@ -192,7 +193,17 @@ def realize_regions(report, policy: str, *, registry=None, arch: str = "sm90a", 
         w = rz.workload
         return None if w is None or rz.region.composable or w in done else w.key(arch, ctx.gpu_name)
     # a team registry: hosts running this at once divide the regions (each takes those no other
-    # host holds, and comes back to the rest, by then usually in the registry)
+    # host holds, and comes back to the rest, by then usually in the registry); where it shares
+    # built kernels, a winner another host built is loaded, not compiled (build.sharing), and
+    # each winner tuned here is shared
+    with build_mod.sharing(registry if team else None):
+        _realize_each(order, team, registry, lease_key, done, ctx, plan_only, say, on_result, arch)
+    return out
+
+
+def _realize_each(order, team, registry, lease_key, done, ctx, plan_only, say, on_result, arch) -> None:
+    """realize_regions' loop: each region in `order` from its family (or as the same workload's
+    region before it), said on a line each."""
     for n, rz in enumerate(lease.each(order, lease_key, registry.claim) if team else order, 1):
         w, t = rz.workload, time.perf_counter()
         head = f"[{n}/{len(order)}] region {rz.index + 1} {rz.region.rule} {rz.region.shape}"
@@ -217,9 +228,11 @@ def realize_regions(report, policy: str, *, registry=None, arch: str = "sm90a", 
             tried = f", {got.candidates} candidates" if got.candidates else ""
             timed = f", {rz.ms:.4g} ms against eager {rz.eager_ms:.4g} ms" if rz.ms and rz.eager_ms else ""
             say(f"{head}: {got.how}{tried}{timed}, runs {rz.impl.label}; {time.perf_counter() - t:.1f} s")
+            rec = getattr(rz.impl, "record", None) or {}
+            if team and got.how == "tuned" and rec.get("build_key") and rec.get("so"):
+                build_mod.share_built(registry, rec["build_key"], rec["so"], arch)
         if on_result is not None:
             on_result(rz)
-    return out
 
 
 def _sayer(on: bool, t0: float, budget_s: float | None):

@@ -46,7 +46,7 @@ from fact_db.store.migrations import MIGRATIONS, SCHEMA_VERSION
 # the tables a registry of any schema may hold (schema 4's per-family tables too: such a file is
 # ours, and migrating); MIGRATIONS and SCHEMA_VERSION are fact_db.store.migrations'
 REGISTRY_TABLES = ("factdb_meta", "kernels", "trials", "rules", "examples", "attention_kernels", "norm_kernels",
-                   "region_kernels", "leases", "outbox")
+                   "region_kernels", "leases", "outbox", "kernel_binaries")
 INDEX_PREFIX = "index_"
 DEFAULT_TIMEOUT_S = 30.0
 

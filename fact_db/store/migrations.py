@@ -14,6 +14,8 @@ fact_db.store.tables or the keys in fact_db.store.keys cannot alter what it does
     6  m006_team            leases (a workload being tuned, claimed by one host until it expires)
                             and outbox (rows the team registry's cache holds for a server that
                             was unreachable); every backend gets both, used where they apply
+    7  m007_binaries        kernel_binaries (built kernels a team registry shares by build key,
+                            where its hosts opt in)
 
 m005 carries every row of schema 4 over: GEMM rows re-digested under the one scheme, the
 attention, norm and region rows keyed from their columns, their trials JSON made trial rows.
@@ -34,7 +36,7 @@ import sqlalchemy as sa
 
 from fact_db.store.bulk import insert_rows
 
-SCHEMA_VERSION = 6  # the newest schema this fact-db writes; see MIGRATIONS
+SCHEMA_VERSION = 7  # the newest schema this fact-db writes; see MIGRATIONS
 
 
 def _m001_initial(conn: sa.Connection) -> None:
@@ -418,6 +420,19 @@ def _m006_team(conn: sa.Connection) -> None:
     md.create_all(conn, checkfirst=False)
 
 
+def _m007_binaries(conn: sa.Connection) -> None:
+    indexed = conn.dialect.name != "duckdb"   # as m006
+    md = sa.MetaData()
+    S = sa.String
+    sa.Table(
+        "kernel_binaries", md, sa.Column("build_key", S, primary_key=indexed, nullable=False),
+        sa.Column("sha256", S, nullable=False), sa.Column("size", sa.Integer, nullable=False),
+        sa.Column("arch", S, nullable=False), sa.Column("host", S, nullable=False),
+        sa.Column("created_at", S, nullable=False), sa.Column("data", sa.LargeBinary, nullable=False),
+    )
+    md.create_all(conn, checkfirst=False)
+
+
 MIGRATIONS: list[tuple[int, str, object]] = [
     (1, "m001_initial", _m001_initial),
     (2, "m002_attention", _m002_attention),
@@ -425,6 +440,7 @@ MIGRATIONS: list[tuple[int, str, object]] = [
     (4, "m004_region_kernels", _m004_region_kernels),
     (5, "m005_families", _m005_families),
     (6, "m006_team", _m006_team),
+    (7, "m007_binaries", _m007_binaries),
 ]
 # Versions increase and the last is SCHEMA_VERSION (helper branches number theirs apart, so
 # a gap may exist until they merge: 2 is attention's).

@@ -94,6 +94,7 @@ from fact_db.store.records import (  # noqa: F401
 from fact_db.store.shared import ServerOfflineWarning, SyncReport, TeamCache  # noqa: F401
 from fact_db.store.synthetic import SYNTHETIC_ENV, synthetic_records, synthetic_rows  # noqa: F401
 from fact_db.store.tables import (  # noqa: F401
+    BINARIES,
     ENV_COLUMNS,
     METADATA,
     TR,
@@ -282,6 +283,61 @@ class Registry:
             raise RegistryError(f"{self.where} is not a team registry (no server and cache): there is nothing to sync; "
                                 "set FACTDB_DB to the team's postgresql+psycopg:// URL")
         return self.team.sync(self._cur(env, template_hashes))
+
+    # ----------------------------------------------------------------------------------
+    # built kernels shared by a team registry (opt-in: FACTDB_SHARE_BINARIES)
+    def shares_binaries(self) -> bool:
+        """Whether built kernels go through this registry: a server database, with
+        FACTDB_SHARE_BINARIES=1 on this host. Every host that loads them then runs code any host
+        that may write the registry stored (docs/registry.md: who may write them)."""
+        flag = os.environ.get("FACTDB_SHARE_BINARIES", "").strip().lower()
+        return self.coordinated and flag in ("1", "true", "yes", "on")
+
+    def _on_server(self, fn, write: bool = False):
+        if self.team is not None:
+            return self.team.on_server(fn, write=write)
+        with self.db.begin(write=write) as conn:
+            return fn(conn)
+
+    def put_binary(self, build_key: str, data: bytes, *, arch: str) -> bool:
+        """Share the kernel built from `build_key` (its .so bytes); True where this call stored it,
+        False where it was there already, sharing is off, or the server does not answer (a shared
+        binary saves others a compile; nothing waits for it)."""
+        if not self.shares_binaries() or not data:
+            return False
+        import socket
+        row = {"build_key": build_key, "sha256": hashlib.sha256(data).hexdigest(), "size": len(data), "arch": arch,
+               "host": socket.gethostname()[:200], "created_at": datetime.now(timezone.utc).isoformat(), "data": data}
+
+        def put(conn):
+            if conn.execute(sa.select(BINARIES.c.build_key).where(BINARIES.c.build_key == build_key)).first():
+                return False
+            conn.execute(sa.insert(BINARIES).values(**row))
+            return True
+        try:
+            return self._on_server(put, write=True)
+        except ServerUnreachable:
+            return False
+        except sa.exc.IntegrityError:  # another host stored the same build at the same moment
+            return False
+
+    def get_binary(self, build_key: str) -> bytes | None:
+        """The shared kernel built from `build_key`, or None: not shared, sharing off, the server
+        away, or bytes that do not match their digest (never returned)."""
+        if not self.shares_binaries():
+            return None
+
+        def get(conn):
+            return conn.execute(sa.select(BINARIES.c.data, BINARIES.c.sha256)
+                                .where(BINARIES.c.build_key == build_key)).first()
+        try:
+            row = self._on_server(get)
+        except ServerUnreachable:
+            return None
+        if row is None:
+            return None
+        data = bytes(row[0])
+        return data if hashlib.sha256(data).hexdigest() == row[1] else None
 
     def status(self) -> dict:
         """Where the registry is (a server URL with its password masked), its schema and row count;

@@ -150,6 +150,21 @@ class OutboxRow(_Base, table=True):
     queued_at: str
 
 
+class BinaryRow(_Base, table=True):
+    """A built kernel a team registry shares by its build key (fact_db.kernels.build.content_key:
+    the source, nvcc's flags and version, CUTLASS's), so a host that takes another host's winner
+    loads it instead of compiling it again. Only where the hosts opt in (FACTDB_SHARE_BINARIES):
+    every host then runs code any host that may write the registry stored."""
+    __tablename__ = "kernel_binaries"
+    build_key: str = Field(primary_key=True)
+    sha256: str
+    size: int
+    arch: str
+    host: str
+    created_at: str
+    data: bytes = Field(sa_type=sa.LargeBinary)
+
+
 class MetaRow(_Base, table=True):
     __tablename__ = "factdb_meta"
     key: str = Field(primary_key=True)
@@ -161,6 +176,7 @@ K = KernelRow.__table__
 TR = TrialRow.__table__
 LEASES = LeaseRow.__table__
 OUTBOX = OutboxRow.__table__
+BINARIES = BinaryRow.__table__
 _KERNEL_OWN = ("template", "label", "time_ms", "baseline", "baseline_ms", "rel_err", "baseline_rel_err", "status",
                "provenance", "source_hash", "template_hash", "source", "factdb_version", "error", "stale_reason",
                "notes", "created_at", "updated_at")

@@ -637,10 +637,12 @@ def _from_registry(registry, key, w: GemmWorkload, result: TuneResult, cached_on
     cfg = rec.config or {}
     c = Candidate(cfg.get("template", rec.template), cfg.get("params", {}), tuple(cfg.get("options") or ()) or None,
                   key.arch, float("nan"), cfg.get("label", "") or "from registry")
-    so, bkey, built = "", "", ""
+    so, bkey, built, fetched = "", "", "", False
     if c.template != "eager":
         src = build_mod.Source(c.template, template.render(c.template, c.params), c.arch)
         in_cache = (build_mod.cache_dir() / build_mod.content_key(src) / "kernel.so").is_file()
+        fetched = not in_cache and build_mod.fetch_shared(src, registry) is not None  # another host's build
+        in_cache = in_cache or fetched
         if cached_only and not in_cache:
             return None
         if not in_cache and progress:
@@ -660,7 +662,9 @@ def _from_registry(registry, key, w: GemmWorkload, result: TuneResult, cached_on
                          "ok", rec.baseline_ms, rec.baseline_rel_err, device=rec.device_name)
     result.from_registry = True
     result.notes.append(f"registry hit {key.digest()}: tuned {rec.created_at} on {rec.device_name}; nothing timed"
-                        + (built or (", its kernel from the build cache" if c.template != "eager" else "")) + " (use --force to tune again)")
+                        + (built or (", its kernel from the team registry's shared binaries" if c.template != "eager" and fetched
+                                     else ", its kernel from the build cache" if c.template != "eager" else ""))
+                        + " (use --force to tune again)")
     return result
 
 
@@ -683,6 +687,8 @@ def _record(registry, key, w: GemmWorkload, result: TuneResult, device_name: str
         key, win.candidate, win.time_ms, win.err, win.source_hash, env,
         baseline=eager.candidate.label if eager else "", baseline_ms=eager.time_ms if eager else None,
         baseline_rel_err=eager.err if eager else None, notes="; ".join(result.notes)[:2000]))
+    if win.build_key and win.so:  # the other hosts load the winner instead of compiling it (where shared)
+        build_mod.share_built(registry, win.build_key, win.so, win.candidate.arch)
 
 
 def kernel_record(key, c: Candidate, time_ms: float, err: float | None, source_hash: str, env=None, *,
