@@ -416,3 +416,7 @@ def test_a_child_stopped_by_the_budget_says_the_stage_it_was_in():
     err = "[discover] ...\n[discover] done in 4.1 s\n[realize] ...\n[build] compiling 12 kernel(s), 12 at a time\nnoise\n"
     assert scoreboard._last_stage(err) == " (last: [build] compiling 12 kernel(s), 12 at a time)"
     assert scoreboard._last_stage("Traceback ...\nValueError: x\n") == ""
+    # the row keeps where the time went: the stages done with their seconds, the one it was in
+    got = scoreboard._stopped(err + "[verify] ...\n")
+    assert got["stages_s"] == {"discover": 4.1} and got["stopped_in"] == "verify"
+    assert got["stderr_tail"][-1] == "[verify] ..." and "noise" in got["stderr_tail"]

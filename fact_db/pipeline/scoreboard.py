@@ -306,6 +306,17 @@ def _last_stage(stderr: str) -> str:
     return f" (last: {first_line(lines[-1], 160)})" if lines else ""
 
 
+def _stopped(stderr: str) -> dict:
+    """What a stopped child's stderr says about where its time went: the stages it finished
+    with their seconds (`[verify] done in 12.3 s`), the one it was in, and its last lines."""
+    import re
+    done = {m.group(1): float(m.group(2)) for m in re.finditer(r"^\[(\w+)\] done in ([\d.]+) s", stderr, re.M)}
+    started = re.findall(r"^\[(discover|realize|compose|verify|choose|benchmark|save)\] \.\.\.", stderr, re.M)
+    tail = [first_line(ln, 200) for ln in stderr.splitlines() if ln.strip()][-12:]
+    return {"stages_s": done, "stopped_in": next((s for s in reversed(started) if s not in done), ""),
+            "stderr_tail": tail}
+
+
 def child_row(problem: kb.Problem, policy: str, kernelbench_dir: str, *, budget_s: float, memory_mb: int,
               extra: list[str] | None = None, doing: str = "optimizing, checking and timing it") -> dict:
     """`run_problem` in a child process under the limits; a child that crashes, hangs, exits
@@ -327,7 +338,7 @@ def child_row(problem: kb.Problem, policy: str, kernelbench_dir: str, *, budget_
         except FactError as e:
             return {**_base(problem, policy), "correct": False,
                     "reason": str(e).removeprefix(f"{problem.id}: ") + _last_stage("".join(err)),
-                    "wall_s": round(time.perf_counter() - t0, 2)}
+                    "did": _stopped("".join(err)), "wall_s": round(time.perf_counter() - t0, 2)}
         text = Path(path).read_text() if os.path.getsize(path) else ""
         rows = json.loads(text).get("results", []) if text else []
         if rc == 0 and rows:
