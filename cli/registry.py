@@ -334,6 +334,11 @@ def status(db_url, as_json):
                                                           f"{st['schema_version']}" if st["reachable"] else ""))
         click.echo(f"cache:   {st['cache']}  {st['cache_kernels']} kernels; waiting for the server: "
                    f"{st['pending_kernels']} kernels, {st['pending_trials']} trials")
+    if "share_binaries" in st:
+        n = st["shared_binaries"]
+        click.echo(f"kernels: {'?' if n is None else n} built kernel(s) shared on the server; this host "
+                   + ("loads and shares them (FACTDB_SHARE_BINARIES=1)" if st["share_binaries"] else
+                      "does not take part (FACTDB_SHARE_BINARIES unset)"))
     for lease in st.get("leases", []):
         click.echo(_safe(f"tuning:  {lease['digest']} {lease['family']} on {lease['host']} (pid {lease['pid']}), "
                          f"lease {lease['left_s']:.0f} s left"))

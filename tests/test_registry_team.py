@@ -251,6 +251,10 @@ def test_registry_status_and_sync_commands_mask_the_password(pg, tmp_path, monke
     assert r.exit_code == 0, r.output
     assert "owner-s3cret" not in r.output and "factdb_owner:***@127.0.0.1" in r.output
     assert "reachable, 1 kernels" in r.output and "waiting for the server: 0 kernels, 0 trials" in r.output
+    assert "0 built kernel(s) shared on the server; this host does not take part" in r.output
+    r = runner.invoke(cli, ["registry", "status", "--db", url, "--json"], env={"FACTDB_SHARE_BINARIES": "1"})
+    got = json.loads(r.output[r.output.index("{"):])
+    assert (got["share_binaries"], got["shared_binaries"]) == (True, 0)
     r = runner.invoke(cli, ["registry", "sync", "--db", url, "--json"])
     assert r.exit_code == 0, r.output
     assert json.loads(r.output[r.output.index("{"):])["pulled"] == 1

@@ -350,6 +350,13 @@ class Registry:
             if self.leases is not None:
                 out["leases"] = self.leases.held()
         out["schema_version"] = self.meta().get("schema_version", "")
+        if self.coordinated:  # built kernels the server shares, and whether this host takes part
+            out["share_binaries"] = self.shares_binaries()
+            try:
+                out["shared_binaries"] = self._on_server(
+                    lambda c: c.execute(sa.select(sa.func.count()).select_from(BINARIES)).scalar())
+            except ServerUnreachable:
+                out["shared_binaries"] = None
         return out
 
     def _maybe_seed(self, path: Path) -> None:
