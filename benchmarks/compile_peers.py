@@ -3,7 +3,9 @@ policy, torch.compile (default and max-autotune-no-cudagraphs, and reduce-overhe
 fact-db's module replays a CUDA graph), the module `fact_db.optimize` returns, and
 `torch.compile(model, backend="factdb")` (after optimize, so the registry holds the kernels
 it tuned). Per variant: time (median of interleaved rounds), error against the float64 model,
-peak and held memory, compile time. Run on an H100/H200:
+peak and held memory, compile time (the first call here, and for torch.compile and the
+backend also `compile_cold_s`: each from nothing in a fresh process, as like with like).
+Run on an H100/H200:
 
     python benchmarks/compile_peers.py benchmarks/problems/hf_llama_decoder_4x2048.py --policy bf16
     python benchmarks/compile_peers.py benchmarks/problems/relu_self_attention.py --policy fp32 \\
@@ -50,6 +52,55 @@ def _variants(model_p, fast, policy: str, peers: tuple, with_reduce_overhead: bo
                 lambda: at_policy(torch.compile(model_p, backend="factdb",
                                                 options={"policy": policy, "registry": registry}))))
     return out
+
+
+COLD = r"""
+import json, sys, time, torch
+from fact_db.composition.module import cast_floats, policy_dtype, run_at_policy
+from fact_db.discovery.trace import load_problem
+from fact_db.pipeline import backend as fb
+from fact_db.pipeline.run import at_policy
+problem, policy, which, db, device = sys.argv[1:6]
+prob = load_problem(problem)
+torch.manual_seed(0)
+with torch.device(device):
+    model = prob.make_model().eval()
+    x = tuple(prob.make_inputs())
+model_p = at_policy(model, policy)
+dt = policy_dtype(policy)
+x = cast_floats(x, dt) if dt else x
+if which == "factdb":
+    from fact_db.store.registry import Registry
+    fb.register()
+    c = torch.compile(model_p, backend="factdb", options={"policy": policy, "registry": Registry.open(db or None)})
+else:
+    c = torch.compile(model_p)
+t = time.perf_counter()
+with torch.no_grad():
+    run_at_policy(c, policy, x)
+if device == "cuda":
+    torch.cuda.synchronize()
+print(json.dumps({"compile_s": time.perf_counter() - t}))
+"""
+
+
+def cold_compile_s(problem: str, policy: str, which: str, db: str | None = None, device: str = "cuda") -> dict:
+    """The first call of torch.compile(model) (`which` "inductor") or of torch.compile(model,
+    backend="factdb") (`which` "factdb": the registry's kernels, none tuned) in a fresh process
+    with empty Inductor and Triton caches: both compile from nothing, where in this process
+    torch.compile's graph was already in Inductor's cache from optimize's choice, and the
+    backend's was not. {"compile_s"} or {"error"}."""
+    import os
+    import subprocess
+    import tempfile
+    with tempfile.TemporaryDirectory(prefix="factdb-cold-") as tmp:
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": f"{tmp}/inductor", "TRITON_CACHE_DIR": f"{tmp}/triton",
+               "PYTHONPATH": os.pathsep.join(p for p in (str(HERE.parent), os.environ.get("PYTHONPATH", "")) if p)}
+        r = subprocess.run([sys.executable, "-c", COLD, problem, policy, which, db or "", device], env=env,
+                           capture_output=True, text=True, timeout=1800)
+    if r.returncode != 0:
+        return {"error": (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1][:300]}
+    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
@@ -127,6 +178,16 @@ def main() -> None:
                 row["round_ms"].append(time_cuda(lambda x, f=fn: f(*x), sets_p).median_ms)
     for row, _ in fns:
         row["ms"] = statistics.median(row["round_ms"])
+    # compile times like with like: torch.compile and the backend each from nothing, in a fresh
+    # process (the first-call times above are warm for torch.compile: optimize's choice compiled it)
+    for row in rows:
+        which = "inductor" if row["name"] == "torch.compile" else \
+            "factdb" if row["name"] == 'torch.compile(backend="factdb")' else None
+        if which:
+            got = cold_compile_s(a.problem, a.policy, which, a.db)
+            row["compile_cold_s"] = got.get("compile_s")
+            if "error" in got:
+                row["note"] = (row["note"] + "; " if row["note"] else "") + f"cold compile: {got['error']}"
     eager = rows[0]["ms"]
     for row in rows:
         row["speedup_vs_eager"] = eager / row["ms"] if eager and row["ms"] else None
