@@ -545,6 +545,9 @@ def test_builds_within_sharing_load_what_the_team_registry_shares_instead_of_run
     def no_nvcc(*a, **kw):
         raise AssertionError("nvcc ran")
     monkeypatch.setattr(build.subprocess, "run", no_nvcc)
+    with build.sharing(Shares(True)), pytest.raises(AssertionError, match="nvcc ran"):
+        build.build([src], force=True, progress=False)  # forced: compiled here, whatever is shared
+    assert Shares.asked == []
     with build.sharing(Shares(True)):
         [b] = build.build([src], progress=False)
     assert b.ok and b.cached and b.command == build.FETCHED and Shares.asked == [key]

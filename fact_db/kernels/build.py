@@ -285,7 +285,7 @@ def build(sources: list[Source], jobs: int | None = None, force: bool = False, p
         print(f"[build] compiling {len(sources)} kernel(s), {min(jobs, len(sources))} at a time", file=sys.stderr,
               flush=True)
     results: list[Built | None] = [None] * len(sources)
-    shared = _SHARED.get()  # (the pool's threads do not see the caller's context)
+    shared = None if force else _SHARED.get()  # (the pool's threads do not see the caller's context)
 
     def work(i: int) -> None:
         fetched = fetch_shared(sources[i], shared) if shared is not None else None
