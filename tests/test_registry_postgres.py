@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -76,6 +77,30 @@ def test_a_role_with_only_the_documented_grants_is_enough(pg, tmp_path):
         assert reg.count() == 2 and reg.lookup(make_key(m=512), **KW).record.key.m == 256
     with pytest.raises(sa.exc.ProgrammingError, match="permission denied"), db_mod.Database(host_url, 5).begin() as c:
         c.execute(sa.text("create table extra (x int)"))   # and nothing more: no DDL
+
+
+def test_a_host_role_that_may_only_read_shared_kernels_loads_them_and_tunes_on(pg, tmp_path, monkeypatch):
+    """docs/registry.md: give the hosts' role SELECT alone on kernel_binaries and let a trusted
+    builder write it. Such a host loads what is shared; its own put says once that it cannot,
+    and returns False, so tuning goes on."""
+    from fact_db.store import registry as reg_mod
+    monkeypatch.setenv("FACTDB_SHARE_BINARIES", "1")
+    reg_mod._BINARY_WARNED.clear()
+    owner_url = pg.new_schema(host_role=True)
+    with Registry.open(owner_url, seed=False, cache=False) as owner:
+        assert owner.put_binary("b" * 24, b"\x7fELF from the builder", arch="sm90a") is True
+        with owner.transaction() as conn:
+            conn.execute(sa.text("REVOKE INSERT, UPDATE, DELETE ON kernel_binaries FROM factdb_host"))
+    host_url = owner_url.replace(f"factdb_owner:{pg_password('factdb_owner')}",
+                                 f"factdb_host:{pg_password('factdb_host')}")
+    with Registry.open(host_url, seed=False, cache=tmp_path / "c.duckdb") as host:
+        assert host.get_binary("b" * 24) == b"\x7fELF from the builder"
+        with pytest.warns(UserWarning, match="this host cannot share the kernels it builds on .*permission denied"):
+            assert host.put_binary("c" * 24, b"\x7fELF mine", arch="sm90a") is False
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert host.put_binary("d" * 24, b"\x7fELF mine", arch="sm90a") is False  # said once
+        assert host.put(make_rec(make_key(m=64)), **KW) == "inserted"  # the rest of the registry still works
 
 
 def pg_password(role):

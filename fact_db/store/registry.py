@@ -34,6 +34,7 @@ import hashlib
 import io
 import os
 import sys
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -121,6 +122,9 @@ def seed_path() -> Path | None:
     if env is not None:
         return Path(env) if env else None
     return paths.ROOT / "index" / "kernels.jsonl"
+
+
+_BINARY_WARNED: set[str] = set()  # registries whose host role may not write kernel_binaries: said once
 
 
 def _digest(key_or_digest: Key | str) -> str:
@@ -319,6 +323,14 @@ class Registry:
         except ServerUnreachable:
             return False
         except sa.exc.IntegrityError:  # another host stored the same build at the same moment
+            return False
+        except sa.exc.SQLAlchemyError as e:  # a role that may read shared kernels, not write them
+            if self.where not in _BINARY_WARNED:
+                _BINARY_WARNED.add(self.where)
+                first = str(getattr(e, "orig", None) or e).strip().splitlines()[0]
+                warnings.warn(f"fact-db: this host cannot share the kernels it builds on {self.where} ({first}); "
+                              "it still loads what others share, and tuning goes on (docs/registry.md: grants)",
+                              stacklevel=2)
             return False
 
     def get_binary(self, build_key: str) -> bytes | None:
