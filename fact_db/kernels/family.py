@@ -75,6 +75,22 @@ class Outcome:
     candidates: int = 0            # candidates verified and timed, eager included (0: none, a registry answer)
 
 
+def stored_winner(hit, config, build: Callable):
+    """(trials, best, "registry") from a family's registry hit, or None: no hit, or a winner whose
+    kernel no longer builds. `config` is the hit's kernel config (None: the library or eager
+    won, nothing to build); `build(config)` gives its Built (from the build cache where there),
+    whose library path and key the hit takes."""
+    if hit is None:
+        return None
+    if config is None:
+        return [hit], hit, "registry"
+    b = build(config)
+    if not b.ok:
+        return None
+    hit.so, hit.build_key = str(b.path), b.key
+    return [hit], hit, "registry"
+
+
 def registry_first(w, ctx: Context, tune: bool, stored: Callable, tune_it: Callable) -> tuple:
     """(trials, best, how) for workload `w`: the registry's winner (`stored()`: that triple, or
     None where it has nothing usable) unless ctx.force, else `tune_it()`, or ([], None,

@@ -18,7 +18,7 @@ from fact_db.discovery.conv import geometry
 from fact_db.kernels.conv.kernel import TEMPLATE, ConvConfig, why_not
 from fact_db.kernels.conv.layout import arrives_channels_last
 from fact_db.kernels.conv.workload import ELEMENT, ConvError, ConvWorkload, canonical_chain
-from fact_db.kernels.family import Context, Outcome, registry_first
+from fact_db.kernels.family import Context, Outcome, registry_first, stored_winner
 from fact_db.kernels.impl import Impl, stored
 
 NAME = "conv"
@@ -107,15 +107,8 @@ def _stored(w: ConvWorkload, ctx: Context):
     """(trials, best, "registry") from the registry's current winner, or None."""
     from fact_db.kernels.conv import tune as conv_tune
     hit = conv_tune.from_registry(w, ctx.registry, ctx.arch, ctx.gpu_name)
-    if hit is None:
-        return None
-    if hit.config is None:
-        return [hit], hit, "registry"
-    b = conv_tune.build_candidates(w, [hit.config], arch=ctx.arch, progress=ctx.progress)[hit.config]
-    if b.ok:
-        hit.so, hit.build_key = str(b.path), b.key
-        return [hit], hit, "registry"
-    return None
+    return stored_winner(hit, hit.config if hit else None,
+                         lambda c: conv_tune.build_candidates(w, [c], arch=ctx.arch, progress=ctx.progress)[c])
 
 
 def _tune(w: ConvWorkload, ctx: Context):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from fact_db.core.policy import HALF_POLICIES
-from fact_db.kernels.family import Context, Outcome, registry_first
+from fact_db.kernels.family import Context, Outcome, registry_first, stored_winner
 from fact_db.kernels.impl import Impl, stored
 from fact_db.kernels.norm.workload import ELEMENT, TEMPLATE, NormError, NormWorkload
 
@@ -128,15 +128,8 @@ def _stored(w: NormWorkload, ctx: Context):
     """(trials, best, "registry") from the registry's current winner, or None."""
     from fact_db.kernels.norm import tune as norm_tune
     hit = norm_tune.from_registry(w, ctx.registry, ctx.arch, ctx.gpu_name)
-    if hit is None:
-        return None
-    if hit.candidate is None:
-        return [hit], hit, "registry"
-    b = norm_tune.build_candidates(w, [hit.candidate], arch=ctx.arch, progress=ctx.progress)[hit.candidate]
-    if b.ok:
-        hit.so, hit.build_key = str(b.path), b.key
-        return [hit], hit, "registry"
-    return None
+    return stored_winner(hit, hit.candidate if hit else None,
+                         lambda c: norm_tune.build_candidates(w, [c], arch=ctx.arch, progress=ctx.progress)[c])
 
 
 def _tune(w: NormWorkload, ctx: Context):
