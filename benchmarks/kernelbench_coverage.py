@@ -47,15 +47,16 @@ def plan_of(problem_path: Path, policy: str, gpu: str) -> dict:
     """The CPU plan of one problem: regions (rule, shape, share), uncovered ops (op, share,
     reason), the estimated eager time; an `error` entry where planning fails."""
     from fact_db.pipeline.run import plan_problem
+    from fact_db.pipeline.scoreboard import uncovered_shares
     try:
         rep = plan_problem(str(problem_path), policy=policy, gpu=gpu)
     except Exception as e:  # noqa: BLE001  (a problem that cannot be planned says why)
         return {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"}
     disc = rep.discovery
-    shares: dict = {}
+    reasons: dict = {}
     for u in disc.uncovered:
-        s = shares.setdefault(u.op, {"op": u.op, "share": 0.0, "reason": u.reason})
-        s["share"] = None if u.share is None or s["share"] is None else s["share"] + u.share
+        reasons.setdefault(u.op, u.reason)
+    shares = {op: {"op": op, "share": v, "reason": reasons[op]} for op, v in uncovered_shares(disc).items()}
     return {"est_eager_ms": disc.eager_s * 1e3,
             "regions": [{"rule": z.rule, "shape": z.shape, "share": z.share} for z in disc.regions],
             "covered_share": sum(z.share or 0.0 for z in disc.regions),

@@ -21,6 +21,7 @@ import os
 import subprocess
 import tempfile
 import time
+from collections import Counter
 from datetime import date
 from pathlib import Path
 
@@ -43,6 +44,15 @@ def _base(problem: kb.Problem, policy: str) -> dict:
             "compile_ms": None, "factdb_ms": None, "speedup": None, "speedup_vs_compile": None, "reason": ""}
 
 
+def uncovered_shares(disc) -> dict:
+    """op -> the summed share of the estimated eager time of the ops no region covers (None
+    where one of them has no estimate)."""
+    shares: dict = {}
+    for u in disc.uncovered:
+        shares[u.op] = None if u.share is None or shares.get(u.op, 0) is None else shares.get(u.op, 0) + u.share
+    return shares
+
+
 def _did(report, fast=None) -> dict:
     """What fact-db did with a problem: its regions, how each runs, and what the module it
     returned runs (`fast`: that module; None for the plan)."""
@@ -58,10 +68,8 @@ def _did(report, fast=None) -> dict:
                            "ms": z.ms, "eager_ms": z.eager_ms,
                            "note": first_line((z.notes or [z.impl.note or ""])[0], 200)} for z in regions][:40]}
     if disc is not None:  # what no rule covers: op -> its share of the estimated eager time (None: unknown)
-        shares: dict = {}
-        for u in disc.uncovered:
-            shares[u.op] = None if u.share is None or shares.get(u.op, 0) is None else shares.get(u.op, 0) + u.share
-        out["uncovered"] = {op: (round(v, 4) if v is not None else None) for op, v in sorted(shares.items())}
+        out["uncovered"] = {op: (round(v, 4) if v is not None else None)
+                            for op, v in sorted(uncovered_shares(disc).items())}
         rest = getattr(disc, "rest", None) or {}
         out["uncovered_rest"] = {"ops": rest.get("ops", 0), "share": round(rest.get("share", 0.0), 4)}  # small ops
     v = report.verification
@@ -273,19 +281,12 @@ def merge(docs: list[dict]) -> dict:
                 seen.add((r["id"], r["policy"]))
                 rows.append(r)
     # runs whose rows carry their own commit and date (stamped: resumed parts)
-    for (c, day), n in sorted(_count((r["commit"], r.get("date")) for r in rows if r.get("commit")).items()):
+    for (c, day), n in sorted(Counter((r["commit"], r.get("date")) for r in rows if r.get("commit")).items()):
         parts.append({"device": out.get("device"), "gpu": out.get("gpu"), "date": day, "commit": c,
                       "rows": n, "stamped": True})
     out["policies"] = sorted({p for d in docs for p in d.get("policies", [])})
     out["parts"], out["results"] = parts, rows
     out["levels"] = summary(rows)
-    return out
-
-
-def _count(items) -> dict:
-    out: dict = {}
-    for x in items:
-        out[x] = out.get(x, 0) + 1
     return out
 
 
