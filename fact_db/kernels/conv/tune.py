@@ -65,7 +65,7 @@ def candidates(w: ConvWorkload, limit: int = 8) -> list[ConvConfig]:
             for p in (PROMOTE.get(w.policy, (0,)) if split else (0,)):
                 out.append(ConvConfig(tm, tn, tile_k, cm, cn, "auto", split, p))
     # ranked by the tile; among equal tiles the more often promoted first (the fp32 bound is tight)
-    return sorted(out, key=lambda c: (-_score(w, c), -(1 / c.promote if c.promote else 0)))[:limit]
+    return sorted(out, key=lambda c: (-_score(w, c), c.promote))[:limit]
 
 
 def build_candidates(w: ConvWorkload, cands: list[ConvConfig], arch: str = "sm90a", jobs: int | None = None,
