@@ -558,3 +558,24 @@ def test_builds_within_sharing_load_what_the_team_registry_shares_instead_of_run
     with build.sharing(Shares(False)), pytest.raises(AssertionError, match="nvcc ran"):
         build.build([other], progress=False)
     assert len(Shares.asked) == 1
+
+
+def test_a_winner_is_sent_to_the_team_registry_once_per_process(tmp_path):
+    """The GEMM tuner shares its winner where it records it, and realize shares every family's
+    winner after: the second call for the same build reads and sends nothing."""
+    so = tmp_path / "kernel.so"
+    so.write_bytes(b"\x7fELF winner")
+    puts = []
+
+    class Shares:
+        def shares_binaries(self):
+            return True
+
+        def put_binary(self, key, data, *, arch):
+            puts.append((key, data, arch))
+            return True
+    key = "w" * 23 + str(len(build._PUT))  # a key no earlier test in this process stored
+    assert build.share_built(Shares(), key, so, "sm90a") is True
+    assert build.share_built(Shares(), key, so, "sm90a") is False
+    assert puts == [(key, b"\x7fELF winner", "sm90a")]
+    assert build.share_built(Shares(), key + "x", tmp_path / "missing.so", "sm90a") is False and len(puts) == 1

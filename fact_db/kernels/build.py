@@ -221,16 +221,23 @@ def fetch_shared(source: Source, registry) -> Built | None:
     return Built(source, key, so, cached=True, command=FETCHED)
 
 
+_PUT: set = set()  # build keys this process stored: a winner the GEMM tuner shared is not read and sent again by realize
+
+
 def share_built(registry, built_key: str, so: str | os.PathLike | None, arch: str) -> bool:
     """Put a kernel this host built (a tuning's winner) into the team registry's shared binaries
-    for the other hosts; False where sharing is off, the file is missing, or it is there already."""
-    if registry is None or not so or not getattr(registry, "shares_binaries", lambda: False)():
+    for the other hosts; False where sharing is off, the file is missing, or it is there already
+    (stored by this process before, or by another host)."""
+    if registry is None or not so or built_key in _PUT or not getattr(registry, "shares_binaries", lambda: False)():
         return False
     try:
         data = Path(so).read_bytes()
     except OSError:
         return False
-    return registry.put_binary(built_key, data, arch=arch)
+    stored = registry.put_binary(built_key, data, arch=arch)
+    if stored:
+        _PUT.add(built_key)
+    return stored
 
 
 NVCC_PEAK_BYTES = int(3.5 * 2**30)  # one CUTLASS sm90 kernel's nvcc at its peak (cicc: 3.2 GiB for a conv)
