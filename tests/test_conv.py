@@ -663,6 +663,40 @@ def test_where_cudnn_wins_a_conv_bn_region_its_batchnorm_is_still_folded():
         memory_format=torch.channels_last)
 
 
+@pytest.mark.parametrize("grace", [100.0, 0.0])
+def test_past_the_budget_the_workloads_compiled_before_it_are_still_tuned(monkeypatch, grace):
+    """KernelBench L3-7 (GoogleNet, 58 regions) on the GPU: the batch compile spent the whole
+    tuning budget, and then every region was skipped, those whose kernels it had built too.
+    Past the budget a workload with a candidate built is tuned on what was built, for GRACE of
+    the budget after the batch; one with none built is skipped, and after the grace, all are."""
+    import time
+
+    from fact_db.kernels.conv.tune import ConvTrial
+    from fact_db.realization import realize as realize_mod
+    rep = fact_db.discover(Chain3().eval(), (torch.randn(2, 8, 8, 8),))
+    batch = []
+
+    def slow_batch(workloads, ctx):
+        batch.extend(workloads)
+        time.sleep(0.3)  # compiles started before the deadline end after it
+        return set(workloads[:2])
+    monkeypatch.setattr(conv_family, "prebuild", slow_batch)
+    monkeypatch.setattr(realize_mod, "GRACE", grace)
+    tuned = []
+
+    def chooser(w):
+        tuned.append(w)
+        t = ConvTrial("cudnn", "ok", 1.0, 1e-7)
+        return [t], t, "tuned"
+    out = realize_mod.realize_regions(rep, "fp32", gpu="h100", budget_s=0.1, conv_chooser=chooser,
+                                      conv_impl=lambda w, best: Impl.eager("cuDNN"), progress=False)
+    assert len(set(batch)) == 3
+    assert tuned == (batch[:2] if grace else [])
+    assert [z.how for z in sorted(out, key=lambda z: batch.index(z.workload))] == \
+        (["tuned", "tuned", "skipped"] if grace else ["skipped"] * 3)
+    assert all("the tuning budget was spent" in " ".join(z.notes) for z in out if z.how == "skipped")
+
+
 def test_conv_compiles_stop_at_the_budget_and_a_team_registry_claims_the_workload(monkeypatch):
     """As every family (kernels/family.py): the batch compile gets the tuning budget's deadline,
     and tuning goes through registry_first, so a team registry's hosts claim a convolution

@@ -358,6 +358,33 @@ def test_no_compile_starts_past_the_deadline_and_none_is_cached_as_failed(fake_n
     err = capsys.readouterr().err.splitlines()  # not a terminal: lines, not a bar
     assert err[0] == "[build] compiling 3 kernel(s), 1 at a time"
     assert [ln.split(" (")[0] for ln in err[1:]] == [f"[build] {i}/3 gemm_sm90: built in 0 s" for i in (1, 2, 3)]
+    # past the deadline what is in the build cache still comes back built (a tuner past the
+    # budget runs the candidates compiled before it); compile_deadline() sets the default deadline
+    new = build.Source("gemm_sm90", "// ok 3\n")
+    n = len(fake_nvcc.read_text())
+    with build.compile_deadline(time.perf_counter() - 1):
+        got = build.build([*srcs, new], progress=False)
+    assert [b.ok and b.cached for b in got] == [True, True, True, False] and got[3].deferred
+    assert len(fake_nvcc.read_text()) == n, "no compile started past the deadline"
+    assert build.build([new], progress=False)[0].ok, "outside the block, no deadline"
+
+
+def test_past_the_budget_a_gemm_is_tuned_on_the_candidates_built_and_the_rest_are_not_failures(fake_nvcc):
+    import time
+    reg = Registry.open("memory")
+    w = GemmWorkload(2048, 2048, 1024, policy="bf16")
+    cands = [c for c in tune_mod.candidate_list(w, max_candidates=8)[0] if c.template != "eager"]
+    tune_mod.build_candidates(cands[:2], progress=False)  # what the batch compiled before the budget ran out
+    with build.compile_deadline(time.perf_counter() - 1):
+        r = tune(w, registry=reg, runner=fake_runner(lambda i: 0.5 + 0.01 * i), max_candidates=8, progress=False,
+                 gpu="h100")
+    kernels = [t for t in r.trials if t.candidate.template != "eager"]
+    code = lambda c: tune_mod.template.render(c.template, c.params)  # noqa: E731 (options share a build)
+    built = {code(c) for c in cands[:2]}
+    assert {t.status for t in kernels} == {"ok", "skipped"}
+    assert all((t.status == "ok") == (code(t.candidate) in built) for t in kernels)
+    assert all("budget was spent" in t.error for t in kernels if t.status == "skipped")
+    assert not reg.failed_configs(w.key("sm90a", "h100")), "a candidate the budget left unbuilt is tried next time"
 
 
 def test_build_without_nvcc_says_what_to_install(monkeypatch):

@@ -73,6 +73,14 @@ class Built:
     def ok(self) -> bool:
         return self.path is not None
 
+    @property
+    def deferred(self) -> bool:
+        """Not built because the tuning budget was spent: not a failure of the source."""
+        return self.error == BUDGET_SPENT
+
+
+BUDGET_SPENT = "not built: the tuning budget was spent"
+
 
 def nvcc_path() -> str:
     exe = os.environ.get("FACTDB_NVCC") or shutil.which("nvcc")
@@ -196,6 +204,31 @@ def sharing(registry):
         _SHARED.reset(token)
 
 
+_DEADLINE: contextvars.ContextVar = contextvars.ContextVar("factdb_compile_deadline", default=None)
+
+
+@contextmanager
+def compile_deadline(deadline: float | None):
+    """Within the block, build() starts no compile past `deadline` (a time.perf_counter()
+    value: the tuning budget) unless its caller passes its own; what is in the build cache is
+    still returned, so a tuner past the budget runs the candidates already built."""
+    token = _DEADLINE.set(deadline)
+    try:
+        yield
+    finally:
+        _DEADLINE.reset(token)
+
+
+def cached(source: Source) -> Built | None:
+    """`source`'s library from the build cache (no nvcc), or None where it was never built."""
+    key = content_key(source)
+    d = cache_dir() / key
+    if not (d / "kernel.so").is_file():
+        return None
+    cmd = d / "command.txt"
+    return Built(source, key, d / "kernel.so", cached=True, command=cmd.read_text() if cmd.is_file() else "")
+
+
 def fetch_shared(source: Source, registry) -> Built | None:
     """`source`'s kernel from the team registry's shared binaries into the build cache (no nvcc),
     where the registry shares them (Registry.shares_binaries) and holds this build key; None
@@ -277,11 +310,13 @@ def default_jobs() -> int:
 def build(sources: list[Source], jobs: int | None = None, force: bool = False, progress: bool = True,
           timeout: float = 900.0, deadline: float | None = None) -> list[Built]:
     """Build every source (cached ones return at once), `jobs` nvcc processes at a time. No
-    compile starts past `deadline` (a time.perf_counter() value: the tuning budget); those
-    sources come back unbuilt, not cached as failures. Progress: a bar on a terminal, else a
+    compile starts past `deadline` (a time.perf_counter() value: the tuning budget; by default
+    the one compile_deadline() set): those sources come back unbuilt (`deferred`), not cached
+    as failures, and cached ones still come back built. Progress: a bar on a terminal, else a
     line per kernel on stderr (a log or a pipe shows no bar)."""
     if not sources:
         return []
+    deadline = deadline if deadline is not None else _DEADLINE.get()
     nvcc_path(), cutlass_root()  # fail early, with the install hint, before starting threads
     jobs = max(1, jobs or default_jobs())
     bar, t0, finished = None, time.perf_counter(), []
@@ -299,7 +334,8 @@ def build(sources: list[Source], jobs: int | None = None, force: bool = False, p
         if fetched is not None:
             results[i] = fetched
         elif deadline is not None and time.perf_counter() > deadline:
-            results[i] = Built(sources[i], content_key(sources[i]), None, error="not built: the tuning budget was spent")
+            results[i] = (None if force else cached(sources[i])) or Built(sources[i], content_key(sources[i]), None,
+                                                                          error=BUDGET_SPENT)
         else:
             results[i] = _build_one(sources[i], force, timeout)
         if bar is not None:
@@ -308,7 +344,7 @@ def build(sources: list[Source], jobs: int | None = None, force: bool = False, p
             b = results[i]
             finished.append(i)
             what = ("from the team registry" if b.command == FETCHED else "cached" if b.cached and b.ok else
-                    "built in %.0f s" % b.seconds if b.ok else "failed: " + b.error)
+                    "built in %.0f s" % b.seconds if b.ok else b.error if b.deferred else "failed: " + b.error)
             print(f"[build] {len(finished)}/{len(sources)} {sources[i].template}: {what.splitlines()[0][:160]} "
                   f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
 

@@ -16,11 +16,11 @@ class: what they need of a registry is the object passed in.
     owns(workload) -> bool
     answer(registry, workload, arch, gpu) -> (state, measured ms)
         what the registry holds: hit, near (D), stale or miss
-    prebuild(workloads, ctx)
+    prebuild(workloads, ctx) -> set
         compile every candidate of these workloads in one parallel batch (before tuning), none
-        started past ctx.deadline
+        started past ctx.deadline; the workloads with a candidate built (or in the build cache)
     realize(workload, ctx) -> Outcome
-        registry first, then tuning (unless ctx.over_budget()), into how the region runs
+        registry first, then tuning (where ctx.may_tune(workload)), into how the region runs
     run_job(job, cache) -> dict
         verify and time one candidate in the worker process
     load(path, record) -> Impl
@@ -54,10 +54,21 @@ class Context:
     over_budget: Callable[[], bool] = lambda: False
     deadline: float | None = None  # time.perf_counter() past which no compile starts (the tuning budget)
     hooks: dict = field(default_factory=dict)
+    prebuilt: set = field(default_factory=set)  # workloads with a candidate built before tuning began
+    grace_until: float | None = None  # past the budget, prebuilt workloads are still tuned until then
 
     @property
     def gpu_name(self) -> str:
         return self.gpu or "h100"
+
+    def may_tune(self, w) -> bool:
+        """Within the budget, every workload; past it, one whose candidates were built before the
+        budget was spent (tuned on those alone: timing them costs seconds, and the compiles are
+        paid for) until grace_until, and then none."""
+        if not self.over_budget():
+            return True
+        import time
+        return w in self.prebuilt and self.grace_until is not None and time.perf_counter() <= self.grace_until
 
 
 @dataclass

@@ -25,6 +25,8 @@ from fact_db.kernels.region import family as region_family
 from fact_db.kernels.impl import Impl
 from fact_db.store import lease
 
+GRACE = 0.25  # of the budget: past it, workloads whose candidates were compiled are still tuned this long
+
 
 @dataclass
 class Planned:
@@ -142,8 +144,10 @@ def realize_regions(report, policy: str, *, registry=None, arch: str = "sm90a", 
                     conv_impl=None) -> list[Realized]:
     """Decide how every region of `report` runs: registry first, then tuning (GEMM family,
     attention, LayerNorm / RMSNorm with or without the residual add), within `budget_s`
-    seconds; everything else stays eager, with the reason. Regions are tuned in order of
-    estimated gain; a workload repeated across regions is tuned once. `plan_only` looks
+    seconds (no compile starts past it; workloads whose candidates were compiled before it
+    was spent are still tuned on those, for GRACE of the budget more); everything else stays
+    eager, with the reason. Regions are tuned in order of estimated gain; a workload repeated
+    across regions is tuned once. `plan_only` looks
     things up and tunes nothing (what `factdb optimize` shows without a GPU). With a team
     registry, hosts realizing the same model at once divide its regions between them.
 
@@ -185,8 +189,13 @@ def realize_regions(report, policy: str, *, registry=None, arch: str = "sm90a", 
             if ws:
                 t = time.perf_counter()
                 say(f"compiling the {fam.NAME} candidates of {len(set(ws))} workload(s) in one batch")
-                fam.prebuild(ws, ctx)
+                ctx.prebuilt |= fam.prebuild(ws, ctx)
                 say(f"compiled the {fam.NAME} candidates in {time.perf_counter() - t:.1f} s")
+    if budget_s is not None:
+        # past the budget, the workloads compiled above are still tuned on what was built, for a
+        # quarter of the budget from when the batch ended (compiles started before the deadline
+        # finish after it): the compiles are paid for, and timing them takes seconds
+        ctx.grace_until = max(deadline, time.perf_counter()) + GRACE * budget_s
     done: dict = {}
 
     def lease_key(rz):
@@ -196,7 +205,7 @@ def realize_regions(report, policy: str, *, registry=None, arch: str = "sm90a", 
     # host holds, and comes back to the rest, by then usually in the registry); where it shares
     # built kernels, a winner another host built is loaded, not compiled (build.sharing), and
     # each winner tuned here is shared
-    with build_mod.sharing(registry if team else None):
+    with build_mod.sharing(registry if team else None), build_mod.compile_deadline(deadline):
         _realize_each(order, team, registry, lease_key, done, ctx, plan_only, say, on_result, arch)
     return out
 

@@ -53,8 +53,9 @@ def answer(registry, w: AttentionWorkload, arch: str, gpu: str) -> tuple[str, fl
     return ("stale", None) if hit.stale else ("hit", hit.record.time_ms)
 
 
-def prebuild(workloads: list, ctx: Context) -> None:
+def prebuild(workloads: list, ctx: Context) -> set:
     """Nothing ahead: the attention tuner builds its few kernel candidates in one batch itself."""
+    return set()
 
 
 def tune_rows(w: AttentionWorkload, ctx: Context):
@@ -113,7 +114,7 @@ def impl_of(best: dict | None, w: AttentionWorkload | None = None) -> Impl:
 
 
 def realize(w: AttentionWorkload, region, ctx: Context) -> Outcome:
-    if ctx.over_budget():
+    if not ctx.may_tune(w):
         return Outcome(Impl.eager(), "skipped",
                        notes=["skipped: the tuning budget was spent; the model's own attention serves it"])
     chooser = ctx.hooks.get("attention") or (lambda w: tune_rows(w, ctx))

@@ -39,7 +39,7 @@ class AttnCandidate:
 class AttnTrial:
     label: str
     kind: str
-    status: str                    # ok | verify_failed | launch_error | build_failed | crashed | timeout
+    status: str                    # ok | verify_failed | launch_error | build_failed | crashed | timeout | skipped
     time_ms: float | None = None
     err: float | None = None
     eager_err: float | None = None
@@ -110,8 +110,8 @@ def build_all(cands: list[AttnCandidate], jobs: int | None = None, progress: boo
         if b.ok:
             c.so, c.build_key = str(b.path), b.key
         else:
-            failed.append(AttnTrial(c.label, c.kind, "build_failed", error=b.error[:500], template=c.template,
-                                    config=c.config))
+            failed.append(AttnTrial(c.label, c.kind, "skipped" if b.deferred else "build_failed", error=b.error[:500],
+                                    template=c.template, config=c.config))
     return failed
 
 

@@ -84,16 +84,17 @@ def answer(registry, w: ConvWorkload, arch: str, gpu: str) -> tuple[str, float |
     return ("stale", None) if hit.stale else ("hit", hit.record.time_ms)
 
 
-def prebuild(workloads: list, ctx: Context) -> None:
-    """Every conv region's candidates compiled in one parallel batch."""
+def prebuild(workloads: list, ctx: Context) -> set:
+    """Every conv region's candidates compiled in one parallel batch; the workloads with a
+    candidate built."""
     if "conv" in ctx.hooks:
-        return
+        return set()
     from fact_db.kernels import build
     from fact_db.kernels.conv.tune import candidates, render
-    sources = [build.Source(TEMPLATE, render(w, c), ctx.arch) for w in dict.fromkeys(workloads)
-               for c in candidates(w, ctx.max_candidates)]
-    if sources:
-        build.build(sources, progress=ctx.progress, deadline=ctx.deadline)
+    owners = [(w, build.Source(TEMPLATE, render(w, c), ctx.arch)) for w in dict.fromkeys(workloads)
+              for c in candidates(w, ctx.max_candidates)]
+    built = build.build([s for _, s in owners], progress=ctx.progress, deadline=ctx.deadline) if owners else []
+    return {w for (w, _), b in zip(owners, built) if b.ok}
 
 
 def tune_region(w: ConvWorkload, ctx: Context, tune: bool = True):
@@ -139,7 +140,7 @@ def impl_of(w: ConvWorkload, best, arch: str = "sm90a", gpu: str = "h100", folds
 
 
 def realize(w: ConvWorkload, region, ctx: Context) -> Outcome:
-    if ctx.over_budget():
+    if not ctx.may_tune(w):  # what the registry has, nothing tuned
         trials, best, how = tune_region(w, ctx, tune=False)
     else:
         chooser = ctx.hooks.get("conv") or (lambda w: tune_region(w, ctx))

@@ -95,12 +95,13 @@ def answer(registry, w: GemmWorkload, arch: str, gpu: str) -> tuple[str, float |
     return ("hit", hit.record.time_ms or None) if hit.exact else (f"near ({hit.distance:.2f})", None)
 
 
-def prebuild(workloads: list, ctx: Context) -> None:
-    """Every GEMM region's candidates compiled in one parallel batch, not region by region."""
+def prebuild(workloads: list, ctx: Context) -> set:
+    """Every GEMM region's candidates compiled in one parallel batch, not region by region; the
+    workloads with a candidate built."""
     if "runner" in ctx.hooks or not workloads:
-        return
+        return set()
     from fact_db.kernels.gemm.tune import prebuild as tune_prebuild
-    tune_prebuild(list(dict.fromkeys(workloads)), arch=ctx.arch, gpu=ctx.gpu_name, registry=ctx.registry,
+    return tune_prebuild(list(dict.fromkeys(workloads)), arch=ctx.arch, gpu=ctx.gpu_name, registry=ctx.registry,
                   max_candidates=ctx.max_candidates, force=ctx.force, progress=ctx.progress, deadline=ctx.deadline)
 
 
@@ -137,7 +138,7 @@ def realize(w: GemmWorkload, region, ctx: Context) -> Outcome:
     """Tuned (registry first); out of budget, what the registry has, else skipped."""
     from fact_db.kernels.gemm.tune import from_registry, tune
     res = None
-    if ctx.over_budget():
+    if not ctx.may_tune(w):
         res = from_registry(w, ctx.registry, arch=ctx.arch, gpu=ctx.gpu_name) if ctx.registry is not None else None
         out = Outcome(Impl.eager(), "registry" if res else "skipped")
         if res is None:

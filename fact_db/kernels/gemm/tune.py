@@ -453,7 +453,9 @@ def evaluate(w: GemmWorkload, cands: list[Candidate], *, gpus: list[int] | None 
             runnable.append((c, None))
             continue
         b = built[c.config_hash]
-        if not b.ok:
+        if b.deferred:  # past the tuning budget: not a failure, tried on a later run
+            out.append(Trial(c, "skipped", error=b.error, build_key=b.key))
+        elif not b.ok:
             out.append(Trial(c, "compile_error", error=f"{b.error}\n$ {b.command}", build_key=b.key))
         else:
             runnable.append((c, b))
@@ -576,24 +578,27 @@ def candidate_list(w: GemmWorkload, *, arch: str = "sm90a", gpu: str = "h100", r
 
 def prebuild(workloads: list[GemmWorkload], *, arch: str = "sm90a", gpu: str = "h100", registry=None,
              max_candidates: int = 24, force: bool = False, jobs: int | None = None, progress: bool = True,
-             deadline: float | None = None) -> int:
+             deadline: float | None = None) -> set:
     """Build every candidate of every workload in one parallel batch (what `tune` would build
     for each, skipping workloads the registry answers), so a model's regions compile together
     instead of one region at a time; no compile starts past `deadline` (the tuning budget).
-    Returns the number of sources built or found cached."""
+    Returns the workloads (as given) with a candidate built or found cached."""
+    owners: dict[str, list] = {}  # config hash -> the workloads whose candidate it is
     cands = []
-    for w in workloads:
-        w = with_rule(w)
+    for given in workloads:
+        w = with_rule(given)
         if registry is not None and not force:
             hit = registry.lookup(w.key(arch, gpu))
             if hit is not None and hit.exact and not hit.stale and hit.record.status == "verified":
                 continue
-        cands += candidate_list(w, arch=arch, gpu=gpu, registry=registry, max_candidates=max_candidates)[0]
-    cands = [c for c in cands if c.template != "eager"]
+        for c in candidate_list(w, arch=arch, gpu=gpu, registry=registry, max_candidates=max_candidates)[0]:
+            if c.template != "eager":
+                cands.append(c)
+                owners.setdefault(c.config_hash, []).append(given)
     if not cands:
-        return 0
-    built = build_candidates(cands, jobs=jobs, progress=progress, deadline=deadline).values()
-    return len({b.key for b in built if b.ok or b.cached})
+        return set()
+    built = build_candidates(cands, jobs=jobs, progress=progress, deadline=deadline)
+    return {w for h, b in built.items() if b.ok for w in owners[h]}
 
 
 def _run_jobs(jobs: list[dict], runner, gpus, timeout: float, progress: bool) -> list[dict]:
@@ -649,6 +654,10 @@ def _from_registry(registry, key, w: GemmWorkload, result: TuneResult, cached_on
             print(f"registry hit {key.digest()} ({w.shape}): its kernel is not in the build cache here; building it "
                   "(nvcc, tens of seconds)", file=sys.stderr, flush=True)
         b = build_candidates([c], progress=progress)[c.config_hash]
+        if b.deferred:
+            result.notes.append(f"registry row {key.digest()}: its kernel is not built here and the tuning budget is "
+                                "spent")
+            return None
         if not b.ok:
             result.notes.append(f"registry row {key.digest()} no longer builds: {b.error}; tuning again")
             return None

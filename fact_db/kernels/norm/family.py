@@ -101,17 +101,18 @@ def limit(ctx: Context) -> int:
     return max(1, min(MAX_CANDIDATES, ctx.max_candidates - 1))
 
 
-def prebuild(workloads: list, ctx: Context) -> None:
+def prebuild(workloads: list, ctx: Context) -> set:
     """Every norm region's candidates compiled in one parallel batch (the tuner then finds them
-    in the build cache); a failed build is recorded by the tuner, not here."""
+    in the build cache); a failed build is recorded by the tuner, not here. Returns the
+    workloads with a candidate built."""
     if "norm" in ctx.hooks:
-        return
+        return set()
     from fact_db.kernels import build
     from fact_db.kernels.norm.tune import candidates, render
-    sources = [build.Source(TEMPLATE, render(w, c), ctx.arch) for w in dict.fromkeys(workloads)
-               for c in candidates(w, limit=limit(ctx))]
-    if sources:
-        build.build(sources, progress=ctx.progress, deadline=ctx.deadline)
+    owners = [(w, build.Source(TEMPLATE, render(w, c), ctx.arch)) for w in dict.fromkeys(workloads)
+              for c in candidates(w, limit=limit(ctx))]
+    built = build.build([s for _, s in owners], progress=ctx.progress, deadline=ctx.deadline) if owners else []
+    return {w for (w, _), b in zip(owners, built) if b.ok}
 
 
 def tune_region(w: NormWorkload, ctx: Context, tune: bool = True):
@@ -154,7 +155,7 @@ def impl_of(w: NormWorkload, best) -> Impl:
 
 
 def realize(w: NormWorkload, region, ctx: Context) -> Outcome:
-    if ctx.over_budget():  # what the registry has, nothing tuned
+    if not ctx.may_tune(w):  # what the registry has, nothing tuned
         trials, best, how = tune_region(w, ctx, tune=False)
     else:
         chooser = ctx.hooks.get("norm") or (lambda w: tune_region(w, ctx))

@@ -95,7 +95,7 @@ def build_candidates(w: NormWorkload, cands: list[NormCandidate], arch: str = "s
 @dataclass
 class NormTrial:
     label: str
-    status: str               # ok | verify_failed | launch_error | build_failed
+    status: str               # ok | verify_failed | launch_error | build_failed | skipped (budget spent)
     time_ms: float | None = None
     err: float | None = None
     eager_err: float | None = None
@@ -231,8 +231,8 @@ def tune_norm(w: NormWorkload, cands: list[NormCandidate] | None = None, *, arch
     jobs_list = [("eager", None, None)]
     for c in cands:
         b = built[c]
-        if not b.ok:
-            trials.append(NormTrial(c.label, "build_failed", error=b.error, candidate=c))
+        if not b.ok:  # past the tuning budget (deferred) is not a failure: tried on a later run
+            trials.append(NormTrial(c.label, "skipped" if b.deferred else "build_failed", error=b.error, candidate=c))
             continue
         jobs_list.append((c.label, c, b))
     if in_process:
