@@ -45,9 +45,9 @@ def main(argv=None) -> int:
         measured = row.get("reason") or "; ".join((row.get("did") or {}).get("notes", [])[:1]) or row["status"]
         rerun[pid] = {"id": pid, "name": row["name"], "measured": measured, "why_rerun": why,
                       **{k: row.get(k) for k in ("eager_ms", "compile_ms", "factdb_ms")}}
+    doc = scoreboard.merge([doc])  # the stamped parts' row counts, without the rows moved out
     doc["to_rerun"] = list(rerun.values())
     doc["raw"] = list(dict.fromkeys([*(doc.get("raw") or []), *args.raw]))
-    doc["levels"] = scoreboard.summary(doc["results"])
     scoreboard.write(doc, args.out)
     for pol, levels in doc["levels"].items():
         for lv, s in levels.items():

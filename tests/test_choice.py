@@ -208,3 +208,51 @@ def test_held_memory_bounds_the_choice_unless_lifted(tmp_path, max_held, chosen)
     assert ch.chosen == fast.choice == chosen and ch.bound_mib == max_held
     if chosen == "eager":
         assert "over the bound of 0.0 MiB" in composed.why
+
+
+class _Rnn(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rnn = torch.nn.LSTM(8, 16, 2, batch_first=True)
+        self.fc = torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.fc(self.rnn(x)[0][:, -1])
+
+
+class _Fast:
+    """What choose needs of a ComposedModule: its graph, use(), held_mib()."""
+    cuda_graph = False
+
+    def __init__(self, gm):
+        self.gm, self.used = gm, None
+
+    def use(self, name, compiled=None):
+        self.used = name
+
+    def held_mib(self, graphs=False):
+        return 0.0
+
+
+def test_the_composed_graph_of_a_recurrent_model_is_not_compiled_and_the_model_still_is():
+    """KernelBench L3-35..37 (LSTMs over 512 steps) spent their whole 300 s budget in the choice:
+    the composed graph holds aten.lstm as one op, which Inductor unrolls into a cell per time
+    step and layer. That candidate is left out with the reason; torch.compile of the model
+    (Dynamo leaves the LSTM to cuDNN) and the composed module op by op are still timed."""
+    from fact_db.pipeline.choice import candidates, choose, unrolled_ops
+    model, x = _Rnn().eval(), torch.randn(2, 5, 8)
+    gm = torch.export.export(model, (x,)).module()
+    assert unrolled_ops(gm) == ["aten.lstm"]
+    assert unrolled_ops(torch.export.export(torch.nn.Linear(8, 4), (torch.randn(2, 8),)).module()) == []
+    fast = _Fast(gm)
+    by_name = {c.name: c for c in candidates(fast, model, "fp32", peers=("compile",))}
+    left = by_name["composed + torch.compile"]
+    assert left.run is None and left.compiled is None and "unrolls aten.lstm" in left.why
+    assert by_name["torch.compile"].compiled is not None and by_name["composed"].run is not None
+    verdict = type("V", (), {"ok": True, "err": 0.0, "reason": ""})()
+    timed = []
+    choice = choose(fast, model, "fp32", lambda t: ((torch.randn(2, 5, 8),), "randn"), lambda fn: verdict,
+                    peers=("compile",), timer=lambda fn, xs: timed.append(fn.__name__) or 1.0)
+    assert set(timed) == {"eager", "torch.compile", "composed"}
+    left = choice.candidate("composed + torch.compile")
+    assert not left.chosen and not left.verified and "unrolls aten.lstm" in left.why

@@ -237,6 +237,7 @@ def test_resumed_parts_list_each_run_once_and_rows_move_to_to_rerun(tmp_path):
     assert [(e["id"], e["why_rerun"]) for e in out["to_rerun"]] == [("L1-3", "a fixed fault"),
                                                                    ("L2-1", "its stage failed on a bug fixed since")]
     assert out["raw"] == ["raw/shard.json"] and "2" not in out["levels"]["fp32"]
+    assert [(p["commit"], p["rows"]) for p in out["parts"]] == [("abc", 1), ("def", 1)], "a row moved out is not counted"
     bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernelbench_merge.py"), str(pm), "--out",
                           str(tmp_path / "x.json"), "--rerun", "L9-9=no such row"], capture_output=True, text=True,
                          timeout=120)

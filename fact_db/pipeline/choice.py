@@ -45,6 +45,11 @@ ORDER = ("composed", "composed, CUDA graph", "composed + torch.compile",
          "composed + torch.compile max-autotune-no-cudagraphs", "eager", "torch.compile",
          "torch.compile max-autotune-no-cudagraphs")
 MODES = {"compile": "default", "max-autotune": "max-autotune-no-cudagraphs"}
+# Recurrent ops that Inductor decomposes into one cell per time step and layer: the composed
+# graph holds them as single ATen ops (KernelBench L3-35's six-layer LSTM over 512 steps), so
+# compiling it unrolls thousands of cells and did not finish in 270 s. torch.compile of the
+# model itself is still a candidate: Dynamo leaves RNN modules to cuDNN.
+UNROLLED = ("lstm", "gru", "rnn_tanh", "rnn_relu")
 
 
 @dataclass
@@ -188,12 +193,30 @@ def candidates(fast, model_p, policy: str, *, peers=(), composed_ok: bool = True
         if getattr(fast, "cuda_graph", False) and on_gpu:
             graphed = _runner("composed, CUDA graph", fast, policy)
             out.append(Candidate("composed, CUDA graph", verified=True, run=graphed))
+        unrolled = unrolled_ops(fast.gm)
         for name, mode in modes:
             c = Candidate(name.replace("torch.compile", "composed + torch.compile"))
-            c.compiled = compiled_target(fast.gm, mode, fullgraph=True)
-            c.run = _runner(c.name, c.compiled, policy)
+            if unrolled:
+                c.why = (f"not compiled: Inductor unrolls {', '.join(unrolled)} into a cell per time step and layer "
+                         "(minutes of compiling); torch.compile of the model leaves it to cuDNN")
+            else:
+                c.compiled = compiled_target(fast.gm, mode, fullgraph=True)
+                c.run = _runner(c.name, c.compiled, policy)
             out.append(c)
     return out
+
+
+def unrolled_ops(gm) -> list[str]:
+    """The recurrent ops of graph module `gm` that Inductor unrolls (UNROLLED), as `aten.lstm`."""
+    import torch
+    found = []
+    for n in getattr(getattr(gm, "graph", None), "nodes", ()):
+        if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload):
+            ns, _, op = n.target.name().partition("::")  # aten::lstm.input
+            name = f"{ns}.{op.split('.')[0]}"
+            if ns == "aten" and op.split(".")[0] in UNROLLED and name not in found:
+                found.append(name)
+    return found
 
 
 def choose(fast, model_p, policy: str, draw, verify, *, peers=(), timer=None, max_held="eager",
@@ -230,6 +253,8 @@ def choose(fast, model_p, policy: str, draw, verify, *, peers=(), timer=None, ma
     eager = cands[0]
     eager_peak = peak_mib(lambda: eager.run(*sets[0])) if on_gpu else None
     for c in cands:
+        if c.run is None:  # left out, with the reason (candidates)
+            continue
         try:
             t0 = time.perf_counter()
             first = (lambda c=c: c.run(*sets[0]))
