@@ -17,10 +17,20 @@ kb=$1 carry=$2 out=$3 limit=$4 policy=$5; shift 5
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 py=${PYTHON:-python3}
 gpus=$(nvidia-smi -L 2>/dev/null | wc -l); [ "$gpus" -ge 1 ] || gpus=1
-cores=$(nproc); per=$(( cores / gpus )); [ "$per" -ge 1 ] || per=1
 nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
 use=(${GPUS:-$(seq 0 $(( gpus - 1 )))})
-echo "${#use[@]} shard(s) on GPU(s) ${use[*]}, $per core(s) each"
+# Each GPU's shard gets whole physical cores (a core's hyperthreads together): one shard's
+# timing never shares a core with another shard's nvcc. Numbered by logical CPU alone, GPU 0's
+# cores 0-15 and GPU 2's 32-47 were hyperthread siblings on a 64-thread host, and a module that
+# runs eager timed 0.54x and 1.54x of eager in the same interleaved rounds (L3-10, L3-15).
+mapfile -t phys < <(for c in /sys/devices/system/cpu/cpu[0-9]*/topology/thread_siblings_list; do cat "$c"; done \
+  | sort -u -t, -k1,1n)
+[ "${#phys[@]}" -ge 1 ] || mapfile -t phys < <(seq 0 $(( $(nproc) - 1 )))
+per=$(( ${#phys[@]} / gpus )); [ "$per" -ge 1 ] || per=1
+cpus_of() {  # the logical CPUs of GPU $1's share of physical cores, as taskset -c takes them
+  printf '%s\n' "${phys[@]:$(( $1 * per )):$per}" | paste -sd, -
+}
+echo "${#use[@]} shard(s) on GPU(s) ${use[*]}, $per physical core(s) each (of ${#phys[@]}; $(nproc) logical CPUs)"
 if [ -n "${PROBLEMS:-}" ]; then ids=$(echo "$PROBLEMS" | tr ', ' '\n\n' | awk 'NF')
 else ids=$(grep -v '^#' benchmarks/kernelbench_gpu_set.txt | awk 'NF {print $1}'); fi
 for i in "${!use[@]}"; do
@@ -35,7 +45,7 @@ for i in "${!use[@]}"; do
     cp "$carry/kernelbench-$policy.json" "$json"; resume=(--resume "$json")
   fi
   CUDA_VISIBLE_DEVICES=$s FACTDB_HOME="/tmp/factdb-home$s" timeout -k 15 "$limit" \
-    taskset -c $(( s * per ))-$(( s * per + per - 1 )) "$py" -m fact_db.cli bench --kernelbench "$kb" \
+    taskset -c "$(cpus_of "$s")" "$py" -m fact_db.cli bench --kernelbench "$kb" \
     --problems "$mine" --policy "$policy" --db "/tmp/registry-shard$s.duckdb" --out "$json" "${resume[@]}" "$@" \
     > "$out/scoreboard-$policy-shard$s.log" 2>&1 &
 done

@@ -137,12 +137,16 @@ def measure(module, model_p, fast, policy: str, draw, ref_model, *, peers=PEERS,
     elif returned == "composed, CUDA graph" and composed_ok and torch.cuda.is_available():
         # The same composed graph run op by op: what the CUDA graph saves in launches.
         runs.append(("fact-db, no CUDA graph", lambda *x: plain(fast.gm, policy)(*x), sets_p))
+    from fact_db.pipeline.choice import unrolled_ops
+    unrolled = unrolled_ops(getattr(fast, "gm", None)) if composed_ok else []
     for peer in ("compile", "max-autotune"):
         if peer in peers and composed_ok:
             # The composed graph under torch.compile(fullgraph=True): Inductor fuses what the
-            # regions left to PyTorch (norms, views, casts) around the kernels' ops.
+            # regions left to PyTorch (norms, views, casts) around the kernels' ops. Not where
+            # Inductor would unroll a recurrent op (choice.UNROLLED): a note says so instead.
             label = "fact-db + torch.compile" + (f" {MODES[peer]}" if MODES[peer] else "")
-            runs.append((label, ("compile-composed", MODES[peer]), sets_p))
+            runs.append((label, f"not compiled: Inductor unrolls {', '.join(unrolled)} into a cell per time step and "
+                         "layer (minutes of compiling)" if unrolled else ("compile-composed", MODES[peer]), sets_p))
     # The choice's candidates that compiled something, by the variant label they are timed as.
     chosen = choice.candidate(choice.chosen) if choice is not None else None
     lent = {}
@@ -153,7 +157,7 @@ def measure(module, model_p, fast, policy: str, draw, ref_model, *, peers=PEERS,
     bar = None
     if progress:
         from tqdm import tqdm
-        n_later = sum(1 for _, fn, _ in runs if not isinstance(fn, tuple))
+        n_later = sum(1 for _, fn, _ in runs if not isinstance(fn, (tuple, str)))
         bar = tqdm(total=len(runs) - n_later + n_later * BENCH_ROUNDS, desc="benchmark", unit="timing", leave=False)
 
     def finish(v, fn, xs, timings):
@@ -178,6 +182,12 @@ def measure(module, model_p, fast, policy: str, draw, ref_model, *, peers=PEERS,
 
     for label, fn, xs in runs:
         v = Variant(label)
+        if isinstance(fn, str):  # not run: why
+            _add_note(v, fn)
+            out.append(v)
+            if bar is not None:
+                bar.update(1)
+            continue
         try:
             compiled_peer = isinstance(fn, tuple)
             if compiled_peer and label in lent:
