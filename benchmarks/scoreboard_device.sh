@@ -19,10 +19,9 @@ py=${PYTHON:-python3}
 gpus=$(nvidia-smi -L 2>/dev/null | wc -l); [ "$gpus" -ge 1 ] || gpus=1
 nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
 use=(${GPUS:-$(seq 0 $(( gpus - 1 )))})
-# Each GPU's shard gets whole physical cores (a core's hyperthreads together): one shard's
-# timing never shares a core with another shard's nvcc. Numbered by logical CPU alone, GPU 0's
-# cores 0-15 and GPU 2's 32-47 were hyperthread siblings on a 64-thread host, and a module that
-# runs eager timed 0.54x and 1.54x of eager in the same interleaved rounds (L3-10, L3-15).
+# Each GPU's shard gets whole physical cores (a core's hyperthreads together, where the host
+# has them), so one shard's timing never shares a core with another shard's nvcc. (The device
+# hosts so far have one thread per core, where this is the same as dealing logical CPUs.)
 mapfile -t phys < <(for c in /sys/devices/system/cpu/cpu[0-9]*/topology/thread_siblings_list; do cat "$c"; done \
   | sort -u -t, -k1,1n)
 [ "${#phys[@]}" -ge 1 ] || mapfile -t phys < <(seq 0 $(( $(nproc) - 1 )))

@@ -388,6 +388,20 @@ def _fast(d) -> str:
     return " / ".join(DASH if d.get(p) is None else f"{d[p]:.2f}" for p in ("0", "1", "1.5", "2"))
 
 
+def _kb_devices(doc, level, policy) -> dict:
+    """{"gpu": ...} where a level's rows ran on more than one GPU model (parts on other hosts):
+    each with its row count, as `H200 (28), H100 (11)`; {} where they ran on one."""
+    import re
+    count: dict = {}
+    for r in doc.get("results") or []:
+        if str(r.get("level")) == str(level) and r.get("policy") == policy and r.get("device"):
+            m = re.search(r"\b([A-Z]\d{2,4}[A-Z]?)\b", r["device"])
+            count[m.group(1) if m else r["device"]] = count.get(m.group(1) if m else r["device"], 0) + 1
+    if len(count) < 2:
+        return {}
+    return {"gpu": ", ".join(f"{g} ({n})" for g, n in sorted(count.items(), key=lambda kv: -kv[1]))}
+
+
 def rows_kernelbench(doc, name):
     """A scoreboard JSON (its `levels` summary), or the CPU plan sweep's (counted from its rows)."""
     base = _base(doc, name)
@@ -397,7 +411,7 @@ def rows_kernelbench(doc, name):
                 timed = s["fast_p"]["vs_eager"] is not None
                 size = (doc.get("set_size") or {}).get(level)  # a part of a set: how much of it has run
                 rerun = sum(1 for r in doc.get("to_rerun") or [] if r["id"].startswith(f"L{level}-"))
-                yield {**base, "level": int(level), "policy": pol,
+                yield {**base, **_kb_devices(doc, level, pol), "level": int(level), "policy": pol,
                        "problems": f"{s['problems']} of {size} (a part)" if size and size > s["problems"] else s["problems"],
                        "answered": f"{s['problems'] - s['failed']}" + (f" ({rerun} more to rerun)" if rerun else ""),
                        "with_regions": s["with_regions"],

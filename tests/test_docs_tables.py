@@ -104,3 +104,12 @@ def test_local_links_and_anchors_resolve():
             assert path.exists(), f"{md.relative_to(ROOT)} links {target}, which does not exist"
             if anchor and path.suffix == ".md":
                 assert anchor in _anchors(path), f"{md.relative_to(ROOT)} links {target}: no such heading"
+
+
+def test_a_scoreboard_level_run_on_two_gpu_models_names_both_with_their_rows():
+    tables = _tables()
+    row = {"level": 3, "policy": "fp32"}
+    doc = {"results": [{**row, "device": "NVIDIA H200"}] * 2 + [{**row, "device": "NVIDIA H100 80GB HBM3"}]
+           + [{**row, "level": 1, "device": "NVIDIA H100 80GB HBM3"}]}
+    assert tables._kb_devices(doc, "3", "fp32") == {"gpu": "H200 (2), H100 (1)"}
+    assert tables._kb_devices(doc, "1", "fp32") == {}  # one model: the head's GPU column stands

@@ -225,6 +225,12 @@ def test_resumed_parts_list_each_run_once_and_rows_move_to_to_rerun(tmp_path):
     doc = scoreboard.merge([merged, shard])
     assert [(p["commit"], p["rows"]) for p in doc["parts"]] == [("abc", 1), ("def", 2)]
     assert scoreboard.merge([doc, shard])["parts"] == doc["parts"]  # a merge merged again: stamped parts recounted
+    # a resumed run on other GPUs than the part it resumed from: its part names the rows' device
+    other = json.loads(json.dumps(shard))
+    other["results"].append({**_row("L2-2", 2, speedup=1.1), "commit": "fed", "date": "2026-11-28",
+                             "device": "NVIDIA H100 80GB HBM3"})
+    parts = scoreboard.merge([merged, other])["parts"]
+    assert [(p["commit"], p.get("gpu"), p["rows"]) for p in parts] == [("abc", None, 1), ("def", "h200", 2), ("fed", "h100", 1)]
     pm, ps = tmp_path / "merged.json", tmp_path / "shard.json"
     scoreboard.write(merged, pm)
     scoreboard.write(shard, ps)
@@ -294,6 +300,11 @@ def test_the_optimize_path_checks_the_module_fact_db_returns_and_times_it():
     assert row["correct"] and row["did"]["kernels"] == 1
     (one,) = row["did"]["per_region"]
     assert (one["rule"], one["shape"], one["how"]) == ("gemm", "256x64x128", "tuned") and one["runs"], one
+    # the choice's candidates, each with why it lost: a peer left out shows in the row (L3-48's
+    # torch.compile timed 2.3x faster than what was returned, and the row could not say why)
+    assert [c["name"] for c in row["did"]["choice"]] == ["eager", "composed"]
+    assert sum(c["chosen"] for c in row["did"]["choice"]) == 1 and all(c["why"] for c in row["did"]["choice"]
+                                                                        if not c["chosen"])
     # KernelBench builds its models in training mode; optimize keeps the mode it is given, so
     # BatchNorm runs on batch statistics in both, the check passes, and the report says why
     row = scoreboard.run_problem(bn, "fp32", device="cpu", hooks=ON_CPU)

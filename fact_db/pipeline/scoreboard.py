@@ -82,6 +82,10 @@ def _did(report, fast=None) -> dict:
                            "eager (failed verification)" if not v.ok else
                            "eager (timed faster)" if getattr(fast, "prefer_eager", False) else
                            "composed" if out["kernels"] else "eager (no region on a kernel)")
+    ch = getattr(report, "choice", None)
+    if ch is not None:  # every candidate of the choice: a peer left out (failed verification, slower) says why
+        out["choice"] = [{"name": c.name, "ms": c.ms, "verified": c.verified, "chosen": c.chosen,
+                          "why": first_line(c.why or "", 200)} for c in ch.candidates]
     out["notes"] = [first_line(n, 240) for n in report.notes][:8]
     return out
 
@@ -280,10 +284,13 @@ def merge(docs: list[dict]) -> dict:
             if (r["id"], r["policy"]) not in seen:
                 seen.add((r["id"], r["policy"]))
                 rows.append(r)
-    # runs whose rows carry their own commit and date (stamped: resumed parts)
-    for (c, day), n in sorted(Counter((r["commit"], r.get("date")) for r in rows if r.get("commit")).items()):
-        parts.append({"device": out.get("device"), "gpu": out.get("gpu"), "date": day, "commit": c,
-                      "rows": n, "stamped": True})
+    # runs whose rows carry their own commit and date (stamped: resumed parts), on the device
+    # each row names (a resumed run may have had another GPU than the part it resumed from)
+    from fact_db.core.device import canonical_gpu
+    stamped = Counter((r["commit"], r.get("date"), r.get("device") or out.get("device")) for r in rows if r.get("commit"))
+    for (c, day, dev), n in sorted(stamped.items(), key=lambda kv: (kv[0][1] or "", kv[0][0], kv[0][2] or "")):
+        gpu = canonical_gpu(dev) if dev and dev != out.get("device") else out.get("gpu")
+        parts.append({"device": dev, "gpu": gpu, "date": day, "commit": c, "rows": n, "stamped": True})
     out["policies"] = sorted({p for d in docs for p in d.get("policies", [])})
     out["parts"], out["results"] = parts, rows
     out["levels"] = summary(rows)
