@@ -432,3 +432,38 @@ def test_a_child_stopped_by_the_budget_says_the_stage_it_was_in():
     got = scoreboard._stopped(err + "[verify] ...\n")
     assert got["stages_s"] == {"discover": 4.1} and got["stopped_in"] == "verify"
     assert got["stderr_tail"][-1] == "[verify] ..." and "noise" in got["stderr_tail"]
+
+
+def test_gpu_clocks_reads_nvidia_smi_falls_back_to_the_older_field_and_is_kept_in_the_rows(tmp_path, monkeypatch):
+    """The GPU's SM clock and clock event reasons after each timing, in the choice and the
+    benchmark, go into the scoreboard's row: L3-35's eager model timed 37.1 ms in the choice
+    and 51.1 ms in the benchmark, and nothing said whether the GPU had slowed down."""
+    from fact_db.kernels import bench
+    with monkeypatch.context() as m:
+        smi = tmp_path / "nvidia-smi"
+        smi.write_text("#!/bin/sh\ncase \"$*\" in *clocks_event_reasons*) echo 'Field is not valid' >&2; exit 2;; esac\n"
+                       "echo $* >> " + str(tmp_path / "calls") + "\necho '1755, 1980, 512.3, 61, 0x0000000000000004'\n")
+        smi.chmod(0o755)
+        m.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+        m.setattr(torch.cuda, "is_available", lambda: True)
+        m.setattr(bench, "_smi_id", lambda device: "00000000:1B:00.0")
+        m.setattr(bench, "_smi", {"reasons": None, "off": False})
+        assert bench.gpu_clocks() == {"sm_mhz": 1755.0, "max_sm_mhz": 1980.0, "power_w": 512.3, "temp_c": 61.0,
+                                      "reasons": "0x0000000000000004"}
+        bench.gpu_clocks()
+        calls = (tmp_path / "calls").read_text().splitlines()
+        assert len(calls) == 2 and all("-i 00000000:1B:00.0" in c and "clocks_throttle_reasons.active" in c for c in calls)
+        # with no nvidia-smi: None, and not asked again
+        m.setattr(bench, "_smi", {"reasons": None, "off": False})
+        m.setenv("PATH", "/nonexistent")
+        assert bench.gpu_clocks() is None and bench._smi["off"]
+    # the choice's candidates and the benchmark's variants keep a sample per timing, and the row says so
+    sample = {"sm_mhz": 1500.0, "reasons": "0x4"}
+    monkeypatch.setattr(bench, "gpu_clocks", lambda device="cuda": sample)
+    import tempfile
+    root = _tree(Path(tempfile.mkdtemp()), {"level1/1_Matmul.py": GOOD})
+    (mm,) = kb.problems(root)
+    row = scoreboard.run_problem(mm, "fp32", device="cpu", hooks=ON_CPU)
+    from fact_db.pipeline.choice import ROUNDS
+    assert all(c["sm_mhz"] == [1500.0] * ROUNDS and c["reasons"] == ["0x4"] for c in row["did"]["choice"])
+    assert row["did"]["clocks"]["fact-db"]["sm_mhz"][0] == 1500.0

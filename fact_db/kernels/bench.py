@@ -95,3 +95,64 @@ def held_mib(fn, device="cuda") -> float:
     out = fn()
     del out
     return max(0, reserved() - before) / 2**20
+
+
+# The GPU's clocks at a timing: what tells a GPU that slowed down (power, heat, another
+# process) from a slower candidate. KernelBench L3-35's eager model timed 37.1 ms in the
+# choice and 51.1 ms in the benchmark after it, in one process on one GPU.
+_SMI_FIELDS = ("clocks.sm", "clocks.max.sm", "power.draw", "temperature.gpu")
+_SMI_REASONS = ("clocks_event_reasons.active", "clocks_throttle_reasons.active")  # newer, older drivers
+_smi = {"reasons": None, "off": False}
+
+
+def _smi_id(device) -> str | None:
+    """What `nvidia-smi -i` calls torch's `device`: its PCI address where torch gives it, else
+    its entry in CUDA_VISIBLE_DEVICES (an index or a UUID), else its index."""
+    import os
+
+    import torch
+    d = torch.device(device)
+    idx = d.index if d.index is not None else torch.cuda.current_device()
+    p = torch.cuda.get_device_properties(idx)
+    if all(hasattr(p, a) for a in ("pci_domain_id", "pci_bus_id", "pci_device_id")):
+        return f"{p.pci_domain_id:08X}:{p.pci_bus_id:02X}:{p.pci_device_id:02X}.0"
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    return visible[idx] if idx < len(visible) else str(idx)
+
+
+def gpu_clocks(device="cuda") -> dict | None:
+    """The GPU's SM clock now and its maximum (MHz), its power (W) and temperature (C), and the
+    active clock event (throttle) reasons as nvidia-smi's bitmask; None where there is no GPU
+    or nvidia-smi cannot say (asked once: it is not asked again in this process)."""
+    import shutil
+    import subprocess
+    if _smi["off"]:
+        return None
+    try:
+        import torch
+        exe = shutil.which("nvidia-smi")
+        target = _smi_id(device) if exe and torch.cuda.is_available() else None
+    except Exception:  # noqa: BLE001  (no driver, no device: no clocks)
+        target = None
+    if target is None:
+        _smi["off"] = True
+        return None
+    for reasons in ([_smi["reasons"]] if _smi["reasons"] else _SMI_REASONS):
+        try:
+            r = subprocess.run([exe, "-i", target, f"--query-gpu={','.join((*_SMI_FIELDS, reasons))}",
+                                "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            break
+        vals = [v.strip() for v in r.stdout.strip().split(",")]
+        if r.returncode == 0 and len(vals) == len(_SMI_FIELDS) + 1:
+            _smi["reasons"] = reasons
+
+            def num(v):
+                try:
+                    return float(v)
+                except ValueError:
+                    return None
+            sm, top, watts, temp = (num(v) for v in vals[:4])
+            return {"sm_mhz": sm, "max_sm_mhz": top, "power_w": watts, "temp_c": temp, "reasons": vals[4]}
+    _smi["off"] = True
+    return None

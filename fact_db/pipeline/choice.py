@@ -62,6 +62,7 @@ class Candidate:
     verified: bool = False
     held_mib: float = 0.0             # kept between calls beyond the model's parameters
     compile_s: float | None = None    # its first call (torch.compile, a CUDA graph's capture)
+    clocks: list = field(default_factory=list)  # the GPU's clocks after each timing round (bench.gpu_clocks)
     why: str = ""                     # why it was not chosen
     chosen: bool = False
     run: object = field(default=None, repr=False)       # called like the model, inputs at the policy's dtype
@@ -234,7 +235,7 @@ def choose(fast, model_p, policy: str, draw, verify, *, peers=(), timer=None, ma
     import torch
 
     from fact_db.composition.module import cast_floats, policy_dtype
-    from fact_db.kernels.bench import held_mib, peak_mib, time_cuda
+    from fact_db.kernels.bench import gpu_clocks, held_mib, peak_mib, time_cuda
     dt = policy_dtype(policy)
     sets = [draw(2 * i + 1)[0] for i in range(3)]
     sets = [cast_floats(x, dt) for x in sets] if dt else sets
@@ -295,6 +296,9 @@ def choose(fast, model_p, policy: str, draw, verify, *, peers=(), timer=None, ma
                 c.verified, c.why = False, f"failed to time: {first_line(e, 200, typed=True)}"
                 continue
             rounds[c.name].append(getattr(t, "median_ms", t))
+            clock = gpu_clocks()  # None off a GPU
+            if clock is not None:
+                c.clocks.append(clock)
     for c in timed:
         if rounds[c.name] and not c.why:
             c.ms = statistics.median(rounds[c.name])

@@ -97,7 +97,7 @@ def measure(module, model_p, fast, policy: str, draw, ref_model, *, peers=PEERS,
     import torch
 
     from fact_db.kernels.agreement import tree_err
-    from fact_db.kernels.bench import held_mib, peak_mib, time_cuda
+    from fact_db.kernels.bench import gpu_clocks, held_mib, peak_mib, time_cuda
     from fact_db.composition.module import cast_floats, policy_dtype
     from fact_db.kernels.verify import for_reference
     sets = [draw(2 * i)[0] for i in range(3)]
@@ -160,6 +160,11 @@ def measure(module, model_p, fast, policy: str, draw, ref_model, *, peers=PEERS,
         n_later = sum(1 for _, fn, _ in runs if not isinstance(fn, (tuple, str)))
         bar = tqdm(total=len(runs) - n_later + n_later * BENCH_ROUNDS, desc="benchmark", unit="timing", leave=False)
 
+    def clock(v, xs):  # the GPU's clocks after a timing (None off a GPU)
+        c = gpu_clocks()
+        if c is not None:
+            v.clocks.append(c)
+
     def finish(v, fn, xs, timings):
         medians = [getattr(t, "median_ms", t) for t in timings]
         v.ms = statistics.median(medians)
@@ -215,6 +220,7 @@ def measure(module, model_p, fast, policy: str, draw, ref_model, *, peers=PEERS,
             del out_t
             if compiled_peer:
                 finish(v, fn, xs, [timer(fn, xs)])
+                clock(v, xs)
                 if bar is not None:
                     bar.update(1)
             else:
@@ -237,6 +243,7 @@ def measure(module, model_p, fast, policy: str, draw, ref_model, *, peers=PEERS,
             if id(v) not in failed:
                 try:
                     timings[id(v)].append(timer(fn, xs))
+                    clock(v, xs)
                 except Exception as e:  # noqa: BLE001
                     failed.add(id(v))
                     _add_note(v, first_line(e, typed=True))

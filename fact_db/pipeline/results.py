@@ -27,6 +27,7 @@ class Variant:
     held_mib: float | None = None     # kept between calls beyond the model's parameters (fact-db's buffers, CUDA graph pools)
     compile_s: float | None = None    # first call (torch.compile's compile time)
     round_ms: list = field(default_factory=list)  # the median of each interleaved round (uncompiled variants)
+    clocks: list = field(default_factory=list)    # the GPU's clocks after each timing (bench.gpu_clocks)
     note: str = ""
 
     def as_dict(self) -> dict:

@@ -53,6 +53,15 @@ def uncovered_shares(disc) -> dict:
     return shares
 
 
+def _clocks(samples: list) -> dict:
+    """bench.gpu_clocks samples as the row keeps them: the SM clock of each, and the clock
+    event reasons any of them had ({} for none)."""
+    if not samples:
+        return {}
+    return {"sm_mhz": [s.get("sm_mhz") for s in samples],
+            "reasons": sorted({s.get("reasons") for s in samples if s.get("reasons")})}
+
+
 def _did(report, fast=None) -> dict:
     """What fact-db did with a problem: its regions, how each runs, and what the module it
     returned runs (`fast`: that module; None for the plan)."""
@@ -85,7 +94,10 @@ def _did(report, fast=None) -> dict:
     ch = getattr(report, "choice", None)
     if ch is not None:  # every candidate of the choice: a peer left out (failed verification, slower) says why
         out["choice"] = [{"name": c.name, "ms": c.ms, "verified": c.verified, "chosen": c.chosen,
-                          "why": first_line(c.why or "", 200)} for c in ch.candidates]
+                          "why": first_line(c.why or "", 200), **_clocks(c.clocks)} for c in ch.candidates]
+    timed = [v for v in report.variants or [] if v.clocks]
+    if timed:  # the GPU's clocks after each timing of the benchmark (its SM clock, and why it was held back)
+        out["clocks"] = {v.name: _clocks(v.clocks) for v in timed}
     out["notes"] = [first_line(n, 240) for n in report.notes][:8]
     return out
 
