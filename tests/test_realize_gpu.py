@@ -234,7 +234,7 @@ def test_fp32tc_stream_k_and_split_k_verify():
         assert v.ok, (opts, v.reason)
 
 
-PRESPLIT_CASES = [  # K-major operands only; batch, ragged tiles, epilogues, a row bias, promotion at K = 4096
+PRESPLIT_CASES = [  # K-major operands (MN-major ones: MN_MAJOR_CASES); batch, ragged tiles, epilogues, a row bias, promotion at K = 4096
     GemmWorkload(1000, 520, 264, batch=3, policy="fp32", layout_b="col", epilogue="residual"),
     GemmWorkload(256, 768, 512, policy="tf32x3", layout_b="col", epilogue="bias_silu", bias_axis="row"),
     GemmWorkload(1024, 1024, 4096, policy="fp32", layout_b="col", epilogue="bias_gelu_tanh"),
@@ -255,6 +255,30 @@ def test_fp32tc_presplit_verifies_and_matches_split3_bit_for_bit(w):
         _run(k)(inputs, out)
         outs.append(out)
     assert torch.equal(outs[0], outs[1])
+
+
+MN_MAJOR_CASES = [  # KernelBench's transposed matmuls (L1-16 to L1-18) in small: A, B and both MN-major
+    GemmWorkload(1000, 520, 264, policy="fp32", layout_a="col", layout_b="col", epilogue="residual"),
+    GemmWorkload(512, 384, 1024, policy="fp32", layout_a="row", layout_b="row"),
+    GemmWorkload(384, 512, 768, batch=3, policy="tf32x3", layout_a="col", layout_b="row", epilogue="bias_gelu_tanh"),
+]
+
+
+@pytest.mark.parametrize("w", MN_MAJOR_CASES, ids=lambda w: f"{w.policy}-{w.shape}-{w.layout_a}{w.layout_b}")
+def test_fp32tc_presplit_serves_mn_major_operands_through_a_k_major_copy(w):
+    """presplit is built K-major (kernel_layouts); an MN-major operand is copied on the way in,
+    and the result verifies under the policy and equals the K-major operands' bit for bit."""
+    from fact_db.kernels.gemm.tune import kernel_layouts as layouts
+    assert layouts(w, "gemm_fp32tc_sm90", "presplit") == ("row", "col")
+    kmajor = w.with_(layout_a="row", layout_b="col")
+    pre = _fp32tc(kmajor, "presplit", 2)
+    v = verify(_run(pre), w, trials=5)  # w's inputs: MN-major where w says so
+    assert v.ok, v.reason
+    inputs = w.make_inputs("randn", generator=torch.Generator("cuda").manual_seed(2))
+    a, b = inputs["a"], inputs["b"]
+    kw = {"bias": inputs.get("bias"), "c": inputs.get("c"), "beta": 1.0 if "c" in inputs else 0.0}
+    copied = pre(a.contiguous(), b.transpose(-1, -2).contiguous().transpose(-1, -2), **kw)
+    assert torch.equal(pre(a, b, **kw), copied)
 
 
 @pytest.mark.parametrize("w", PRESPLIT_CASES[1:], ids=lambda w: f"{w.policy}-{w.shape}-{w.epilogue}")

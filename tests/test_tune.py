@@ -76,13 +76,14 @@ def test_fp32_policy_offers_promoted_3xtf32_kernels_that_verification_must_keep(
     assert {c.template for c in cands[1:]} == {"gemm_fp32tc_sm90"}
     for c in cands[1:]:
         p = c.params
-        assert p["transform"] == "split3" and p["promote_every"] * p["tile_k"] == 32, c.label
+        assert p["transform"] in ("split3", "presplit") and p["promote_every"] * p["tile_k"] == 32, c.label
     assert "within 4x of eager fp32" in notes[0]
 
 
-def test_presplit_is_offered_for_k_major_operands_only_and_shares_the_budget():
-    """A Linear (A row-major, the weight N x K) gets both 3xTF32 families; any MN-major operand
-    gets split3 alone, with presplit's share of the budget."""
+def test_presplit_serves_every_layout_through_k_major_copies_and_shares_the_budget():
+    """A Linear (A row-major, the weight N x K) gets both 3xTF32 families; so does a GEMM with an
+    MN-major operand (KernelBench's transposed matmuls, L1-16 to L1-18), its presplit kernels
+    built K-major and the operand copied on the way in (labelled, and predicted as a cost)."""
     for policy, depth in (("fp32", 32), ("tf32x3", 64)):
         kmajor, _ = candidates(GemmWorkload(4096, 3072, 768, policy=policy, layout_b="col"), SPACE, max_candidates=9)
         by = {}
@@ -93,9 +94,25 @@ def test_presplit_is_offered_for_k_major_operands_only_and_shares_the_budget():
         assert set(by) == {"presplit", "split3"}, policy
         assert all(c.label.startswith("presplit") for c in by["presplit"])
         assert len(kmajor) == 9
-        mn, _ = candidates(GemmWorkload(4096, 3072, 768, policy=policy), SPACE, max_candidates=9)  # B row-major
-        assert {c.params.get("transform") for c in mn[1:] if c.template == "gemm_fp32tc_sm90"} == {"split3"}
-        assert len(mn) == 9, "split3 takes the share presplit cannot use"
+        for la, lb, copied in (("row", "row", "B"), ("col", "col", "A"), ("col", "row", "A/B")):
+            w = GemmWorkload(4096, 3072, 768, policy=policy, layout_a=la, layout_b=lb)
+            mn, _ = candidates(w, SPACE, max_candidates=9)
+            by = {}
+            for c in mn[1:]:
+                if c.template == "gemm_fp32tc_sm90":
+                    by.setdefault(c.params["transform"], []).append(c)
+            assert set(by) == {"presplit", "split3"} and len(mn) == 9, (policy, la, lb)
+            for c in by["presplit"]:
+                assert (c.params["layout_a"], c.params["layout_b"]) == (template.LAYOUT["row"], template.LAYOUT["col"])
+                assert c.label.endswith(f"+copy {copied} to K-major") or f"+copy {copied} to K-major " in c.label
+                assert tune_mod.spec_of(w, c)["layout_a"] == "row" and tune_mod.spec_of(w, c)["layout_b"] == "col"
+            for c in by["split3"]:  # transposed in the mainloop: built in the operands' own layouts
+                assert (c.params["layout_a"], c.params["layout_b"]) == (template.LAYOUT[la], template.LAYOUT[lb])
+            kmaj = w.with_(layout_a="row", layout_b="col")
+            copy = tune_mod.predict_ms(w, 128, 128, "cooperative", "persistent", 1, "h100", "gemm_fp32tc_sm90",
+                                       "presplit")
+            assert copy > tune_mod.predict_ms(kmaj, 128, 128, "cooperative", "persistent", 1, "h100",
+                                              "gemm_fp32tc_sm90", "presplit"), "the copy is predicted as a cost"
 
 
 def test_presplit_predicts_its_lo_pass():
@@ -118,12 +135,13 @@ def test_each_policy_gets_its_kernel_families():
                for c in cands[1:])
 
 
-def test_fp32tc_kernels_read_any_layout_without_copies_and_fit_shared_memory():
+def test_fp32tc_split3_reads_any_layout_without_copies_and_fits_shared_memory():
     for la, lb in (("row", "row"), ("col", "row"), ("row", "col"), ("col", "col")):
         w = GemmWorkload(2048, 2048, 2048, policy="tf32x3", layout_a=la, layout_b=lb)
-        assert kernel_layouts(w, "gemm_fp32tc_sm90") == (la, lb)
+        assert kernel_layouts(w, "gemm_fp32tc_sm90", "split3") == (la, lb)
+        assert kernel_layouts(w, "gemm_fp32tc_sm90", "presplit") == ("row", "col")
         cands, _ = candidates(w, SPACE)
-        tc = [c for c in cands if c.template == "gemm_fp32tc_sm90"]
+        tc = [c for c in cands if c.template == "gemm_fp32tc_sm90" and c.params["transform"] == "split3"]
         assert tc and not any("+copy" in c.label for c in tc)
         for c in tc:
             p = c.params

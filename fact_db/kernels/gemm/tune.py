@@ -140,8 +140,11 @@ class TuneResult:
 # promotion. fp32tc `split3` is offered under `fp32` too, promoted every 32 of K:
 # verification keeps it only where its error stays within 4x of eager fp32's (on an H100 it
 # measured below cuBLAS SGEMM's own: 4.0e-7 against 1.15e-6 at 4096^3). `presplit` makes
-# split3's products with the lo parts written by a pass before the kernel: it serves K-major
-# operands only, and where it yields no candidate the next family takes its share.
+# split3's products with the lo parts written by a pass before the kernel: it is built for
+# K-major operands (the raw operand serves as hi), and an MN-major one is copied to K-major on
+# the way in (KernelBench L1-16 to L1-18, the transposed matmuls: the in-mainloop transpose of
+# split3 cost a third, and cuBLAS SGEMM served them); where it yields no candidate the next
+# family takes its share.
 FAMILIES = {
     "bf16": [("gemm_sm90", {}, 1.0)],
     "fp16": [("gemm_sm90", {}, 1.0)],
@@ -192,15 +195,19 @@ def predict_ms(w: GemmWorkload, tm: int, tn: int, schedule: str, scheduler: str,
         operands = 4 * (w.m * w.k + w.k * w.n) * w.batch
         pre = 2 * operands / bw
         nbytes += operands
+        # an MN-major operand is first copied to K-major (read and written once more)
+        copied = 4 * w.batch * ((w.m * w.k if w.layout_a != "row" else 0) + (w.k * w.n if w.layout_b != "col" else 0))
+        pre += 2 * copied / bw
     return (max(t_math, nbytes / bw) + pre) * 1e3 + 0.004
 
 
-def kernel_layouts(w: GemmWorkload, tmpl: str) -> tuple[str, str]:
+def kernel_layouts(w: GemmWorkload, tmpl: str, transform: str = "") -> tuple[str, str]:
     """The operand layouts a kernel is compiled for. TF32 wgmma reads only K-major operands:
-    gemm_sm90 on float32 is built row x col and the other layouts are copied on the way in
-    (a measured cost); gemm_tf32x3_sm90 transposes inside its split pass and gemm_fp32tc_sm90
-    inside its mainloop, for free."""
-    if w.dtype == "float32" and tmpl == "gemm_sm90":
+    gemm_sm90 on float32 and gemm_fp32tc_sm90's `presplit` (its raw operand is the hi part)
+    are built row x col, and the other layouts are copied on the way in (GemmKernel._prepare:
+    a cost the tuner times); gemm_tf32x3_sm90 transposes inside its split pass, and
+    gemm_fp32tc_sm90's other transforms inside their mainloop."""
+    if w.dtype == "float32" and (tmpl == "gemm_sm90" or (tmpl == "gemm_fp32tc_sm90" and transform == "presplit")):
         return "row", "col"
     return w.layout_a, w.layout_b
 
@@ -218,7 +225,7 @@ def _sm90_configs(w: GemmWorkload, space: dict, gpu: str, tmpl: str,
                   fixed: dict | None = None) -> list[tuple[dict, float, str, str]]:
     fixed = fixed or {}
     eb = ELEMENT_BYTES[w.dtype]
-    la, lb = kernel_layouts(w, tmpl)
+    la, lb = kernel_layouts(w, tmpl, fixed.get("transform", ""))
     fp32tc = tmpl == "gemm_fp32tc_sm90"
     elem = "float" if fp32tc else template.CUTLASS_DTYPE[w.dtype]
     if fp32tc:
@@ -227,8 +234,6 @@ def _sm90_configs(w: GemmWorkload, space: dict, gpu: str, tmpl: str,
         tks = sorted({int(t) for t in space.get("tile_k", [32, 64]) + [128 // eb] if int(t) * eb in (128, 256)})
     depth = int(fixed.get("promote_depth", 0))
     transform = fixed.get("transform", "")
-    if transform == "presplit" and (la, lb) != ("row", "col"):
-        return []  # the lo pass writes K-major parts and the raw operand serves as hi: K-major only
     out = []
     for tm, tn, tk, cm, cn, ks, ts in itertools.product(
             space.get("tile_m", [128]), space.get("tile_n", [128]), tks, space.get("cluster_m", [1]),
@@ -298,7 +303,7 @@ def _family(w: GemmWorkload, space: dict, arch: str, gpu: str, tmpl: str, fixed:
     configs = sorted(_sm90_configs(w, space, gpu, tmpl, fixed), key=lambda c: c[1])
     if not configs or budget <= 0:
         return []
-    la, lb = kernel_layouts(w, tmpl)
+    la, lb = kernel_layouts(w, tmpl, fixed.get("transform", ""))
     copies = [name for name, have, want in (("A", w.layout_a, la), ("B", w.layout_b, lb)) if have != want]
     splits_space = [int(s) for s in space.get("splits", [2, 4, 8, 16])]
     transform = fixed.get("transform", "")
@@ -406,7 +411,7 @@ def rule_space(rule: str, rules=None) -> tuple[dict, list[str]]:
 def spec_of(w: GemmWorkload, c: Candidate) -> dict:
     """What the worker's GemmKernel expects: the layouts the kernel was built for (the wrapper
     copies an operand held in another layout)."""
-    la, lb = kernel_layouts(w, c.template)
+    la, lb = kernel_layouts(w, c.template, (c.params or {}).get("transform", ""))
     return {"dtype": w.dtype, "layout_a": la, "layout_b": lb, "epilogue": w.epilogue, "bias_axis": w.bias_axis}
 
 
