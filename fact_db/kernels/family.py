@@ -52,19 +52,19 @@ class Context:
     force: bool = False
     progress: bool = False
     over_budget: Callable[[], bool] = lambda: False
-    deadline: float | None = None  # time.perf_counter() past which no compile starts (the tuning budget)
+    deadline: float | None = None  # time.perf_counter() past which no compile starts (realize: the budget less GRACE)
     hooks: dict = field(default_factory=dict)
     prebuilt: set = field(default_factory=set)  # workloads with a candidate built before tuning began
-    grace_until: float | None = None  # past the budget, prebuilt workloads are still tuned until then
+    grace_until: float | None = None  # past `deadline`, prebuilt workloads are still tuned until then
 
     @property
     def gpu_name(self) -> str:
         return self.gpu or "h100"
 
     def may_tune(self, w) -> bool:
-        """Within the budget, every workload; past it, one whose candidates were built before the
-        budget was spent (tuned on those alone: timing them costs seconds, and the compiles are
-        paid for) until grace_until, and then none."""
+        """Before the compile deadline (not over_budget()), every workload; past it, one whose
+        candidates were built before it (tuned on those alone: timing them costs seconds, and
+        the compiles are paid for) until grace_until, and then none."""
         if not self.over_budget():
             return True
         import time

@@ -150,11 +150,12 @@ def realize_regions(report, policy: str, *, registry=None, arch: str = "sm90a", 
                     conv_impl=None) -> list[Realized]:
     """Decide how every region of `report` runs: registry first, then tuning (GEMM family,
     attention, LayerNorm / RMSNorm with or without the residual add), within `budget_s`
-    seconds (no compile starts in its last GRACE, which tunes the workloads already compiled,
-    on what was built); everything else stays eager, with the reason. Regions are tuned in order of estimated gain; a workload repeated
-    across regions is tuned once. `plan_only` looks
-    things up and tunes nothing (what `factdb optimize` shows without a GPU). With a team
-    registry, hosts realizing the same model at once divide its regions between them.
+    seconds (where every family's candidates compile in one batch first, no compile starts in
+    the budget's last GRACE, which tunes the workloads the batch built, on what was built);
+    everything else stays eager, with the reason. Regions are tuned in order of estimated
+    gain; a workload repeated across regions is tuned once. `plan_only` looks things up and
+    tunes nothing (what `factdb optimize` shows without a GPU). With a team registry, hosts
+    realizing the same model at once divide its regions between them.
 
     `attention_chooser(w) -> (rows, best)`, `norm_chooser(w)` and `conv_chooser(w) -> (trials,
     best, how)` replace the tuners, `norm_impl(w, best)` and `conv_impl(w, best) -> Impl` the
@@ -164,7 +165,11 @@ def realize_regions(report, policy: str, *, registry=None, arch: str = "sm90a", 
     hooks = {k: v for k, v in (("runner", runner), ("attention", attention_chooser), ("norm", norm_chooser),
                                ("norm_impl", norm_impl), ("conv", conv_chooser), ("conv_impl", conv_impl))
              if v is not None}
-    deadline = t0 + budget_s * (1 - GRACE) if budget_s is not None else None  # no compile starts past it
+    team = registry is not None and registry.coordinated and not plan_only
+    batch = not plan_only and runner is None and not team  # every family's candidates compiled first, together
+    # no compile starts past the deadline: the budget less its last GRACE where a batch compiles
+    # (that part tunes what the batch built), the whole budget where each region compiles its own
+    deadline = t0 + budget_s * (1 - GRACE if batch else 1) if budget_s is not None else None
     ctx = Context(arch=arch, gpu=gpu, registry=registry, max_candidates=max_candidates, gpus=gpus, force=force,
                   progress=progress, hooks=hooks, deadline=deadline,
                   over_budget=lambda: deadline is not None and time.perf_counter() > deadline)
@@ -179,16 +184,15 @@ def realize_regions(report, policy: str, *, registry=None, arch: str = "sm90a", 
             rz.registry = registry_answer(registry, rz.workload, arch, ctx.gpu_name)[0]
         out.append(rz)
     order = sorted(out, key=lambda z: -z.region.estimate.gain_s)
-    team = registry is not None and registry.coordinated and not plan_only
     say = _sayer(progress and not plan_only, t0, budget_s)
     live = [z for z in order if z.workload is not None and not z.region.composable]
     say(f"{len(out)} region(s), {len(set(z.workload for z in live))} workload(s) to realize, up to {max_candidates} "
         "candidates each (eager included)")
-    if not plan_only and runner is None and not team and not ctx.over_budget():
+    if batch and not ctx.over_budget():
         # Each family's candidates compile in one parallel batch, not region by region (KernelBench
         # L3-28's ViT: twelve fp32 GEMM kernels of about a minute of nvcc each); no compile starts
-        # once the budget is spent, and then no region is tuned either. On a team registry each
-        # host builds only the regions it takes, as it takes them.
+        # past the deadline, and after it only the workloads the batch built are tuned, until
+        # grace_until. On a team registry each host builds only the regions it takes, as it takes them.
         for fam in families.FAMILIES:
             ws = [z.workload for z in live if fam.owns(z.workload)]
             if ws:
@@ -196,7 +200,7 @@ def realize_regions(report, policy: str, *, registry=None, arch: str = "sm90a", 
                 say(f"compiling the {fam.NAME} candidates of {len(set(ws))} workload(s) in one batch")
                 ctx.prebuilt |= fam.prebuild(ws, ctx)
                 say(f"compiled the {fam.NAME} candidates in {time.perf_counter() - t:.1f} s")
-    if budget_s is not None:  # until then the workloads compiled above are tuned (GRACE, LATE)
+    if budget_s is not None and batch:  # until then the workloads compiled above are tuned (GRACE, LATE)
         end = time.perf_counter()
         ctx.grace_until = t0 + budget_s if end <= t0 + budget_s else end + LATE * budget_s
     done: dict = {}

@@ -102,7 +102,8 @@ def prebuild(workloads: list, ctx: Context) -> set:
         return set()
     from fact_db.kernels.gemm.tune import prebuild as tune_prebuild
     return tune_prebuild(list(dict.fromkeys(workloads)), arch=ctx.arch, gpu=ctx.gpu_name, registry=ctx.registry,
-                  max_candidates=ctx.max_candidates, force=ctx.force, progress=ctx.progress, deadline=ctx.deadline)
+                         max_candidates=ctx.max_candidates, force=ctx.force, progress=ctx.progress,
+                         deadline=ctx.deadline)
 
 
 def impl_of(result, w: GemmWorkload, library: bool = True) -> Impl:
