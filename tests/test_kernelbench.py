@@ -96,6 +96,19 @@ def test_the_committed_gpu_set_is_the_seeded_draw_and_its_names_parse():
         assert len(kb.problems(kbdir, only=names)) == 110
 
 
+def test_the_committed_conv_set_is_every_level_2_convolution_and_the_named_cnns():
+    names = kb.selection(str(ROOT / "benchmarks" / "kernelbench_conv_set.txt"))
+    levels = [n.split("-")[0] for n in names]
+    assert (levels.count("L2"), len(set(names))) == (63, len(names))  # KernelBench: 63 of level 2's 100
+    assert [n for n in names if n.startswith("L3")] == ["L3-8", "L3-9", "L3-10", "L3-11", "L3-12", "L3-15", "L3-20",
+                                                        "L3-22"]
+    kbdir = Path("/work/kernelbench")
+    if (kbdir / "KernelBench" / "level1").is_dir():
+        r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernelbench_gpu_set.py"), "--kernelbench",
+                            str(kbdir), "--conv", "--check"], capture_output=True, text=True, cwd=ROOT, timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr
+
+
 # ------------------------------------------------------------------ KernelBench's check and fast_p
 
 def test_fast_p_is_kernelbenchs_share_of_all_problems_correct_and_faster_than_p():
