@@ -310,7 +310,7 @@ def _optimize(tmp_path, **kw):
     model = _mingpt()
     x = torch.rand(2, 16, 64)
     fast = optimize(model, (x,), policy=kw.pop("policy", "fp32"), realizer=kw.pop("realizer", standin_realizer()),
-                    timer=lambda fn, xs: 1.0, peers=(), out=tmp_path / "art", progress=False, **kw)
+                    timer=standins.composed_faster, peers=(), out=tmp_path / "art", progress=False, **kw)
     return model, x, fast
 
 
@@ -325,7 +325,7 @@ def test_fact_db_optimize_is_the_function_on_every_read_and_call(tmp_path):
     model = _mingpt()
     x = torch.rand(2, 16, 64)
     for run in (1, 2):
-        fast = fact_db.optimize(model, (x,), policy="fp32", realizer=standin_realizer(), timer=lambda fn, xs: 1.0,
+        fast = fact_db.optimize(model, (x,), policy="fp32", realizer=standin_realizer(), timer=standins.composed_faster,
                                 peers=(), out=tmp_path / f"art{run}", progress=False)
         assert torch.allclose(fast(x), model(x), atol=1e-5) and fast.report.verification.ok
     assert callable(fact_db.optimize) and callable(fact_db.discover) and callable(fact_db.plan)
@@ -471,7 +471,7 @@ def test_a_residual_gemm_reading_an_add_norm_regions_sum_composes():
     from fact_db.pipeline.run import optimize
     torch.manual_seed(0)
     model, x = PreNorm(), torch.randn(4, 16, 64)
-    fast = optimize(model, (x,), realizer=realize, timer=lambda fn, xs: 1.0, peers=(), progress=False, save=False)
+    fast = optimize(model, (x,), realizer=realize, timer=standins.composed_faster, peers=(), progress=False, save=False)
     rep = fast.report
     assert not rep.fallback, rep.notes
     assert sorted(z.region.rule for z in rep.regions if z.impl.kind != "eager") == ["add-layernorm", "gemm-residual"]
@@ -576,7 +576,7 @@ def test_tuple_and_dict_outputs_and_in_place_inputs(tmp_path):
             return self.b(h), {"h": h, "acc": acc * 2}
     m = Outs().eval()
     x, acc = torch.randn(8, 32), torch.randn(8, 32)
-    fast = optimize(m, (x, acc), realizer=standin_realizer(), timer=lambda fn, xs: 1.0, peers=(), progress=False,
+    fast = optimize(m, (x, acc), realizer=standin_realizer(), timer=standins.composed_faster, peers=(), progress=False,
                     out=tmp_path / "outs")
     assert fast.report.verification.ok, fast.report.verification.reason
     a1, a2 = acc.clone(), acc.clone()
