@@ -395,8 +395,9 @@ def _kb_devices(doc, level, policy) -> dict:
     count: dict = {}
     for r in doc.get("results") or []:
         if str(r.get("level")) == str(level) and r.get("policy") == policy and r.get("device"):
-            m = re.search(r"\b([A-Z]\d{2,4}[A-Z]?)\b", r["device"])
-            count[m.group(1) if m else r["device"]] = count.get(m.group(1) if m else r["device"], 0) + 1
+            m = re.search(r"\b([A-Z]\d{2,4}[A-Z]?)\b", r["device"])  # NVIDIA H100 80GB HBM3 -> H100
+            gpu = m.group(1) if m else r["device"]
+            count[gpu] = count.get(gpu, 0) + 1
     if len(count) < 2:
         return {}
     return {"gpu": ", ".join(f"{g} ({n})" for g, n in sorted(count.items(), key=lambda kv: -kv[1]))}
