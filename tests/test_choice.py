@@ -39,6 +39,10 @@ def _cands(**spec) -> list:
     ({"eager": 5.02, "torch.compile": 3.21, "composed": 4.35}, "torch.compile"),
     # nothing beats eager
     ({"eager": 1.00, "torch.compile": 1.01, "composed": 1.2}, "eager"),
+    # KernelBench L3-38: the composed module 0.5% ahead of eager in the choice, 0.92x in the
+    # benchmark after: a tie, which eager keeps; 4% ahead, a win
+    ({"eager": 76.13, "composed": 75.72}, "eager"),
+    ({"eager": 76.13, "composed": 73.0}, "composed"),
 ])
 def test_the_fastest_verified_candidate_wins_and_ties_are_not_wins(times, chosen):
     cands = [Candidate(n, ms=ms, verified=True) for n, ms in times.items()]
