@@ -68,14 +68,14 @@ def text(root, conv: bool = False) -> str:
                 "# Drawn by benchmarks/kernelbench_gpu_set.py --conv from KernelBench at commit " + rev + ".",
                 "# Run it: factdb bench --kernelbench DIR --problems benchmarks/kernelbench_conv_set.txt --policy bf16",
                 f"# {len(probs)} problems: id, then file name."]
-        return "\n".join(head + [f"{p.id:<7} {p.path.name}" for p in probs]) + "\n"
-    probs = draw(root)
-    head = [f"# The KernelBench GPU set: {SAMPLE[1]} level 1 and {SAMPLE[2]} level 2 problems drawn at random, "
-            "and all of level 3.",
-            f"# Drawn by benchmarks/kernelbench_gpu_set.py: per level, random.Random({SEED} + level).sample(the "
-            "level's problems sorted by number, k), from KernelBench at commit " + rev + ".",
-            "# Run it: factdb bench --kernelbench DIR --problems benchmarks/kernelbench_gpu_set.txt",
-            f"# {len(probs)} problems: id, then file name."]
+    else:
+        probs = draw(root)
+        head = [f"# The KernelBench GPU set: {SAMPLE[1]} level 1 and {SAMPLE[2]} level 2 problems drawn at random, "
+                "and all of level 3.",
+                f"# Drawn by benchmarks/kernelbench_gpu_set.py: per level, random.Random({SEED} + level).sample(the "
+                "level's problems sorted by number, k), from KernelBench at commit " + rev + ".",
+                "# Run it: factdb bench --kernelbench DIR --problems benchmarks/kernelbench_gpu_set.txt",
+                f"# {len(probs)} problems: id, then file name."]
     return "\n".join(head + [f"{p.id:<7} {p.path.name}" for p in probs]) + "\n"
 
 

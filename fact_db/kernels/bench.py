@@ -120,6 +120,14 @@ def _smi_id(device) -> str | None:
     return visible[idx] if idx < len(visible) else str(idx)
 
 
+def _number(text: str) -> float | None:
+    """nvidia-smi's value as a number, None where it says `[N/A]` or the like."""
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
 def gpu_clocks(device="cuda") -> dict | None:
     """The GPU's SM clock now and its maximum (MHz), its power (W) and temperature (C), and the
     active clock event (throttle) reasons as nvidia-smi's bitmask; None where there is no GPU
@@ -146,13 +154,7 @@ def gpu_clocks(device="cuda") -> dict | None:
         vals = [v.strip() for v in r.stdout.strip().split(",")]
         if r.returncode == 0 and len(vals) == len(_SMI_FIELDS) + 1:
             _smi["reasons"] = reasons
-
-            def num(v):
-                try:
-                    return float(v)
-                except ValueError:
-                    return None
-            sm, top, watts, temp = (num(v) for v in vals[:4])
+            sm, top, watts, temp = (_number(v) for v in vals[:4])
             return {"sm_mhz": sm, "max_sm_mhz": top, "power_w": watts, "temp_c": temp, "reasons": vals[4]}
     _smi["off"] = True
     return None

@@ -149,11 +149,12 @@ def first_error(log: str) -> str:
 
 
 def _build_one(source: Source, force: bool, timeout: float) -> Built:
+    hit = None if force else cached(source)
+    if hit is not None:
+        return hit
     key = content_key(source)
     d = cache_dir() / key
     so, err = d / "kernel.so", d / "error.txt"
-    if so.is_file() and not force:
-        return Built(source, key, so, cached=True, command=(d / "command.txt").read_text() if (d / "command.txt").is_file() else "")
     if err.is_file() and not force:
         text = err.read_text()
         cmd, _, first = text.partition("\n")

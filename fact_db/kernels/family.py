@@ -32,6 +32,7 @@ class: what they need of a registry is the object passed in.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
@@ -67,7 +68,6 @@ class Context:
         the compiles are paid for) until grace_until, and then none."""
         if not self.over_budget():
             return True
-        import time
         return w in self.prebuilt and self.grace_until is not None and time.perf_counter() <= self.grace_until
 
 
@@ -84,6 +84,16 @@ class Outcome:
     notes: list = field(default_factory=list)
     tune: Any = None               # the family's own result (the GEMM tuner's TuneResult)
     candidates: int = 0            # candidates verified and timed, eager included (0: none, a registry answer)
+
+
+def build_batch(owners: list, ctx: Context) -> set:
+    """Build every (workload, build.Source) of `owners` in one parallel batch, none started past
+    ctx.deadline (a family's prebuild); the workloads with a source built or in the build cache."""
+    if not owners:
+        return set()
+    from fact_db.kernels import build
+    built = build.build([s for _, s in owners], progress=ctx.progress, deadline=ctx.deadline)
+    return {w for (w, _), b in zip(owners, built) if b.ok}
 
 
 def stored_winner(hit, config, build: Callable):

@@ -200,17 +200,23 @@ def candidates(fast, model_p, policy: str, *, peers=(), composed_ok: bool = True
         if getattr(fast, "cuda_graph", False) and on_gpu:
             graphed = _runner("composed, CUDA graph", fast, policy)
             out.append(Candidate("composed, CUDA graph", verified=True, run=graphed))
-        unrolled = unrolled_ops(fast.gm)
+        unrolled = unrolled_why(fast.gm)
         for name, mode in modes:
             c = Candidate(name.replace("torch.compile", "composed + torch.compile"))
             if unrolled:
-                c.why = (f"not compiled: Inductor unrolls {', '.join(unrolled)} into a cell per time step and layer "
-                         "(minutes of compiling); torch.compile of the model leaves it to cuDNN")
+                c.why = unrolled
             else:
                 c.compiled = compiled_target(fast.gm, mode, fullgraph=True)
                 c.run = _runner(c.name, c.compiled, policy)
             out.append(c)
     return out
+
+
+def unrolled_why(gm) -> str:
+    """Why the composed graph `gm` is not compiled ("" where it may be): its recurrent ops."""
+    ops = unrolled_ops(gm)
+    return (f"not compiled: Inductor unrolls {', '.join(ops)} into a cell per time step and layer (minutes of "
+            "compiling); torch.compile of the model leaves it to cuDNN") if ops else ""
 
 
 def unrolled_ops(gm) -> list[str]:

@@ -137,16 +137,15 @@ def measure(module, model_p, fast, policy: str, draw, ref_model, *, peers=PEERS,
     elif returned == "composed, CUDA graph" and composed_ok and torch.cuda.is_available():
         # The same composed graph run op by op: what the CUDA graph saves in launches.
         runs.append(("fact-db, no CUDA graph", lambda *x: plain(fast.gm, policy)(*x), sets_p))
-    from fact_db.pipeline.choice import unrolled_ops
-    unrolled = unrolled_ops(getattr(fast, "gm", None)) if composed_ok else []
+    from fact_db.pipeline.choice import unrolled_why
+    unrolled = unrolled_why(getattr(fast, "gm", None)) if composed_ok else ""
     for peer in ("compile", "max-autotune"):
         if peer in peers and composed_ok:
             # The composed graph under torch.compile(fullgraph=True): Inductor fuses what the
             # regions left to PyTorch (norms, views, casts) around the kernels' ops. Not where
             # Inductor would unroll a recurrent op (choice.UNROLLED): a note says so instead.
             label = "fact-db + torch.compile" + (f" {MODES[peer]}" if MODES[peer] else "")
-            runs.append((label, f"not compiled: Inductor unrolls {', '.join(unrolled)} into a cell per time step and "
-                         "layer (minutes of compiling)" if unrolled else ("compile-composed", MODES[peer]), sets_p))
+            runs.append((label, unrolled or ("compile-composed", MODES[peer]), sets_p))
     # The choice's candidates that compiled something, by the variant label they are timed as.
     chosen = choice.candidate(choice.chosen) if choice is not None else None
     lent = {}

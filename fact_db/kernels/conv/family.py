@@ -18,7 +18,7 @@ from fact_db.discovery.conv import geometry
 from fact_db.kernels.conv.kernel import TEMPLATE, ConvConfig, why_not
 from fact_db.kernels.conv.layout import arrives_channels_last
 from fact_db.kernels.conv.workload import ELEMENT, ConvError, ConvWorkload, canonical_chain
-from fact_db.kernels.family import Context, Outcome, registry_first, stored_winner
+from fact_db.kernels.family import Context, Outcome, build_batch, registry_first, stored_winner
 from fact_db.kernels.impl import Impl, stored
 
 NAME = "conv"
@@ -91,10 +91,8 @@ def prebuild(workloads: list, ctx: Context) -> set:
         return set()
     from fact_db.kernels import build
     from fact_db.kernels.conv.tune import candidates, render
-    owners = [(w, build.Source(TEMPLATE, render(w, c), ctx.arch)) for w in dict.fromkeys(workloads)
-              for c in candidates(w, ctx.max_candidates)]
-    built = build.build([s for _, s in owners], progress=ctx.progress, deadline=ctx.deadline) if owners else []
-    return {w for (w, _), b in zip(owners, built) if b.ok}
+    return build_batch([(w, build.Source(TEMPLATE, render(w, c), ctx.arch)) for w in dict.fromkeys(workloads)
+                        for c in candidates(w, ctx.max_candidates)], ctx)
 
 
 def tune_region(w: ConvWorkload, ctx: Context, tune: bool = True):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from fact_db.core.policy import HALF_POLICIES
-from fact_db.kernels.family import Context, Outcome, registry_first, stored_winner
+from fact_db.kernels.family import Context, Outcome, build_batch, registry_first, stored_winner
 from fact_db.kernels.impl import Impl, stored
 from fact_db.kernels.norm.workload import ELEMENT, TEMPLATE, NormError, NormWorkload
 
@@ -109,10 +109,8 @@ def prebuild(workloads: list, ctx: Context) -> set:
         return set()
     from fact_db.kernels import build
     from fact_db.kernels.norm.tune import candidates, render
-    owners = [(w, build.Source(TEMPLATE, render(w, c), ctx.arch)) for w in dict.fromkeys(workloads)
-              for c in candidates(w, limit=limit(ctx))]
-    built = build.build([s for _, s in owners], progress=ctx.progress, deadline=ctx.deadline) if owners else []
-    return {w for (w, _), b in zip(owners, built) if b.ok}
+    return build_batch([(w, build.Source(TEMPLATE, render(w, c), ctx.arch)) for w in dict.fromkeys(workloads)
+                        for c in candidates(w, limit=limit(ctx))], ctx)
 
 
 def tune_region(w: NormWorkload, ctx: Context, tune: bool = True):
