@@ -481,3 +481,7 @@ def test_gpu_clocks_reads_nvidia_smi_falls_back_to_the_older_field_and_is_kept_i
     from fact_db.pipeline.choice import ROUNDS
     assert all(c["sm_mhz"] == [1500.0] * ROUNDS and c["reasons"] == ["0x4"] for c in row["did"]["choice"])
     assert row["did"]["clocks"]["fact-db"]["sm_mhz"][0] == 1500.0
+    # and each interleaved round's time, with the host's load, to tell a steady gap from a slow round
+    from fact_db.pipeline.measure import BENCH_ROUNDS
+    assert len(row["did"]["rounds_ms"]["fact-db"]) == BENCH_ROUNDS and len(row["did"]["rounds_ms"]["eager fp32"]) == BENCH_ROUNDS
+    assert len(row["did"]["load_average"]) == 3

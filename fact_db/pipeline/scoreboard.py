@@ -98,6 +98,11 @@ def _did(report, fast=None) -> dict:
     timed = [v for v in report.variants or [] if v.clocks]
     if timed:  # the GPU's clocks after each timing of the benchmark (its SM clock, and why it was held back)
         out["clocks"] = {v.name: _clocks(v.clocks) for v in timed}
+    rounds = {v.name: [round(t, 4) for t in v.round_ms] for v in report.variants or [] if v.round_ms}
+    if rounds:  # each interleaved round's median: a steady gap between two variants, or one slow round
+        out["rounds_ms"] = rounds
+    if hasattr(os, "getloadavg"):  # the host's load when the row was made: other shards' compiles compete for it
+        out["load_average"] = [round(x, 2) for x in os.getloadavg()]
     out["notes"] = [first_line(n, 240) for n in report.notes][:8]
     return out
 
