@@ -273,3 +273,66 @@ def test_the_composed_graph_of_a_recurrent_model_is_not_compiled_and_the_model_s
     left = variants["fact-db + torch.compile"]
     assert left.ms is None and "unrolls aten.lstm" in left.note
     assert variants["torch.compile"].ms == 1.0 and variants["fact-db"].ms == 1.0
+
+
+def test_on_the_gpu_candidates_alternate_run_by_run_and_each_keeps_its_own_times(monkeypatch):
+    """A launch-bound model (KernelBench L3-41, a GRU over 512 steps) timed the same eager module
+    at 64.9 and 82.9 ms in consecutive blocks of 20 runs: whatever slowed the host for a second
+    fell on one candidate. time_cuda_interleaved runs every callable's run i before any run
+    i + 1, each between its own events. Fake events on a fake clock stand in for CUDA's."""
+    from fact_db.kernels import bench
+    now, order = [0.0], []
+
+    class Event:
+        def record(self):
+            self.t = now[0]
+
+        def elapsed_time(self, end):
+            return end.t - self.t
+
+    def fn(name, cost):
+        def run(x):
+            order.append(name)
+            now[0] += cost
+        return run
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    a, b = bench.time_cuda_interleaved([fn("a", 1.0), fn("b", 3.0)], [(1,), (2,)], reps=20, warmup=2,
+                                       flush=False, event=Event)
+    assert order[:4] == ["a", "a", "b", "b"]  # each one's warm-up first
+    assert order[4:] == ["a", "b"] * 20       # then alternation, run by run
+    assert (a.median_ms, a.runs, b.median_ms, b.runs) == (1.0, 20, 3.0, 20)
+
+
+def test_a_round_that_raises_is_retimed_one_candidate_at_a_time_to_find_which_failed():
+    from fact_db.kernels.bench import time_round, timer_of_many
+
+    def ok(*x):
+        return None
+
+    def bad(*x):
+        return None
+
+    def timer(fn, xs):
+        if fn is bad:
+            raise RuntimeError("capture failed")
+        return 2.0
+    times, failed = time_round(timer_of_many(timer), [ok, bad, ok], [()])
+    assert times == [2.0, None, 2.0] and list(failed) == [1] and "capture failed" in str(failed[1])
+    assert time_round(timer_of_many(timer), [ok, ok], [()]) == ([2.0, 2.0], {})
+
+
+@pytest.mark.slow
+def test_a_candidate_whose_timing_fails_is_out_with_the_reason_and_the_others_keep_their_times(tmp_path):
+    calls: dict = {}
+
+    def timer(fn, xs):
+        calls[fn.__name__] = calls.get(fn.__name__, 0) + 1
+        if fn.__name__ == "composed":
+            raise RuntimeError("an illegal memory access")
+        return {"eager": 2.0, "torch.compile": 1.0}[fn.__name__]
+    _, _, fast, _ = _optimize(tmp_path, {}, timer_fn=timer)
+    ch = fast.report.choice
+    assert ch.candidate("composed").why.startswith("failed to time: RuntimeError: an illegal memory access")
+    # its round, then alone to find whose failure it was; never again in later rounds
+    assert calls["composed"] == 2 and calls["eager"] == 1 + ROUNDS
+    assert ch.candidate("eager").ms == 2.0 and ch.chosen in ("torch.compile", "composed + torch.compile")

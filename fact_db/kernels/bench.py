@@ -65,6 +65,60 @@ def time_cuda(fn, input_sets: list, reps: int = 20, warmup: int = 3, flush: bool
     return summarize([starts[i].elapsed_time(ends[i]) for i in range(reps)])
 
 
+def time_cuda_interleaved(fns: list, input_sets: list, reps: int = 20, warmup: int = 3, flush: bool = True,
+                          device="cuda", event=None) -> list[Timing]:
+    """Median device time of each of `fns` (each called as `fn(inputs)`), timed in alternation:
+    run i of every callable before run i + 1 of any. Whatever slows the host or the GPU for a
+    while (the CPU's clock, another process) then falls on all of them alike, where timing one
+    after the other gave it to one: KernelBench L3-41, launch-bound (a cuDNN GRU over 512 steps),
+    timed the same eager module at 64.9 and 82.9 ms in consecutive blocks of 20 runs. Per
+    callable: warm-up runs, then `reps` (at least 20), each bracketed by its own events after an
+    L2 flush, the input sets rotated. `event()` makes a timing event (default a CUDA event)."""
+    import torch
+    reps = max(reps, 20)
+    event = event or (lambda: torch.cuda.Event(enable_timing=True))
+    buf = _flush_buffer(device) if flush else None
+    for fn in fns:
+        for i in range(warmup):
+            fn(input_sets[i % len(input_sets)])
+    torch.cuda.synchronize(device)
+    marks = [[(event(), event()) for _ in range(reps)] for _ in fns]
+    for i in range(reps):
+        for fn, mine in zip(fns, marks):
+            if buf is not None:
+                buf.zero_()
+            mine[i][0].record()
+            fn(input_sets[i % len(input_sets)])
+            mine[i][1].record()
+    torch.cuda.synchronize(device)
+    return [summarize([a.elapsed_time(b) for a, b in mine]) for mine in marks]
+
+
+def timer_of_many(timer=None):
+    """`many(fns, input_sets) -> [ms or Timing]`, each fn called like the model (`fn(*inputs)`):
+    with `timer(fn, input_sets)` (a stand-in, tests on the CPU) one callable after the other;
+    without one, on the GPU, interleaved (time_cuda_interleaved)."""
+    if timer is not None:
+        return lambda fns, sets: [timer(fn, sets) for fn in fns]
+    return lambda fns, sets: time_cuda_interleaved([lambda x, fn=fn: fn(*x) for fn in fns], sets)
+
+
+def time_round(many, fns: list, sets: list) -> tuple[list, dict]:
+    """One interleaved round of `many` over `fns`: (times, {index: exception}). Where the round
+    raises, each callable is timed alone to tell which one failed (None for it)."""
+    try:
+        return list(many(fns, sets)), {}
+    except Exception:  # noqa: BLE001  (whose failure it was is found below)
+        out, failed = [], {}
+        for i, fn in enumerate(fns):
+            try:
+                out.append(many([fn], sets)[0])
+            except Exception as e:  # noqa: BLE001
+                out.append(None)
+                failed[i] = e
+        return out, failed
+
+
 def peak_mib(fn, device="cuda") -> float:
     """Peak GPU memory one call of `fn()` allocates beyond what was allocated before it, in MiB."""
     import torch

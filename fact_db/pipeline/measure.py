@@ -87,8 +87,9 @@ def measure(module, model_p, fast, policy: str, draw, ref_model, *, peers=PEERS,
     `choice` (choice.Choice) lends the modules it compiled: a peer it has is timed as it is,
     not compiled again, and the returned module's compiled target stays the one it runs.
 
-    The variants that compile nothing (eager, fact-db) are timed in BENCH_ROUNDS interleaved
-    rounds, so a GPU whose clocks drift under sustained load drifts for all of them alike; each
+    The variants that compile nothing (eager, fact-db) are timed in BENCH_ROUNDS rounds, each
+    alternating between them run by run (bench.time_cuda_interleaved), so a GPU whose clocks
+    drift, or a host that slows a launch-bound model for a second, slows all of them alike; each
     one's time is the median of its rounds' medians, and `round_ms` keeps those for the spread.
     A compiled peer is timed right after its compile.
 
@@ -97,7 +98,7 @@ def measure(module, model_p, fast, policy: str, draw, ref_model, *, peers=PEERS,
     import torch
 
     from fact_db.kernels.agreement import tree_err
-    from fact_db.kernels.bench import gpu_clocks, held_mib, peak_mib, time_cuda
+    from fact_db.kernels.bench import gpu_clocks, held_mib, peak_mib, time_cuda, time_round, timer_of_many
     from fact_db.composition.module import cast_floats, policy_dtype
     from fact_db.kernels.verify import for_reference
     sets = [draw(2 * i)[0] for i in range(3)]
@@ -112,6 +113,7 @@ def measure(module, model_p, fast, policy: str, draw, ref_model, *, peers=PEERS,
             ref, ref_note = ref_model(*for_reference(sets[0], ref_model)), ""
     except Exception as e:  # noqa: BLE001  (the errors column is then empty, and each variant says why)
         ref, ref_note = None, f"no error: the reference raised {first_line(e, 120, typed=True)}"
+    many = timer_of_many(timer)
     timer = timer or (lambda fn, xs: time_cuda(lambda x: fn(*x), xs))
 
     def plain(m, pol):
@@ -237,17 +239,24 @@ def measure(module, model_p, fast, policy: str, draw, ref_model, *, peers=PEERS,
         out.append(v)
     timings: dict = {id(v): [] for v, _, _ in later}
     failed: set = set()
-    for _ in range(BENCH_ROUNDS):
-        for v, fn, xs in later:
-            if id(v) not in failed:
-                try:
-                    timings[id(v)].append(timer(fn, xs))
-                    clock(v, xs)
-                except Exception as e:  # noqa: BLE001
+    groups: dict = {}  # the interleaved variants, by the input sets they take (the policy's, or fp32's)
+    for v, fn, xs in later:
+        groups.setdefault(id(xs), (xs, []))[1].append((v, fn))
+    for _ in range(BENCH_ROUNDS):  # each round times its variants in alternation, run by run (time_round)
+        for xs, members in groups.values():
+            live = [(v, fn) for v, fn in members if id(v) not in failed]
+            times, bad = time_round(many, [fn for _, fn in live], xs)
+            sample = gpu_clocks()
+            for i, ((v, fn), t) in enumerate(zip(live, times)):
+                if i in bad:
                     failed.add(id(v))
-                    _add_note(v, first_line(e, typed=True))
-            if bar is not None:
-                bar.update(1)
+                    _add_note(v, first_line(bad[i], typed=True))
+                else:
+                    timings[id(v)].append(t)
+                    if sample is not None:
+                        v.clocks.append(sample)
+        if bar is not None:
+            bar.update(len(later))
     for v, fn, xs in later:
         if timings[id(v)] and id(v) not in failed:
             try:
