@@ -123,7 +123,7 @@ def main() -> None:
     from fact_db.composition.module import cast_floats, policy_dtype
     from fact_db.core.environment import device_info, toolchain_info
     from fact_db.discovery.trace import load_problem
-    from fact_db.kernels.bench import held_mib, peak_mib, time_cuda
+    from fact_db.kernels.bench import held_mib, peak_mib, time_cuda_interleaved
     from fact_db.kernels.agreement import tree_err
     from fact_db.pipeline import backend
     from fact_db.pipeline.run import at_policy, optimize
@@ -173,9 +173,10 @@ def main() -> None:
             row["note"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
         rows.append(row)
     with torch.no_grad():
-        for _ in range(ROUNDS):  # interleaved, so a clock drift hits every variant alike
-            for row, fn in fns:
-                row["round_ms"].append(time_cuda(lambda x, f=fn: f(*x), sets_p).median_ms)
+        for _ in range(ROUNDS):  # interleaved run by run, each run from an idle GPU (as optimize's choice times)
+            times = time_cuda_interleaved([lambda x, f=fn: f(*x) for _, fn in fns], sets_p)
+            for (row, _), t in zip(fns, times):
+                row["round_ms"].append(t.median_ms)
     for row, _ in fns:
         row["ms"] = statistics.median(row["round_ms"])
     # compile times like with like: torch.compile and the backend each from nothing, in a fresh

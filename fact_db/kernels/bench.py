@@ -73,7 +73,12 @@ def time_cuda_interleaved(fns: list, input_sets: list, reps: int = 20, warmup: i
     after the other gave it to one: KernelBench L3-41, launch-bound (a cuDNN GRU over 512 steps),
     timed the same eager module at 64.9 and 82.9 ms in consecutive blocks of 20 runs. Per
     callable: warm-up runs, then `reps` (at least 20), each bracketed by its own events after an
-    L2 flush, the input sets rotated. `event()` makes a timing event (default a CUDA event)."""
+    L2 flush, the input sets rotated. `event()` makes a timing event (default a CUDA event).
+
+    Each run starts on an idle GPU (a synchronize before its first event, as KernelBench times
+    a trial): otherwise a launch-bound callable queued behind another's GPU work is timed from
+    when the GPU reached it, with its first launches already queued. On an H200, L3-41's eager
+    GRU timed 54 ms behind a 20 ms CUDA graph replay and 64 ms on its own."""
     import torch
     reps = max(reps, 20)
     event = event or (lambda: torch.cuda.Event(enable_timing=True))
@@ -87,6 +92,7 @@ def time_cuda_interleaved(fns: list, input_sets: list, reps: int = 20, warmup: i
         for fn, mine in zip(fns, marks):
             if buf is not None:
                 buf.zero_()
+            torch.cuda.synchronize(device)
             mine[i][0].record()
             fn(input_sets[i % len(input_sets)])
             mine[i][1].record()
