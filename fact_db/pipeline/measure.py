@@ -91,7 +91,7 @@ def measure(module, model_p, fast, policy: str, draw, ref_model, *, peers=PEERS,
     alternating between them run by run (bench.time_cuda_interleaved), so a GPU whose clocks
     drift, or a host that slows a launch-bound model for a second, slows all of them alike; each
     one's time is the median of its rounds' medians, and `round_ms` keeps those for the spread.
-    A compiled peer is timed right after its compile.
+    A compiled peer is timed alone, the same way, right after its compile.
 
     `ref_model` None: no errors are measured (optimize fell back to eager before it had a
     reference: `fell_back` says why, and the fact-db variant says it is eager)."""
