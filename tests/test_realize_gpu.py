@@ -262,6 +262,10 @@ MN_MAJOR_CASES = [  # KernelBench's transposed matmuls (L1-16 to L1-18) in small
     GemmWorkload(512, 384, 1024, policy="fp32", layout_a="row", layout_b="row"),
     GemmWorkload(384, 512, 768, batch=3, policy="tf32x3", layout_a="col", layout_b="row", epilogue="bias_gelu_tanh"),
 ]
+# Where 3xTF32 with promotion every 32 of K misses the fp32 bound, whatever the layout: on an
+# H200, 512x384x1024 on all-positive (rand) inputs erred 8.98e-07 against the bound 4.07e-07 (4x
+# cuBLAS SGEMM's 1.02e-07). The tuner's error gate drops such a candidate and cuBLAS serves.
+OVER_FP32_BOUND = {(512, 384, 1024)}
 
 
 @pytest.mark.parametrize("w", MN_MAJOR_CASES, ids=lambda w: f"{w.policy}-{w.shape}-{w.layout_a}{w.layout_b}")
@@ -272,13 +276,16 @@ def test_fp32tc_presplit_serves_mn_major_operands_through_a_k_major_copy(w):
     assert layouts(w, "gemm_fp32tc_sm90", "presplit") == ("row", "col")
     kmajor = w.with_(layout_a="row", layout_b="col")
     pre = _fp32tc(kmajor, "presplit", 2)
-    v = verify(_run(pre), w, trials=5)  # w's inputs: MN-major where w says so
-    assert v.ok, v.reason
     inputs = w.make_inputs("randn", generator=torch.Generator("cuda").manual_seed(2))
     a, b = inputs["a"], inputs["b"]
     kw = {"bias": inputs.get("bias"), "c": inputs.get("c"), "beta": 1.0 if "c" in inputs else 0.0}
     copied = pre(a.contiguous(), b.transpose(-1, -2).contiguous().transpose(-1, -2), **kw)
-    assert torch.equal(pre(a, b, **kw), copied)
+    assert torch.equal(pre(a, b, **kw), copied)  # the copy changes no bit: the kernel's numbers are K-major's
+    v = verify(_run(pre), w, trials=5)  # w's inputs: MN-major where w says so
+    if (w.m, w.n, w.k) in OVER_FP32_BOUND:  # the kernel's own limit at this shape (the gate's case), not the copy's
+        assert not v.ok and "exceeds the fp32 bound" in v.reason, v
+    else:
+        assert v.ok, v.reason
 
 
 @pytest.mark.parametrize("w", PRESPLIT_CASES[1:], ids=lambda w: f"{w.policy}-{w.shape}-{w.epilogue}")
