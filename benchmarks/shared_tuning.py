@@ -4,7 +4,8 @@ On one GPU machine: the regions of a problem (default minGPT's block) are realiz
 first, then tuned: fact_db.realization.realize.realize_regions) by one process with a fresh home
 and an empty registry, timed; then by two processes at once, each with its own FACTDB_HOME (its
 own cache and build cache), sharing one PostgreSQL registry, and timed until both are done.
-With a team registry the two divide the regions (fact_db.store.lease.each). Target: the pair
+With a team registry the two divide the regions, each taking a few workloads at a time and
+compiling their candidates in one batch (fact_db.store.lease.groups, realize.claim_size). Target: the pair
 takes at most 60% of one host's time. Both processes use the same GPUs (--gpus);
 `--cores-per-host N` gives each process N CPU cores of its own (the first host the first N
 of the cores this script may use, the second the next N; the lone host the first N), as two

@@ -228,6 +228,110 @@ def test_each_divides_a_list_between_hosts(pg, tmp_path):
     assert done[0] and done[1], done
 
 
+def test_groups_take_a_few_keys_at_a_time_and_divide_a_list_between_hosts(pg, tmp_path):
+    """lease.groups: each host holds up to `size` keys at once; an item of a key its group holds
+    already rides along, and one that needs no lease never waits."""
+    url = pg.new_schema()
+    regs = [Registry.open(url, seed=False, cache=False) for _ in range(2)]
+    items = [0, 1, 2, 3, 2, 4, 5, "free", 6, 7]        # 2 twice: one key; "free" needs no lease
+    key_of = (lambda i: None if i == "free" else make_key(m=64 * (i + 1)))
+    got: dict[int, list] = {0: [], 1: []}
+    holding: list = []
+
+    def work(h):
+        for group in lease_mod.groups(items, key_of, regs[h].claim, 2, poll_s=0.05):
+            keys = {key_of(i).digest() for i in group if i != "free"}
+            held = {r["digest"] for r in regs[h].leases.held() if r["holder"] == regs[h].leases.holder}
+            holding.append((len(keys), keys <= held))
+            new = [i for i in group if not any(i in g for d in got.values() for g in d)]
+            if new:     # what the other host did already comes back here, and is found done
+                got[h].append(new)
+                time.sleep(0.2)
+    try:
+        threads = [threading.Thread(target=work, args=(h,)) for h in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    finally:
+        for r in regs:
+            r.close()
+    flat = [i for h in (0, 1) for g in got[h] for i in g]
+    assert sorted(map(str, flat)) == sorted(map(str, items))          # every item once, none lost
+    assert all(n <= 2 and held for n, held in holding), holding      # two keys a group, all held meanwhile
+    assert got[0] and got[1], got
+    assert any(g.count(2) == 2 for h in (0, 1) for g in got[h])        # the repeated key went with its group
+    with pytest.raises(ValueError, match="groups of 0"):
+        next(lease_mod.groups(items, key_of, regs[0].claim, 0))
+
+
+class _FourNorms(__import__("torch").nn.Module):
+    """Four LayerNorms of four widths: four norm workloads."""
+
+    def __init__(self):
+        import torch
+        super().__init__()
+        self.lns = torch.nn.ModuleList(torch.nn.LayerNorm(n) for n in (32, 48, 64, 80))
+
+    def forward(self, a, b, c, d):
+        import torch
+        return tuple(torch.tanh(ln(x)) for ln, x in zip(self.lns, (a, b, c, d)))
+
+
+def test_team_hosts_take_regions_a_few_at_a_time_and_build_each_few_in_one_batch(pg, tmp_path, monkeypatch):
+    """realize_regions on a team registry: each host claims claim_size() workloads at once and
+    compiles their candidates in one batch before tuning them (a host taking one at a time
+    compiled three candidates on eight cores); every workload is built and tuned once in all."""
+    import torch
+    from test_norm import _analyse, _standin_norm_impl
+    from fact_db.kernels.norm import family as norm_family
+    from fact_db.kernels.norm import tune as norm_tune
+    from fact_db.realization import realize as realize_mod
+    shapes = [torch.randn(4, n) for n in (32, 48, 64, 80)]
+    rep = _analyse(_FourNorms().eval(), *shapes)
+    assert sum(r.rule == "layernorm" for r in rep.regions) == 4
+    url = pg.new_schema()
+    regs = [team(url, tmp_path, name=f"h{h}") for h in range(2)]
+    batches, tuned, hows = [], [], {0: [], 1: []}
+    lock = threading.Lock()
+    monkeypatch.setattr(realize_mod, "claim_size", lambda max_candidates: 2)
+    monkeypatch.setattr(norm_family, "prebuild",
+                        lambda ws, ctx: (batches.append((threading.current_thread().name, list(ws))), set(ws))[1])
+
+    def chooser(reg):
+        def choose(w):
+            hit = norm_tune.from_registry(w, reg, "sm90a", "h100")
+            if hit is not None:
+                return [hit], hit, "registry"
+            with lock:
+                tuned.append(w)
+            time.sleep(0.3)
+            trials = [norm_tune.NormTrial("eager", "ok", 0.05, 1e-7)]
+            norm_tune.record(w, trials, reg, gpu="h100")
+            return trials, trials[0], "tuned"
+        return choose
+
+    def host(h):
+        out = realize_mod.realize_regions(rep, "fp32", registry=regs[h], gpu="h100", max_candidates=4,
+                                          progress=False, norm_impl=_standin_norm_impl, norm_chooser=chooser(regs[h]))
+        hows[h] = [z.how for z in out]
+    try:
+        threads = [threading.Thread(target=host, args=(h,), name=f"host{h}") for h in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    finally:
+        for r in regs:
+            r.close()
+    assert sorted(w.width for w in tuned) == [32, 48, 64, 80], tuned      # each workload tuned once in all
+    built = [w for _, ws in batches for w in ws]
+    assert sorted(w.width for w in built) == [32, 48, 64, 80], batches    # built once, and only where tuned
+    assert all(len(ws) <= 2 for _, ws in batches) and any(len(ws) == 2 for _, ws in batches), batches
+    assert {name for name, _ in batches} == {"host0", "host1"}         # the two hosts divided them
+    assert all(sorted(hows[h]) and set(hows[h]) <= {"tuned", "registry"} for h in (0, 1)), hows
+
+
 def test_claims_are_no_ops_on_a_file_database(tmp_path):
     with Registry.open(str(tmp_path / "r.duckdb"), seed=False) as reg:
         assert not reg.coordinated

@@ -11,6 +11,7 @@ Other templates (GEMM + softmax, the sm80 fused kernels) stay eager, with a note
 """
 from __future__ import annotations
 
+import itertools
 import sys
 import time
 from dataclasses import dataclass, field
@@ -192,14 +193,8 @@ def realize_regions(report, policy: str, *, registry=None, arch: str = "sm90a", 
         # Each family's candidates compile in one parallel batch, not region by region (KernelBench
         # L3-28's ViT: twelve fp32 GEMM kernels of about a minute of nvcc each); no compile starts
         # past the deadline, and after it only the workloads the batch built are tuned, until
-        # grace_until. On a team registry each host builds only the regions it takes, as it takes them.
-        for fam in families.FAMILIES:
-            ws = [z.workload for z in live if fam.owns(z.workload)]
-            if ws:
-                t = time.perf_counter()
-                say(f"compiling the {fam.NAME} candidates of {len(set(ws))} workload(s) in one batch")
-                ctx.prebuilt |= fam.prebuild(ws, ctx)
-                say(f"compiled the {fam.NAME} candidates in {time.perf_counter() - t:.1f} s")
+        # grace_until. On a team registry each host builds the regions it takes, a few at a time.
+        _prebuild(live, ctx, say)
     if budget_s is not None and batch:  # until then the workloads compiled above are tuned (GRACE, LATE)
         end = time.perf_counter()
         ctx.grace_until = t0 + budget_s if end <= t0 + budget_s else end + LATE * budget_s
@@ -213,16 +208,46 @@ def realize_regions(report, policy: str, *, registry=None, arch: str = "sm90a", 
     # built kernels, a winner another host built is loaded, not compiled (build.sharing), and
     # each winner tuned here is shared
     with build_mod.sharing(registry if team else None), build_mod.compile_deadline(deadline):
-        _realize_each(order, team, registry, lease_key, done, ctx, plan_only, say, on_result, arch)
+        numbers = itertools.count(1)
+        if team:   # taken a few at a time, each few built in one batch, then tuned
+            size = claim_size(max_candidates)
+            for group in lease.groups(order, lease_key, registry.claim, size):
+                if runner is None:
+                    _prebuild([z for z in group if z in live and z.workload not in done
+                               and registry_answer(registry, z.workload, arch, ctx.gpu_name)[0] != "hit"], ctx, say)
+                _realize_each(group, numbers, len(order), team, registry, done, ctx, plan_only, say, on_result, arch)
+        else:
+            _realize_each(order, numbers, len(order), team, registry, done, ctx, plan_only, say, on_result, arch)
     return out
 
 
-def _realize_each(order, team, registry, lease_key, done, ctx, plan_only, say, on_result, arch) -> None:
-    """realize_regions' loop: each region in `order` from its family (or as the same workload's
-    region before it), said on a line each."""
-    for n, rz in enumerate(lease.each(order, lease_key, registry.claim) if team else order, 1):
+def claim_size(max_candidates: int) -> int:
+    """How many workloads a host of a team registry takes at a time: as many as one batch of
+    compiles keeps its cores busy with (build.default_jobs() over the kernel candidates of one),
+    at least one. Taking them one at a time, each host compiled three candidates on eight cores
+    (minGPT on two hosts: 0.81 of one host's time, where one host compiles all in one batch)."""
+    return max(1, build_mod.default_jobs() // max(1, max_candidates - 1))
+
+
+def _prebuild(zs: list, ctx, say) -> None:
+    """Compile the kernel candidates of the workloads of `zs` in one parallel batch per family
+    (the tuners then find them in the build cache); ctx.prebuilt gains those built."""
+    for fam in families.FAMILIES:
+        ws = [z.workload for z in zs if fam.owns(z.workload)]
+        if ws and not ctx.over_budget():
+            t = time.perf_counter()
+            say(f"compiling the {fam.NAME} candidates of {len(set(ws))} workload(s) in one batch")
+            ctx.prebuilt |= fam.prebuild(ws, ctx)
+            say(f"compiled the {fam.NAME} candidates in {time.perf_counter() - t:.1f} s")
+
+
+def _realize_each(zs, numbers, total, team, registry, done, ctx, plan_only, say, on_result, arch) -> None:
+    """realize_regions' loop: each region of `zs` from its family (or as the same workload's
+    region before it), said on a line each, numbered from `numbers` of `total` as realized."""
+    for rz in zs:
+        n = next(numbers)
         w, t = rz.workload, time.perf_counter()
-        head = f"[{n}/{len(order)}] region {rz.index + 1} {rz.region.rule} {rz.region.shape}"
+        head = f"[{n}/{total}] region {rz.index + 1} {rz.region.rule} {rz.region.shape}"
         if w is None or rz.region.composable:
             rz.how = "eager"
             say(f"{head}: eager ({(rz.notes or ['no kernel family realizes it'])[0]})")

@@ -25,7 +25,7 @@ import socket
 import threading
 import time
 import uuid
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 
 import sqlalchemy as sa
@@ -215,21 +215,37 @@ def each(items: list, key_of, claim, *, poll_s: float = POLL_S):
     >>> for region in each(regions, lambda r: r.key, registry.claim):
     ...     realize(region)
     """
+    for group in groups(items, key_of, claim, 1, poll_s=poll_s):
+        yield from group
+
+
+def groups(items: list, key_of, claim, size: int, *, poll_s: float = POLL_S):
+    """Yield the items of `items` in groups, in order, each group while the leases on all its
+    items' keys are held: up to `size` distinct keys, taken at once, with the items of a key
+    the group holds already (the same workload) and those that need no lease. As in each(),
+    an item another host holds is skipped and come back to. A host that takes `size` at a time
+    can build their kernels in one batch.
+
+    >>> for group in groups(regions, lambda r: r.key, registry.claim, 2):
+    ...     build_together(group); [realize(r) for r in group]
+    """
+    if size < 1:
+        raise ValueError(f"groups of {size}: give 1 or more items a group")
     pending = list(items)
     while pending:
-        progressed = False
-        for item in list(pending):
-            key = key_of(item)
-            if key is None:
+        with ExitStack() as stack:
+            group, taken = [], set()
+            for item in list(pending):
+                key = key_of(item)
+                if key is not None and key.digest() not in taken:   # a key taken already: the same workload
+                    if len(taken) >= size:
+                        continue
+                    if not stack.enter_context(claim(key, wait=False)).held:
+                        continue
+                    taken.add(key.digest())
                 pending.remove(item)
-                progressed = True
-                yield item
-                continue
-            with claim(key, wait=False) as c:
-                if not c.held:
-                    continue
-                pending.remove(item)
-                progressed = True
-                yield item
-        if pending and not progressed:
+                group.append(item)
+            if group:
+                yield group
+        if pending and not group:
             time.sleep(poll_s)
