@@ -366,3 +366,30 @@ def test_a_model_in_training_mode_is_optimized_as_given_batchnorm_on_batch_stati
     eval_fast = optimize(model.eval(), (x,), realizer=standin_realizer(), timer=lambda fn, xs: 1.0, peers=(),
                          progress=False, save=False)
     assert not any("training mode" in n for n in eval_fast.report.notes)
+
+
+def test_the_tuning_workers_give_their_gpu_memory_back_before_the_float64_model_is_placed(monkeypatch):
+    """optimize closes the tuning workers' pool once realizing is done, before verification
+    sizes the float64 model against the GPU's free memory: a worker keeps its jobs' tensors and
+    its allocator's cache (KernelBench L1-63: verification then took 329 s of a 540 s budget)."""
+    from fact_db.kernels import pool as pool_mod
+    from fact_db.pipeline import verification
+    events = []
+
+    class Workers:          # a pool the realizer used, as pool.shared_pool keeps it
+        def close(self):
+            events.append("workers closed")
+
+    def realizer(disc, policy):
+        pool_mod._SHARED[("stand-in",)] = Workers()
+        events.append("realized")
+        return standin_realizer()(disc, policy)
+    verify = verification.verify_end_to_end
+    monkeypatch.setattr(verification, "verify_end_to_end",
+                        lambda *a, **k: (events.append("verify"), verify(*a, **k))[1])
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU()).eval()
+    fast = optimize(model, (torch.randn(4, 32),), realizer=realizer, timer=lambda fn, xs: 1.0, peers=(),
+                    progress=False, save=False)
+    assert fast.report.verification.ok
+    assert events[:3] == ["realized", "workers closed", "verify"], events
+    assert ("stand-in",) not in pool_mod._SHARED

@@ -27,6 +27,7 @@ from pathlib import Path
 from fact_db.core.environment import device_info, toolchain_info
 from fact_db.core.errors import first_line
 from fact_db.core.policy import POLICIES
+from fact_db.kernels.pool import close_shared
 from fact_db.pipeline.choice import choose
 from fact_db.pipeline.measure import PEERS, measure
 from fact_db.pipeline.results import OptimizeError, OptimizeReport
@@ -239,6 +240,12 @@ def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max
                 added = realize_region_kernels(disc, realized, registry, gpu=info["gpu"] or "h100", rules=rules,
                                                loader=region_kernels or None)
             report.regions = realized
+            # The tuning workers go now: each keeps what its jobs left in its GPU memory (inputs,
+            # float64 references, the allocator's cache: tens of GiB for KernelBench L1-63's
+            # convolution), which the float64 model, placed on the CPU where it needs more than
+            # half of what is free, then does not find (L1-63: verification took 329 s, where its
+            # float64 convolution takes 0.05 s on the GPU). A later optimize starts them again.
+            close_shared()
         where = "compose"
         with stage("compose", report, progress):
             derived: dict = {}  # the weights composition makes, shared with compositions for other shapes
