@@ -13,8 +13,8 @@ scoreboard: `<gpu>-<date>-kb-coverage-<policy>.json`) and prints them as a Markd
 
 A class, per problem, first that applies:
 - `not run` / `stopped`: no row yet, or the run ended past its budget (what to rerun it with);
-- `fp32 convolution kernel`: convolution regions that ran on cuDNN under fp32 (the promoted
-  split3 kernel, docs/kernels.md, verified on a GPU after most such rows ran);
+- `fp32 convolution kernel`: convolution regions that ran on cuDNN under fp32, each with why: a
+  geometry the family has no kernel for, or fact-db's candidates lost to cuDNN;
 - `kernel lost`: regions tuned, none faster end to end (each region's winner named: the
   library where fact-db's kernels lost or did not verify);
 - `no gain possible`: no region, and eager within 1.25x of the roofline floor (one or two
@@ -68,6 +68,17 @@ def _pct(x) -> str:
     return f"{100 * x:.0f}%" if x is not None else "?"
 
 
+def _conv_why(z: dict) -> str:
+    """Why a conv region of a row ran cuDNN: its geometry (the family has no kernel for it) or
+    fact-db's candidates lost (cuDNN's time)."""
+    note = z.get("note") or ""
+    if "cuDNN only" in note:
+        return f"{z['rule']}: no kernel for its geometry ({note.removeprefix('cuDNN only: ')[:110]})"
+    if note.lower().startswith("cudnn:"):
+        return f"{z['rule']}: fact-db's candidates lost to cuDNN fp32 ({note})"
+    return f"{z['rule']}: {z['how']}, {z['runs']}" + (f" ({note[:80]})" if note else "")
+
+
 def classify(row: dict | None, plan: dict, threshold: float) -> tuple[str, str]:
     """(class, what would cover it) of one problem."""
     if row is None:
@@ -91,14 +102,12 @@ def classify(row: dict | None, plan: dict, threshold: float) -> tuple[str, str]:
     # per-region records: no region on a kernel at all)
     if conv_share >= 0.5 and row.get("policy") == "fp32" and (not conv_kernels if per is not None
                                                              else not did.get("kernels")):
-        per = per or []
-        strided = any("cuDNN only" in (z.get("note") or "") for z in per)
-        what = ("an fp32-class convolution kernel that wins: no conv region ran one (cuDNN did); the promoted "
-                "3xTF32 convolution verified at fp32's error on an H200 after most of these rows ran (1.16-1.53x "
-                "over cuDNN fp32 at the quick shapes), and a batch compile that spent the tuning budget no longer "
-                "leaves every region skipped: a rerun says which")
-        if strided:
-            what += "; some convolutions are cuDNN-only by geometry (see the row's per_region notes)"
+        if per is None:  # a row from before per-region records
+            what = ("an fp32-class convolution kernel that wins: no conv region ran one (cuDNN did); this row "
+                    "predates per-region records and the promoted 3xTF32 convolution: a rerun says which")
+        else:
+            what = "an fp32-class convolution kernel that wins: no conv region ran one; " + "; ".join(
+                sorted({_conv_why(z) for z in per if z["rule"].startswith("conv")})[:3])
         return "fp32 convolution kernel", what + (f"; uncovered: {top}" if top else "")
     if regions:
         how = did.get("returned") or "?"

@@ -497,3 +497,29 @@ def test_gpu_clocks_reads_nvidia_smi_falls_back_to_the_older_field_and_is_kept_i
     from fact_db.pipeline.measure import BENCH_ROUNDS
     assert len(row["did"]["rounds_ms"]["fact-db"]) == BENCH_ROUNDS and len(row["did"]["rounds_ms"]["eager fp32"]) == BENCH_ROUNDS
     assert len(row["did"]["load_average"]) == 3
+
+
+def test_coverage_says_why_each_fp32_convolution_ran_cudnn():
+    """kernelbench_coverage.classify: a conv row with per-region records names, per region, a
+    geometry the family has no kernel for or fact-db's candidates losing to cuDNN; a row from
+    before those records says a rerun tells."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import kernelbench_coverage as cov
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    plan = {"regions": [{"rule": "conv-transpose", "shape": "s", "share": 0.9}], "uncovered": [], "covered_share": 0.9,
+            "est_eager_ms": 1.0, "rest": {}}
+    row = {"status": "ok", "policy": "fp32", "eager_ms": 5.0, "did": {"per_region": [
+        {"rule": "conv-transpose", "how": "tuned", "runs": "eager PyTorch",
+         "note": "cuDNN only: a transposed convolution with a stride: the sm90 dgrad kernel is not templated yet"},
+        {"rule": "conv-epilogue", "how": "tuned", "runs": "eager PyTorch", "note": "cudnn: 17.922 ms"}]}}
+    cls, what = cov.classify(row, plan, 1.05)
+    assert cls == "fp32 convolution kernel"
+    assert "conv-transpose: no kernel for its geometry (a transposed convolution with a stride" in what
+    assert "conv-epilogue: fact-db's candidates lost to cuDNN fp32 (cudnn: 17.922 ms)" in what
+    old = {"status": "ok", "policy": "fp32", "eager_ms": 5.0, "did": {"kernels": 0}}
+    assert "predates per-region records" in cov.classify(old, plan, 1.05)[1]
+    won = dict(row, did={"per_region": [{"rule": "conv", "how": "tuned", "runs": "conv_sm90 split3", "note": ""}],
+                         "returned": "eager"})
+    assert cov.classify(won, plan, 1.05)[0] == "kernel lost"
