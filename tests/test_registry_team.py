@@ -203,6 +203,20 @@ def test_claims_wait_for_a_live_holder_and_take_over_an_expired_one(pg, tmp_path
         b.close()
 
 
+def _as_hosts(regs, work) -> None:
+    """Run work(h) for every registry of `regs` at once, each in a thread named host<h> (a
+    "host"), then close the registries."""
+    try:
+        threads = [threading.Thread(target=work, args=(h,), name=f"host{h}") for h in range(len(regs))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    finally:
+        for r in regs:
+            r.close()
+
+
 def test_each_divides_a_list_between_hosts(pg, tmp_path):
     url = pg.new_schema()
     regs = [Registry.open(url, seed=False, cache=False) for _ in range(2)]
@@ -215,15 +229,7 @@ def test_each_divides_a_list_between_hosts(pg, tmp_path):
                 continue   # the other host did it while this one came back to it
             done[h].append(i)
             time.sleep(0.15)
-    try:
-        threads = [threading.Thread(target=work, args=(h,)) for h in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
-    finally:
-        for r in regs:
-            r.close()
+    _as_hosts(regs, work)
     assert sorted(done[0] + done[1]) == items
     assert done[0] and done[1], done
 
@@ -247,15 +253,7 @@ def test_groups_take_a_few_keys_at_a_time_and_divide_a_list_between_hosts(pg, tm
             if new:     # what the other host did already comes back here, and is found done
                 got[h].append(new)
                 time.sleep(0.2)
-    try:
-        threads = [threading.Thread(target=work, args=(h,)) for h in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
-    finally:
-        for r in regs:
-            r.close()
+    _as_hosts(regs, work)
     flat = [i for h in (0, 1) for g in got[h] for i in g]
     assert sorted(map(str, flat)) == sorted(map(str, items))          # every item once, none lost
     assert all(n <= 2 and held for n, held in holding), holding      # two keys a group, all held meanwhile
@@ -315,15 +313,7 @@ def test_team_hosts_take_regions_a_few_at_a_time_and_build_each_few_in_one_batch
         out = realize_mod.realize_regions(rep, "fp32", registry=regs[h], gpu="h100", max_candidates=4,
                                           progress=False, norm_impl=_standin_norm_impl, norm_chooser=chooser(regs[h]))
         hows[h] = [z.how for z in out]
-    try:
-        threads = [threading.Thread(target=host, args=(h,), name=f"host{h}") for h in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
-    finally:
-        for r in regs:
-            r.close()
+    _as_hosts(regs, host)
     assert sorted(w.width for w in tuned) == [32, 48, 64, 80], tuned      # each workload tuned once in all
     built = [w for _, ws in batches for w in ws]
     assert sorted(w.width for w in built) == [32, 48, 64, 80], batches    # built once, and only where tuned

@@ -211,9 +211,10 @@ def realize_regions(report, policy: str, *, registry=None, arch: str = "sm90a", 
         numbers = itertools.count(1)
         if team:   # taken a few at a time, each few built in one batch, then tuned
             size = claim_size(max_candidates)
+            live_ids = {id(z) for z in live}
             for group in lease.groups(order, lease_key, registry.claim, size):
                 if runner is None:
-                    _prebuild([z for z in group if z in live and z.workload not in done
+                    _prebuild([z for z in group if id(z) in live_ids and z.workload not in done
                                and registry_answer(registry, z.workload, arch, ctx.gpu_name)[0] != "hit"], ctx, say)
                 _realize_each(group, numbers, len(order), team, registry, done, ctx, plan_only, say, on_result, arch)
         else:
