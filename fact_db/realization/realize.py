@@ -186,7 +186,7 @@ def realize_regions(report, policy: str, *, registry=None, arch: str = "sm90a", 
         out.append(rz)
     order = sorted(out, key=lambda z: -z.region.estimate.gain_s)
     say = _sayer(progress and not plan_only, t0, budget_s)
-    live = [z for z in order if z.workload is not None and not z.region.composable]
+    live = [z for z in order if _live(z)]
     say(f"{len(out)} region(s), {len(set(z.workload for z in live))} workload(s) to realize, up to {max_candidates} "
         "candidates each (eager included)")
     if batch and not ctx.over_budget():
@@ -211,11 +211,9 @@ def realize_regions(report, policy: str, *, registry=None, arch: str = "sm90a", 
         numbers = itertools.count(1)
         if team:   # taken a few at a time, each few built in one batch, then tuned
             size = claim_size(max_candidates)
-            live_ids = {id(z) for z in live}
             for group in lease.groups(order, lease_key, registry.claim, size):
                 if runner is None:
-                    _prebuild([z for z in group if id(z) in live_ids and z.workload not in done
-                               and registry_answer(registry, z.workload, arch, ctx.gpu_name)[0] != "hit"], ctx, say)
+                    _prebuild([z for z in group if _live(z) and z.workload not in done], ctx, say)
                 _realize_each(group, numbers, len(order), team, registry, done, ctx, plan_only, say, on_result, arch)
         else:
             _realize_each(order, numbers, len(order), team, registry, done, ctx, plan_only, say, on_result, arch)
@@ -230,9 +228,18 @@ def claim_size(max_candidates: int) -> int:
     return max(1, build_mod.default_jobs() // max(1, max_candidates - 1))
 
 
+def _live(z: Realized) -> bool:
+    """A region some family realizes: it has a workload and can be composed."""
+    return z.workload is not None and not z.region.composable
+
+
 def _prebuild(zs: list, ctx, say) -> None:
     """Compile the kernel candidates of the workloads of `zs` in one parallel batch per family
-    (the tuners then find them in the build cache); ctx.prebuilt gains those built."""
+    (the tuners then find them in the build cache); ctx.prebuilt gains those built. A workload
+    the registry answers now (a hit; on a team registry, maybe stored by another host since) is
+    not built, unless ctx.force tunes it again."""
+    if ctx.registry is not None and not ctx.force:
+        zs = [z for z in zs if registry_answer(ctx.registry, z.workload, ctx.arch, ctx.gpu_name)[0] != "hit"]
     for fam in families.FAMILIES:
         ws = [z.workload for z in zs if fam.owns(z.workload)]
         if ws and not ctx.over_budget():
