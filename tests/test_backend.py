@@ -98,7 +98,7 @@ def test_an_unknown_option_is_named_with_the_ones_accepted():
     with pytest.raises(B.BackendError) as e:
         B.options_from({"polcy": "bf16"})
     assert str(e.value).startswith("torch.compile(backend='factdb') has no option 'polcy' (did you mean 'policy'?); "
-                                   "it accepts: policy, registry, gpu, tune, shapes, rules, inductor, lookup")
+                                   "it accepts: policy, registry, gpu, tune, shapes, rules, mode, inductor, lookup")
     with pytest.raises(B.BackendError, match="option policy='fp64' is not a policy: use one of fp32"):
         B.options_from({"policy": "fp64"})
     B.register()
@@ -106,6 +106,24 @@ def test_an_unknown_option_is_named_with_the_ones_accepted():
     torch._dynamo.reset()
     with pytest.raises(Exception, match="has no option 'polcy'"), torch.no_grad():
         torch.compile(model, backend="factdb", options={"polcy": "bf16"})(torch.randn(2, 8))
+
+
+def test_the_mode_option_reaches_inductor_and_a_wrong_one_is_named(monkeypatch):
+    """torch.compile takes mode= or options=, not both: the backend's `mode` option is how a
+    user asks for max-autotune's Inductor under fact-db's kernels."""
+    with pytest.raises(B.BackendError, match="option mode='max-autotune-no-cudagraph' is not a torch.compile mode: "
+                                             "use one of default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs"):
+        B.options_from({"mode": "max-autotune-no-cudagraph"})
+    seen = []
+    real = inductor.compile_graph
+    monkeypatch.setattr(inductor, "compile_graph", lambda *a, **k: seen.append(k.get("mode")) or real(*a, **k))
+    model, x = nn.Sequential(nn.Linear(8, 8), nn.ReLU()), torch.randn(2, 8)
+    for opts, want in (({}, None), ({"mode": "max-autotune-no-cudagraphs"}, "max-autotune-no-cudagraphs")):
+        seen.clear()
+        fast, _ = compiled(model, lookup=lambda *a: None, **opts)
+        with torch.no_grad():
+            torch.testing.assert_close(fast(x), model(x))
+        assert seen and set(seen) == {want}
 
 
 @pytest.mark.slow

@@ -46,9 +46,14 @@ OPTIONS = {
     "tune": "tune the regions the registry lacks, on this GPU, before compiling; default False (lookup only)",
     "shapes": "how many input shapes a graph with dynamic shapes looks kernels up for; default 8",
     "rules": "the RuleSet to match; default: the shipped rules",
+    "mode": "torch.compile's mode for Inductor's part (default, reduce-overhead, max-autotune, "
+            "max-autotune-no-cudagraphs): torch.compile takes mode= or options=, not both, so it goes here",
     "inductor": "Inductor config patches (a dict, as torch.compile's options take them for Inductor)",
     "lookup": "lookup(region, workload, policy) -> Impl or None, in place of the registry (tests on the CPU)",
 }
+
+
+MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
 class BackendError(FactError, ValueError):
@@ -63,6 +68,7 @@ class Options:
     tune: bool = False
     shapes: int = 8
     rules: object = None
+    mode: str | None = None
     inductor: dict = field(default_factory=dict)
     lookup: object = None
 
@@ -81,6 +87,8 @@ def options_from(options: dict | None) -> Options:
         raise BackendError(f"option policy={opts.policy!r} is not a policy: use one of {', '.join(POLICIES)}")
     if not isinstance(opts.shapes, int) or isinstance(opts.shapes, bool) or opts.shapes < 0:
         raise BackendError(f"option shapes={opts.shapes!r} must be a whole number of input shapes (0 or more)")
+    if opts.mode is not None and opts.mode not in MODES:
+        raise BackendError(f"option mode={opts.mode!r} is not a torch.compile mode: use one of {', '.join(MODES)}")
     if not isinstance(opts.inductor, dict):
         raise BackendError(f"option inductor={opts.inductor!r} must be a dict of Inductor config patches")
     if opts.lookup is not None and not callable(opts.lookup):
@@ -452,6 +460,7 @@ class _PerShape:
 def factdb(gm, example_inputs, *, options: dict | None = None, mode: str | None = None):
     """The torch.compile backend (see the module docstring): called by dynamo per captured graph."""
     opts = options_from(options)
+    mode = opts.mode or mode
     if _dynamic(gm, example_inputs):
         return _PerShape(gm, list(example_inputs), opts, mode)
     entry = GraphReport(len(_REPORT.graphs) + 1)
