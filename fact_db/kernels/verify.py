@@ -12,6 +12,11 @@ reference is compared with eager PyTorch's error on the same inputs under the sa
 | tf32x3  | zero-mean: err <= eager tf32's / 10; all-positive: err <= eager tf32's      |
 | tf32    | err <= 4 x eager tf32's                                                     |
 | bf16/16 | err <= 4 x eager's (same dtype) and err <= 1e-2 (KernelBench's tolerance)   |
+
+At bf16/fp16 the 1e-2 cap never sits below eager's own error: where eager itself is further
+than 1e-2 from float64 (a GroupNorm over bf16 activations, KernelBench L2-21: 0.0124), the
+bound is eager's error, so a module as close as eager passes (KernelBench's own check is
+against eager, not float64, and is applied besides).
 """
 from __future__ import annotations
 
@@ -64,7 +69,7 @@ def bound_for(policy: str, dist: str, eager_err: float, eager_tf32_err: float) -
         base = max(eager_tf32_err, ERR_FLOOR)
         return base / 10 if dist == "randn" else base
     if policy in ("bf16", "fp16"):
-        return min(4 * max(eager_err, ERR_FLOOR), 1e-2)
+        return min(4 * max(eager_err, ERR_FLOOR), max(1e-2, eager_err))
     return 4 * max(eager_err, ERR_FLOOR)
 
 
