@@ -302,6 +302,33 @@ def test_half_policies_run_the_model_in_that_dtype():
     assert not torch.equal(y, model(x))
 
 
+def test_run_at_policy_on_plain_tensors_skips_the_pytree_walk_and_casts_as_it_does(monkeypatch):
+    """The common call (positional tensors) takes a path without pytree flattening: the wrapper
+    runs before the first launch of every call timed from an idle GPU. It casts as the general
+    path does: floating inputs to the policy's dtype, integer ones untouched, the output back
+    to the first floating input's dtype; keyword arguments still take the general path."""
+    import torch.utils._pytree as pytree
+    seen = []
+
+    def fn(a, idx, **kw):
+        seen.append((a.dtype, idx.dtype))
+        return {"y": a * 2, "i": idx}
+    x, idx = torch.rand(3, 4), torch.arange(3)
+    general = run_at_policy(fn, "bf16", (x, idx), {"k": None})  # keywords: the pytree path
+    walked = []
+    real = pytree.tree_flatten
+    monkeypatch.setattr(pytree, "tree_flatten", lambda *a, **k: walked.append(1) or real(*a, **k))
+    for args, back in (((x, idx), torch.float32), ((x.to(torch.bfloat16), idx), torch.bfloat16)):
+        seen.clear(), walked.clear()
+        out = run_at_policy(fn, "bf16", args)
+        assert seen == [(torch.bfloat16, torch.int64)]
+        assert out["y"].dtype == back and out["i"].dtype == torch.int64
+        assert torch.equal(out["y"].float(), general["y"])
+        # inputs already at the policy's dtype, the output too: nothing walks a pytree
+        # (an fp32 caller's output is cast back, through the pytree of the output alone)
+        assert bool(walked) == (back != torch.bfloat16)
+
+
 # ------------------------------------------------------------------------------------------
 # optimize end to end on the CPU (realization and timing injected), the artifact.
 

@@ -300,8 +300,19 @@ class _Graphed:
 def run_at_policy(fn, policy: str, args, kwargs=None):
     """`fn(*args, **kwargs)` the way `policy` runs a float32 model: bf16/fp16 cast floating
     inputs in and the output back to the first floating input's dtype; tf32 enables TF32."""
-    kwargs = kwargs or {}
     dt = policy_dtype(policy)
+    if dt is not None and not kwargs and all(type(x) is torch.Tensor for x in args):
+        # Plain positional tensors, the common call: no pytree walk. A model timed from an idle
+        # GPU pays this wrapper before its first launch; the walk cost tens of microseconds a
+        # call (KernelBench L2-1 at bf16: fact-db's returned torch.compile 6% behind the same
+        # compiled module called directly; benchmarks/results/raw/*-s6c3-why.log).
+        floats = [x for x in args if x.is_floating_point()]
+        back = floats[0].dtype if floats else torch.float32
+        if any(x.dtype != dt for x in floats):
+            args = tuple(x.to(dt) if x.is_floating_point() else x for x in args)
+        out = fn(*args)
+        return cast_floats(out, back) if back != dt else out
+    kwargs = kwargs or {}
     if dt is not None:
         from torch.utils._pytree import tree_flatten
         leaves = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, torch.Tensor) and x.is_floating_point()]
