@@ -88,7 +88,10 @@ with torch.no_grad():
     run_at_policy(c, policy, x)
 if device == "cuda":
     torch.cuda.synchronize()
-print(json.dumps({"compile_s": time.perf_counter() - t}))
+out = {"compile_s": time.perf_counter() - t}
+if which == "factdb":  # where the backend's time went, per graph and phase
+    out["phases_s"] = [g.seconds for g in fb.report().graphs]
+print(json.dumps(out))
 """
 
 
@@ -195,6 +198,8 @@ def main() -> None:
         if which:
             got = cold_compile_s(a.problem, a.policy, which, a.db)
             row["compile_cold_s"] = got.get("compile_s")
+            if got.get("phases_s"):
+                row["compile_cold_phases_s"] = got["phases_s"]
             if "error" in got:
                 row["note"] = (row["note"] + "; " if row["note"] else "") + f"cold compile: {got['error']}"
     eager = rows[0]["ms"]

@@ -124,6 +124,8 @@ def test_the_mode_option_reaches_inductor_and_a_wrong_one_is_named(monkeypatch):
         with torch.no_grad():
             torch.testing.assert_close(fast(x), model(x))
         assert seen and set(seen) == {want}
+        # no kernel went in: the report times what the pass did before it gave the graph back
+        assert set(B.report().graphs[-1].seconds) == {"discover", "lookup"}
 
 
 @pytest.mark.slow
@@ -146,6 +148,8 @@ def test_the_graph_runs_registry_kernels_and_inductor_compiles_the_rest():
     assert counters["inductor"]["fxgraph_cache_miss"] + counters["inductor"]["fxgraph_cache_hit"] > inductor_before
     [g] = B.report().graphs
     assert {k[0] for k in g.kernels} == {"gemm-bias", "attention-causal", "gemm-residual", "gemm-bias-gelu-tanh"}
+    assert list(g.seconds) == ["discover", "lookup", "rewrite", "inductor"] and all(v >= 0 for v in g.seconds.values())
+    assert "compile time: discover" in str(B.report())
     assert len(g.kernels) == 5 and g.policy == "fp32" and g.key == B.cache_key("fp32", g.rows)
     assert [left[0] for left in g.left] == ["layernorm", "layernorm"]
     listed = [str(w.message) for w in seen if "stay with Inductor" in str(w.message)]

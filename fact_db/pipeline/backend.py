@@ -31,6 +31,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import time
 import warnings
 from dataclasses import dataclass, field
 
@@ -112,6 +113,7 @@ class GraphReport:
     rows: list = field(default_factory=list)       # the registry rows used
     key: str = ""                                  # cache_key
     note: str = ""
+    seconds: dict = field(default_factory=dict)    # compile time by phase: discover, lookup, rewrite, inductor
 
 
 @dataclass
@@ -128,9 +130,10 @@ class CompileReport:
     def __str__(self) -> str:
         lines = [f"fact-db backend: {len(self.graphs)} graph(s) compiled, {len(self.breaks)} graph break reason(s)"]
         for g in self.graphs:
+            took = ", ".join(f"{k} {v:.2f} s" for k, v in g.seconds.items())
             lines.append(f"graph {g.index} ({g.shapes}{', dynamic graph' if g.dynamic else ''}, {g.policy or '-'}): "
                          f"{len(g.kernels)} kernel(s)"
-                         + (f"; {g.note}" if g.note else ""))
+                         + (f"; {g.note}" if g.note else "") + (f"; compile time: {took}" if took else ""))
             lines += [f"  kernel  {rule} {shape}: {what}" for rule, shape, what in g.kernels]
             lines += [f"  inductor {rule} {shape}: {why}" + (f" (`{cmd}`)" if cmd else "")
                       for rule, shape, why, cmd in g.left]
@@ -313,12 +316,16 @@ def _rewrite(gm, args: list, sources: list, opts: Options, entry: GraphReport):
         return None
     policy = entry.policy = opts.policy or _policy_of(tensors)
     gpu = opts.gpu or (device_info(torch.device("cuda")).get("gpu") if torch.cuda.is_available() else None)
+    t0 = time.perf_counter()
     try:
         disc = discover(_lifted(gm, state, len(args)), tuple(args[i] for i in users), arch="sm90", gpu=gpu,
                         policy=policy, rules=opts.rules)
     except Exception as e:  # noqa: BLE001  (what discovery cannot trace is Inductor's, as without fact-db)
         entry.note = f"discovery could not trace it ({first_line(e, 200, typed=True)})"
         return None
+    finally:
+        entry.seconds["discover"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
     impls, rows = {}, []
     want = POLICY_DTYPE[policy]
     for i, (r, p) in enumerate(zip(disc.regions, plan(disc, policy))):
@@ -335,10 +342,13 @@ def _rewrite(gm, args: list, sources: list, opts: Options, entry: GraphReport):
             continue
         impls[i] = found.impl
         rows.append(found.row)
+    entry.seconds["lookup"] = time.perf_counter() - t0  # the registry, and loading each kernel
     if not impls:
         entry.note = entry.note or "no region has a kernel in the registry"
         return None
+    t0 = time.perf_counter()
     gm2, notes = rewrite(disc.graph.program, disc.regions, impls)
+    entry.seconds["rewrite"] = time.perf_counter() - t0
     for i, impl in impls.items():
         r = disc.regions[i]
         if impl.kind == "eager":  # the rewrite could not take it
@@ -368,9 +378,11 @@ def _compile_with_kernels(gm, args: list, sources: list, opts: Options, mode, en
         return None
     gm2, users, state, folded = got
     entry.key = cache_key(entry.policy, entry.rows, opts.rules)
+    t0 = time.perf_counter()
     try:
         compiled = inductor.compile_graph(gm2, [args[i] for i in users], key=entry.key, mode=mode,
                                           patches=opts.inductor)
+        entry.seconds["inductor"] = time.perf_counter() - t0
     except Exception as e:  # noqa: BLE001  (Inductor failing on the rewritten graph: it compiles the model's own)
         entry.note = f"Inductor failed on the graph with fact-db's kernels ({first_line(e, 200, typed=True)})"
         entry.kernels = []
