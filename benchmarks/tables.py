@@ -190,8 +190,20 @@ TABLES: dict[str, dict] = {
         "columns": [("measure", "{label}"), ("result", "{value}"), ("target", "{target}"), *_WHERE_CPU],
     },
     "compile-peers": {
-        "about": "issue 25: fact-db against torch.compile in one process (benchmarks/compile_peers.py)",
-        "files": ["*-compile-peers-*.json"], "rows": "compile_peers", "order": ["problem", "policy_rank"],
+        "about": "issue 25: fact-db against its peers in one process (benchmarks/compile_peers.py), the newest "
+                 "run per problem and policy",
+        "files": ["*-compile-peers-*.json"], "rows": "compile_peers", "select": "newest per problem, policy",
+        "order": ["problem", "policy_rank"],
+        "columns": [("problem", "`{problem}`"), ("policy", "`{policy}`"), ("eager ms", "{eager_ms:ms}"),
+                    ("best peer ms", "{best_peer}"), ("fact-db ms (what it returned)", "{fdb}"),
+                    ("vs eager", "{vs_eager:x}"), ("vs torch.compile", "{vs_compile:x}"),
+                    ("vs best peer", "**{vs_best:x}**"), ('backend="factdb" ms: default / max-autotune', "{backend}"),
+                    ("compile s: torch.compile / backend", "{compile_s}"), ("error (eager's)", "{err}"),
+                    ("held MiB", "{held:mib}"), *_WHERE],
+    },
+    "compile-peers-history": {
+        "about": "issue 25: every compile_peers.py run, oldest first",
+        "files": ["*-compile-peers-*.json"], "rows": "compile_peers", "order": ["date", "problem", "policy_rank"],
         "columns": [("problem", "`{problem}`"), ("policy", "`{policy}`"), ("eager ms", "{eager_ms:ms}"),
                     ("torch.compile ms", "{compile_ms:ms}"), ("fact-db ms (what it returned)", "{fdb}"),
                     ("vs torch.compile", "{vs_compile:x}"), ('backend="factdb" ms', "{backend_ms:ms}"),
@@ -476,6 +488,17 @@ def rows_compile_peers(doc, name):
     row["eager_ms"], row["compile_ms"], row["backend_ms"] = eager.get("ms"), tc.get("ms"), backend.get("ms")
     row["fdb"] = f"{_fmt_ms(fdb.get('ms'))} ({doc.get('returned', DASH)})"
     row["vs_compile"] = tc["ms"] / fdb["ms"] if tc.get("ms") and fdb.get("ms") else None
+    row["vs_eager"] = eager["ms"] / fdb["ms"] if eager.get("ms") and fdb.get("ms") else None
+    # The best of what the user already has: eager at the policy and torch.compile's modes
+    # (PyTorch's TF32 default at fp32 is another precision, not a peer).
+    peers = [(n, v["ms"]) for n, v in by.items() if v.get("ms") and (n == "eager" or n.startswith("torch.compile"))
+             and "factdb" not in n]
+    best = min(peers, key=lambda x: x[1]) if peers else None
+    row["best_peer"] = f"{_fmt_ms(best[1])} ({best[0]})" if best else DASH
+    row["vs_best"] = best[1] / fdb["ms"] if best and fdb.get("ms") else None
+    auto = by.get('torch.compile(backend="factdb") max-autotune-no-cudagraphs', {})
+    row["backend"] = f"{_fmt_ms(backend.get('ms'))} / {_fmt_ms(auto.get('ms'))}"
+    row["stamp"] = doc.get("commit") or ""
     if tc.get("compile_cold_s") is not None and backend.get("compile_cold_s") is not None:
         # both from nothing, in fresh processes (compile_peers.py's compile_cold_s): like with like
         row["compile_s"] = f"{_fmt_s(tc['compile_cold_s'])} / {_fmt_s(backend['compile_cold_s'])} (both cold)"
