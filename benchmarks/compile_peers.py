@@ -2,9 +2,10 @@
 policy, torch.compile (default and max-autotune-no-cudagraphs, and reduce-overhead where
 fact-db's module replays a CUDA graph), the module `fact_db.optimize` returns, and
 `torch.compile(model, backend="factdb")` (after optimize, so the registry holds the kernels
-it tuned; and in max-autotune-no-cudagraphs mode where that is a peer, as like with like against
-a choice compiled in that mode), and at fp32 PyTorch's default (cuDNN on TF32). Per variant: time (median of interleaved rounds), error against the float64 model,
-peak and held memory, compile time (the first call here, and for torch.compile and the
+it tuned; and in max-autotune-no-cudagraphs mode where that is a peer, as like with like
+against a choice compiled in that mode), and at fp32 PyTorch's default (cuDNN on TF32). Per
+variant: time (median of interleaved rounds), error against the float64 model, peak and held
+memory, compile time (the first call here, and for torch.compile and the
 backend also `compile_cold_s`: each from nothing in a fresh process, as like with like).
 Run on an H100/H200:
 
