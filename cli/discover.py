@@ -119,9 +119,12 @@ def _print(report, explain: bool):
               help="MiB the problem's code may allocate (default 8192, or $FACTDB_PROBLEM_MAX_MEMORY).")
 @click.option("--timeout", type=click.FloatRange(1, None), default=None,
               help="Seconds building and tracing may take (default 300, or $FACTDB_PROBLEM_TIMEOUT).")
+@click.option("--eval", "eval_mode", is_flag=True,
+              help="Trace the model in eval mode (inference: BatchNorm folds into the convolution before it, "
+                   "dropout off); a problem file builds it in training mode.")
 @handle_errors
 @problem_sandbox()
-def discover(problem, arch, gpu, policy, as_json, explain, db, no_registry, max_memory, timeout):
+def discover(problem, arch, gpu, policy, as_json, explain, db, no_registry, max_memory, timeout, eval_mode):
     """Trace PROBLEM, match the rules and rank the regions worth building.
 
     PROBLEM is a KernelBench-format file (Model, get_inputs, get_init_inputs), a module
@@ -136,8 +139,9 @@ def discover(problem, arch, gpu, policy, as_json, explain, db, no_registry, max_
     \b
     Example:
       factdb discover benchmarks/problems/mingpt_block.py --policy tf32 --explain
+      factdb discover my_resnet.py --eval
     """
-    _discover(problem, model_arch(arch), gpu, policy, as_json, explain, db, no_registry)
+    _discover(problem, model_arch(arch), gpu, policy, as_json, explain, db, no_registry, eval_mode)
 
 
 def _ask(report, db, no_registry) -> None:
@@ -166,7 +170,7 @@ def _ask(report, db, no_registry) -> None:
         if counts else f"no region to ask about in {reg.where}"
 
 
-def _discover(problem, arch, gpu, policy, as_json, explain, db, no_registry):
+def _discover(problem, arch, gpu, policy, as_json, explain, db, no_registry, eval_mode=False):
     from fact_db.discovery import sandbox
     sandbox.allow_quick_exit()  # nothing is left open at the end: the child may skip the interpreter's teardown
     with sandbox.trusted_imports():
@@ -177,7 +181,7 @@ def _discover(problem, arch, gpu, policy, as_json, explain, db, no_registry):
         if sandbox.in_child():
             import torch.export._trace  # noqa: F401  (torch._dynamo, which the first export would import)
         rules = load_rules()
-    spec = load_problem(problem)
+    spec = load_problem(problem, eval_mode=eval_mode)
     t0 = time.perf_counter()
     try:
         graph = trace_problem(spec)

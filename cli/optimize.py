@@ -96,10 +96,13 @@ def _common(fn):
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--llm", "use_llm", is_flag=True, help="Ask the configured language model about regions no rule fuses (see README, The agent).")
 @click.option("--offline", is_flag=True, help="Never open a socket for the language model.")
+@click.option("--eval", "eval_mode", is_flag=True,
+              help="Optimize the model in eval mode (inference: BatchNorm folds into the convolution before it, "
+                   "dropout off); a problem file builds it in training mode.")
 @handle_errors
 @problem_sandbox(when=no_gpu)  # the plan builds the model here; with a GPU it is built on it, in this process
 def optimize(problem, policy, max_candidates, budget, gpus, peers, max_held, no_bench, no_cuda_graph,
-             no_split_weights, force, db, no_registry, out, as_json, use_llm, offline):
+             no_split_weights, force, db, no_registry, out, as_json, use_llm, offline, eval_mode):
     """Discover, realize and compose PROBLEM into a faster model; verify it end to end,
     time it against eager PyTorch and torch.compile, save it as an artifact and report.
 
@@ -119,6 +122,7 @@ def optimize(problem, policy, max_candidates, budget, gpus, peers, max_held, no_
       factdb optimize benchmarks/problems/mingpt_block.py --policy fp32 --out out/mingpt-fp32
       factdb optimize benchmarks/problems/llama_block.py --policy bf16 --budget 5 --peers compile
       factdb optimize benchmarks/problems/hf_llama_decoder_4x2048.py --policy bf16 --max-held none
+      factdb optimize my_resnet.py --policy fp32 --eval
     """
     import torch
 
@@ -129,7 +133,7 @@ def optimize(problem, policy, max_candidates, budget, gpus, peers, max_held, no_
     try:
         rules = consult_rules(problem, policy, offline, as_json, reg) if use_llm else None
         if not torch.cuda.is_available():
-            report = plan_problem(problem, policy=policy, registry=reg, rules=rules)
+            report = plan_problem(problem, policy=policy, registry=reg, rules=rules, eval_mode=eval_mode)
             if as_json:
                 click.echo(jdump(report_dict(report), indent=1))
                 return
@@ -142,7 +146,7 @@ def optimize(problem, policy, max_candidates, budget, gpus, peers, max_held, no_
         fast = optimize_problem(problem, policy=policy, registry=reg, max_candidates=max_candidates, budget=budget,
                                 gpus=gpu_list(gpus), out=out, bench=not no_bench, peers=_peers(peers), force=force,
                                 progress=not as_json, cuda_graph=not no_cuda_graph, rules=rules,
-                                split_weights=not no_split_weights, max_held=held)
+                                split_weights=not no_split_weights, max_held=held, eval_mode=eval_mode)
     finally:
         if reg is not None:
             reg.close()

@@ -425,11 +425,12 @@ def _why_uncovered(n, all_dtypes: set, named: set) -> str:
 
 
 def discover_problem(spec: str, *, arch: str = "sm90", gpu: str | None = None, policy: str = "fp32",
-                     rules: RuleSet | None = None) -> Report:
-    """Discover on a KernelBench-format file or an import spec (see trace.load_problem)."""
+                     rules: RuleSet | None = None, eval_mode: bool = False) -> Report:
+    """Discover on a KernelBench-format file or an import spec (see trace.load_problem; in eval
+    mode with `eval_mode`)."""
     rules = rules or load_rules()
     t0 = time.perf_counter()
-    graph = trace_problem(load_problem(spec))
+    graph = trace_problem(load_problem(spec, eval_mode=eval_mode))
     return analyse(graph, rules, arch=arch, gpu=gpu, policy=policy, trace_s=time.perf_counter() - t0)
 
 

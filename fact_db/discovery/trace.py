@@ -17,7 +17,7 @@ import re
 import sys
 import traceback
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -137,11 +137,21 @@ class Problem:
 
 # ------------------------------------------------------------------ loading problems
 
-def load_problem(spec: str) -> Problem:
+def load_problem(spec: str, *, eval_mode: bool = False) -> Problem:
     """A KernelBench-format file (`Model`, `get_inputs`, `get_init_inputs`), or an import
     spec: `package.module` (a KernelBench-format module) or `package.module:factory`
-    (a callable returning `(module, example_inputs)`).
+    (a callable returning `(module, example_inputs)`). `eval_mode`: the model is built and
+    then put in eval mode (inference: BatchNorm on its running statistics, so it folds into
+    the convolution before it; dropout off), where a problem file builds it in training mode.
     """
+    problem = _load_problem(spec)
+    if eval_mode:
+        build = problem.make_model
+        problem = replace(problem, make_model=lambda: build().eval())
+    return problem
+
+
+def _load_problem(spec: str) -> Problem:
     text = str(spec)
     path = problem_file(text)
     if path is not None:

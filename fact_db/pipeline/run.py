@@ -210,8 +210,8 @@ def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max
     moded = _mode_dependent(module) if module.training else ""
     if moded:
         report.notes.append(f"{name} is in training mode: its {moded} run as in training (batch "
-                            "statistics, dropout draws) and are optimized as such; call model.eval() first to "
-                            "optimize inference (then BatchNorm folds into the convolutions)")
+                            "statistics, dropout draws) and are optimized as such; call model.eval() first (`--eval` "
+                            "on the command line) to optimize inference (then BatchNorm folds into the convolutions)")
     state = ModelState(module)  # the user's model is left as it was given, whatever forward changes
     try:
         model_p = at_policy(module, policy, build=(lambda: build(device)) if build else None, example_inputs=inputs,
@@ -331,12 +331,13 @@ def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max
     return fast
 
 
-def optimize_problem(spec: str, **kw):
+def optimize_problem(spec: str, *, eval_mode: bool = False, **kw):
     """`optimize` on a KernelBench-format file or import spec (what `factdb discover` takes):
     the model is built on the GPU with a fixed seed, and fresh inputs come from its
     `get_inputs()`; the float64 reference and a half policy's model are built again the same
     way (`Model(*get_init_inputs())`, so closures made in `__init__` close over their own
-    submodules), with the model's tensors copied in."""
+    submodules), with the model's tensors copied in. `eval_mode`: each built model is put in
+    eval mode (see load_problem)."""
     import torch
 
     from fact_db.discovery.sandbox import time_limit
@@ -346,7 +347,7 @@ def optimize_problem(spec: str, **kw):
     dev = torch.device("cuda") if kw.get("realizer") is None else torch.device("cpu")
     timeout = kw.pop("build_timeout_s", None)
     with time_limit(spec, timeout):  # the file's code runs here: bounded in time
-        problem = load_problem(spec)
+        problem = load_problem(spec, eval_mode=eval_mode)
         torch.manual_seed(0)
         with torch.device(dev):
             model = problem.make_model()
@@ -363,9 +364,10 @@ def optimize_problem(spec: str, **kw):
                     **kw)
 
 
-def plan_problem(spec: str, **kw):
-    """`plan` on a problem file or spec: built and traced on the meta device."""
+def plan_problem(spec: str, *, eval_mode: bool = False, **kw):
+    """`plan` on a problem file or spec: built and traced on the meta device (in eval mode
+    with `eval_mode`)."""
     from fact_db.discovery.trace import build_on_meta, load_problem
-    problem = load_problem(spec)
+    problem = load_problem(spec, eval_mode=eval_mode)
     model, inputs, _ = build_on_meta(problem)
     return plan(model, inputs, name=kw.pop("name", None) or problem.name, **kw)
