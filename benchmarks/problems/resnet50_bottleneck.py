@@ -1,8 +1,8 @@
 """A ResNet-50 bottleneck block (torchvision's `Bottleneck`, v1.5: the stride on the 3x3), as
 issue 27's fp32 row: 1x1 conv 256 -> 64, BatchNorm, ReLU; 3x3 conv 64 -> 64, BatchNorm, ReLU;
 1x1 conv 64 -> 256, BatchNorm; the identity added back; ReLU. Batch 32 at 56 x 56, the shape of
-conv2_x, ResNet-50's first stage. Built in eval mode (an inference block however it is loaded, `--eval` or
-not), so each BatchNorm folds into the convolution before it.
+conv2_x, ResNet-50's first stage. Built in eval mode (an inference block however it is
+loaded, `--eval` or not), so each BatchNorm folds into the convolution before it.
 
 Work: 14.0 GFLOP (3.29 + 7.40 + 3.29), and at least 2 x 103 MB of activations in and out plus
 the two 26 MB intermediates at fp32: on 3xTF32 tensor cores the 1x1 convolutions are nearly
