@@ -158,8 +158,12 @@ def test_eval_traces_and_plans_the_model_in_eval_mode(tmp_path):
         assert r.exit_code == 0, r.output
         data = json.loads(r.stdout)
         rules[bool(flag)] = {x["rule"] for x in data["regions"]}
-        if not flag:  # the training-mode BatchNorm is left over, among the small ops
+        if not flag:  # the training-mode BatchNorm is left over, among the small ops, and the note says why
             assert data["uncovered_rest"]["share"] > 0.3
+            assert data["note"].startswith("traced in training mode, as the problem builds it: its BatchNorm2d run")
+            assert "--eval traces it for inference" in data["note"]
+        else:
+            assert data["note"] == ""
     assert rules == {False: {"conv"}, True: {"conv-bn"}}
     if not __import__("torch").cuda.is_available():  # optimize's plan builds it the same way
         o = CliRunner().invoke(cli, ["optimize", str(p), "--no-registry", "--json", "--eval"])

@@ -291,8 +291,33 @@ def build_on_meta(problem: Problem):
 
 
 def trace_problem(problem: Problem) -> Graph:
+    """The problem's model traced as it builds it; a model built in training mode whose forward
+    depends on the mode (BatchNorm, dropout) says so in the graph's note."""
     model, inputs, known = build_on_meta(problem)
-    return trace_module(model, inputs, name=problem.name, source=problem.source, known=known)
+    graph = trace_module(model, inputs, name=problem.name, source=problem.source, known=known)
+    moded = mode_dependent(model) if model.training else ""
+    if moded and not graph.note:
+        graph.note = (f"traced in training mode, as the problem builds it: its {moded} run as in training (batch "
+                      "statistics, dropout draws); --eval traces it for inference, where BatchNorm folds into "
+                      "the convolution before it")
+    return graph
+
+
+def mode_dependent(module) -> str:
+    """The kinds of submodule whose forward differs between training and eval mode, named
+    (e.g. "BatchNorm2d, Dropout"); empty where the mode changes nothing."""
+    import torch.nn as nn
+    kinds = (nn.modules.batchnorm._BatchNorm, nn.modules.instancenorm._InstanceNorm, nn.Dropout, nn.Dropout1d,
+             nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout)
+    found = []
+    for m in module.modules():
+        if not isinstance(m, kinds) or isinstance(m, nn.modules.dropout._DropoutNd) and m.p == 0:
+            continue
+        if isinstance(m, nn.modules.instancenorm._InstanceNorm) and not m.track_running_stats:
+            continue
+        if type(m).__name__ not in found:
+            found.append(type(m).__name__)
+    return ", ".join(found)
 
 
 def trace_module(model: torch.nn.Module, example_inputs, *, name: str = "model", source: str | None = None,

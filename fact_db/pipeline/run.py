@@ -47,21 +47,6 @@ def stage(name: str, report: OptimizeReport | None, progress: bool):
         print(f"[{name}] done in {dt:.1f} s", file=sys.stderr, flush=True)
 
 
-def _mode_dependent(module) -> str:
-    """The kinds of submodule whose forward differs between training and eval mode, named
-    (e.g. "BatchNorm2d, Dropout"); empty where the mode changes nothing."""
-    import torch.nn as nn
-    kinds = (nn.modules.batchnorm._BatchNorm, nn.modules.instancenorm._InstanceNorm, nn.Dropout, nn.Dropout1d,
-             nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout)
-    found = []
-    for m in module.modules():
-        if not isinstance(m, kinds) or isinstance(m, nn.modules.dropout._DropoutNd) and m.p == 0:
-            continue
-        if isinstance(m, nn.modules.instancenorm._InstanceNorm) and not m.track_running_stats:
-            continue
-        if type(m).__name__ not in found:
-            found.append(type(m).__name__)
-    return ", ".join(found)
 
 
 def _device_of(module, inputs):
@@ -207,7 +192,8 @@ def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max
     device = _device_of(module, inputs)
     info = device_info(device) if realizer is not None else _check_gpu(device)
     report = OptimizeReport(name, policy, info, toolchain_info(), [])
-    moded = _mode_dependent(module) if module.training else ""
+    from fact_db.discovery.trace import mode_dependent
+    moded = mode_dependent(module) if module.training else ""
     if moded:
         report.notes.append(f"{name} is in training mode: its {moded} run as in training (batch "
                             "statistics, dropout draws) and are optimized as such; call model.eval() first (`--eval` "
