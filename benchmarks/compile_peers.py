@@ -53,13 +53,13 @@ def _variants(model_p, fast, policy: str, peers: tuple, with_reduce_overhead: bo
                     lambda: (lambda c: lambda *x: run_at_policy(c, policy, x).clone())(
                         torch.compile(model_p, mode="reduce-overhead"))))
     out.append((f"fact-db ({fast.choice})", lambda: (lambda *x: fast(*x))))
-    out.append(('torch.compile(backend="factdb")',
-                lambda: at_policy(torch.compile(model_p, backend="factdb",
-                                                options={"policy": policy, "registry": registry}))))
+    def backend(**mode):
+        return lambda: at_policy(torch.compile(model_p, backend="factdb",
+                                               options={"policy": policy, "registry": registry, **mode}))
+    out.append(('torch.compile(backend="factdb")', backend()))
     if "max-autotune" in peers:  # like with like against optimize's choice under max-autotune
         out.append(('torch.compile(backend="factdb") max-autotune-no-cudagraphs',
-                    lambda: at_policy(torch.compile(model_p, backend="factdb", options={
-                        "policy": policy, "registry": registry, "mode": "max-autotune-no-cudagraphs"}))))
+                    backend(mode="max-autotune-no-cudagraphs")))
     return out
 
 

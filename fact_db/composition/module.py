@@ -301,7 +301,10 @@ def run_at_policy(fn, policy: str, args, kwargs=None):
     """`fn(*args, **kwargs)` the way `policy` runs a float32 model: bf16/fp16 cast floating
     inputs in and the output back to the first floating input's dtype; tf32 enables TF32."""
     dt = policy_dtype(policy)
-    if dt is not None and not kwargs and all(type(x) is torch.Tensor for x in args):
+    if dt is None:
+        with policy_mode(policy):
+            return fn(*args, **(kwargs or {}))
+    if not kwargs and all(type(x) is torch.Tensor for x in args):
         # Plain positional tensors, the common call: no pytree walk. A model timed from an idle
         # GPU pays this wrapper before its first launch; the walk cost tens of microseconds a
         # call (KernelBench L2-1 at bf16: fact-db's returned torch.compile 6% behind the same
@@ -310,15 +313,12 @@ def run_at_policy(fn, policy: str, args, kwargs=None):
         back = floats[0].dtype if floats else torch.float32
         if any(x.dtype != dt for x in floats):
             args = tuple(x.to(dt) if x.is_floating_point() else x for x in args)
-        out = fn(*args)
-        return cast_floats(out, back) if back != dt else out
-    kwargs = kwargs or {}
-    if dt is not None:
+        kwargs = {}
+    else:
         from torch.utils._pytree import tree_flatten
+        kwargs = kwargs or {}
         leaves = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, torch.Tensor) and x.is_floating_point()]
         back = leaves[0].dtype if leaves else torch.float32
         args, kwargs = cast_floats((args, kwargs), dt)
-        out = fn(*args, **kwargs)
-        return cast_floats(out, back) if back != dt else out
-    with policy_mode(policy):
-        return fn(*args, **kwargs)
+    out = fn(*args, **kwargs)
+    return cast_floats(out, back) if back != dt else out

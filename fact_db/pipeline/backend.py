@@ -33,6 +33,7 @@ import hashlib
 import json
 import time
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from fact_db.core.errors import FactError, first_line
@@ -114,6 +115,15 @@ class GraphReport:
     key: str = ""                                  # cache_key
     note: str = ""
     seconds: dict = field(default_factory=dict)    # compile time by phase: discover, lookup, rewrite, inductor
+
+    @contextmanager
+    def timed(self, phase: str):
+        """Add the time the block takes to `phase`'s (an exception included)."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - t0
 
 
 @dataclass
@@ -291,41 +301,11 @@ def _find(opts: Options, region, workload, policy: str, gpu: str | None):
         return Found(why=why)
 
 
-def _rewrite(gm, args: list, sources: list, opts: Options, entry: GraphReport):
-    """(graph module with the kernels' ops, the positions of the call inputs it takes, the
-    module state it holds, the floats it folded in) for concrete `args`, or None where no
-    kernel goes in (entry.note says why)."""
-    import torch
-
-    from fact_db.composition.compose import rewrite
-    from fact_db.core.environment import device_info
-    from fact_db.discovery.discover import discover
+def _kernels(disc, policy: str, gpu: str | None, opts: Options, entry: GraphReport) -> tuple[dict, list]:
+    """({region index: Impl}, [registry row]) for the regions of `disc` the registry has a kernel
+    for; each other region goes into entry.left with why (and the command that would tune it)."""
     from fact_db.pipeline.lookup import tune_command
     from fact_db.realization.realize import plan, workload_of
-    gm, folded = _fold_scalars(gm, args, sources)
-    tensors = [a for a in args if isinstance(a, torch.Tensor)]
-    state = {i: a for i, (src, a) in enumerate(zip(sources, args)) if _state(src, a) or i in folded}
-    users = [i for i in range(len(args)) if i not in state]
-    entry.shapes = _shapes([args[i] for i in users])
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        entry.note = "autograd records this graph (grad enabled, a tensor requires grad): fact-db's kernels have no " \
-                     "backward, so Inductor compiles all of it; call the model under torch.no_grad()"
-        return None
-    if opts.lookup is None and not (tensors and all(t.is_cuda for t in tensors)):
-        entry.note = "its tensors are not all on a CUDA GPU, where fact-db's kernels run"
-        return None
-    policy = entry.policy = opts.policy or _policy_of(tensors)
-    gpu = opts.gpu or (device_info(torch.device("cuda")).get("gpu") if torch.cuda.is_available() else None)
-    t0 = time.perf_counter()
-    try:
-        disc = discover(_lifted(gm, state, len(args)), tuple(args[i] for i in users), arch="sm90", gpu=gpu,
-                        policy=policy, rules=opts.rules)
-    except Exception as e:  # noqa: BLE001  (what discovery cannot trace is Inductor's, as without fact-db)
-        entry.note = f"discovery could not trace it ({first_line(e, 200, typed=True)})"
-        return None
-    finally:
-        entry.seconds["discover"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
     impls, rows = {}, []
     want = POLICY_DTYPE[policy]
     for i, (r, p) in enumerate(zip(disc.regions, plan(disc, policy))):
@@ -342,13 +322,46 @@ def _rewrite(gm, args: list, sources: list, opts: Options, entry: GraphReport):
             continue
         impls[i] = found.impl
         rows.append(found.row)
-    entry.seconds["lookup"] = time.perf_counter() - t0  # the registry, and loading each kernel
+    return impls, rows
+
+
+def _rewrite(gm, args: list, sources: list, opts: Options, entry: GraphReport):
+    """(graph module with the kernels' ops, the positions of the call inputs it takes, the
+    module state it holds, the floats it folded in) for concrete `args`, or None where no
+    kernel goes in (entry.note says why)."""
+    import torch
+
+    from fact_db.composition.compose import rewrite
+    from fact_db.core.environment import device_info
+    from fact_db.discovery.discover import discover
+    gm, folded = _fold_scalars(gm, args, sources)
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    state = {i: a for i, (src, a) in enumerate(zip(sources, args)) if _state(src, a) or i in folded}
+    users = [i for i in range(len(args)) if i not in state]
+    entry.shapes = _shapes([args[i] for i in users])
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        entry.note = "autograd records this graph (grad enabled, a tensor requires grad): fact-db's kernels have no " \
+                     "backward, so Inductor compiles all of it; call the model under torch.no_grad()"
+        return None
+    if opts.lookup is None and not (tensors and all(t.is_cuda for t in tensors)):
+        entry.note = "its tensors are not all on a CUDA GPU, where fact-db's kernels run"
+        return None
+    policy = entry.policy = opts.policy or _policy_of(tensors)
+    gpu = opts.gpu or (device_info(torch.device("cuda")).get("gpu") if torch.cuda.is_available() else None)
+    try:
+        with entry.timed("discover"):
+            disc = discover(_lifted(gm, state, len(args)), tuple(args[i] for i in users), arch="sm90", gpu=gpu,
+                            policy=policy, rules=opts.rules)
+    except Exception as e:  # noqa: BLE001  (what discovery cannot trace is Inductor's, as without fact-db)
+        entry.note = f"discovery could not trace it ({first_line(e, 200, typed=True)})"
+        return None
+    with entry.timed("lookup"):  # the registry, and loading each kernel
+        impls, rows = _kernels(disc, policy, gpu, opts, entry)
     if not impls:
         entry.note = entry.note or "no region has a kernel in the registry"
         return None
-    t0 = time.perf_counter()
-    gm2, notes = rewrite(disc.graph.program, disc.regions, impls)
-    entry.seconds["rewrite"] = time.perf_counter() - t0
+    with entry.timed("rewrite"):
+        gm2, notes = rewrite(disc.graph.program, disc.regions, impls)
     for i, impl in impls.items():
         r = disc.regions[i]
         if impl.kind == "eager":  # the rewrite could not take it
@@ -378,17 +391,15 @@ def _compile_with_kernels(gm, args: list, sources: list, opts: Options, mode, en
         return None
     gm2, users, state, folded = got
     entry.key = cache_key(entry.policy, entry.rows, opts.rules)
-    t0 = time.perf_counter()
     try:
-        compiled = inductor.compile_graph(gm2, [args[i] for i in users], key=entry.key, mode=mode,
-                                          patches=opts.inductor)
+        with entry.timed("inductor"):
+            compiled = inductor.compile_graph(gm2, [args[i] for i in users], key=entry.key, mode=mode,
+                                              patches=opts.inductor)
     except Exception as e:  # noqa: BLE001  (Inductor failing on the rewritten graph: it compiles the model's own)
         entry.note = f"Inductor failed on the graph with fact-db's kernels ({first_line(e, 200, typed=True)})"
         entry.kernels = []
         warnings.warn(f"fact-db: {entry.note}; Inductor compiles the graph without them", stacklevel=3)
         return None
-    finally:
-        entry.seconds["inductor"] = time.perf_counter() - t0
     # Composition made buffers from the weights (concatenated, transposed, split): a weight
     # replaced or changed in place since makes them stale, and the call runs Inductor's own code.
     held = [(i, t, t._version) for i, t in state.items() if i not in folded]
@@ -481,11 +492,8 @@ def factdb(gm, example_inputs, *, options: dict | None = None, mode: str | None 
     fn = _compile_with_kernels(gm, list(example_inputs), _sources(gm), opts, mode, entry)
     if fn is not None:
         return fn
-    t0 = time.perf_counter()  # Inductor on the graph as captured: its time is the graph's too
-    try:
+    with entry.timed("inductor"):  # Inductor on the graph as captured: its time is the graph's too
         return inductor.compile_graph(gm, example_inputs, mode=mode, patches=opts.inductor)
-    finally:
-        entry.seconds["inductor"] = entry.seconds.get("inductor", 0.0) + time.perf_counter() - t0
 
 
 def register() -> None:
