@@ -10,7 +10,8 @@ records cuDNN with PyTorch's default (TF32 on) and its error, so both are in the
                   "kernel", "err", "tf32_default_ms", "tf32_default_err", "trials": [...]}]}
 
     python benchmarks/conv_realize.py --quick     # 4 shapes x 3 policies x 2 candidates: ~5 min on an H100
-    python benchmarks/conv_realize.py             # 7 shapes x 3 policies x 3 candidates
+    python benchmarks/conv_realize.py             # 8 shapes x 3 policies x 3 candidates
+    python benchmarks/conv_realize.py --policies bf16 --only l2_1_bias_relu --candidates 4
 """
 from __future__ import annotations
 
@@ -50,6 +51,8 @@ SHAPES = [
     ("resnet_residual", "L3-8 ResNetBasicBlock conv-bn + residual + relu",
      dict(n=16, c=64, k=64, input=(56, 56), filter=(3, 3), padding=(1, 1)),
      [{"op": "add", "kind": "full"}, {"op": "relu"}]),
+    ("l2_1_bias_relu", "L2-1 Conv2D_ReLU_BiasAdd (batch 16 of 128)",
+     dict(n=16, c=64, k=128, input=(128, 128), filter=(3, 3)), [{"op": "relu"}]),
     ("l1_76_conv1d", "L1-76 conv_standard_1D dilated strided",
      dict(n=32, c=64, k=128, input=(4096,), filter=(3,), stride=(3,), dilation=(2,)), []),
 ]
@@ -87,6 +90,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="4 shapes, 2 candidates each")
     ap.add_argument("--candidates", type=int, default=None, help="candidates per workload (default 2 quick, 3)")
     ap.add_argument("--policies", default="fp32,tf32,bf16", help="comma-separated (default fp32,tf32,bf16)")
+    ap.add_argument("--only", default="", help="comma-separated shape names (default: every shape, or --quick's)")
     ap.add_argument("--jobs", type=int, default=16, help="parallel nvcc processes")
     ap.add_argument("--in-process", action="store_true", help="time in this process instead of the worker")
     ap.add_argument("--compile-only", action="store_true", help="build every candidate, time nothing (no GPU needed)")
@@ -94,6 +98,12 @@ def main() -> int:
     args = ap.parse_args()
     limit = args.candidates or (2 if args.quick else 3)
     ws = workloads(args.quick, [p.strip() for p in args.policies.split(",") if p.strip()])
+    if args.only:
+        only = {x.strip() for x in args.only.split(",") if x.strip()}
+        unknown = only - {name for name, *_ in SHAPES}
+        if unknown:
+            ap.error(f"--only: no shape {', '.join(sorted(unknown))} (have: {', '.join(n for n, *_ in SHAPES)})")
+        ws = [x for x in ws if x[0] in only]
     t0 = time.perf_counter()
     cands = {id(w): conv_tune.candidates(w, limit) for _, _, w in ws}
     from fact_db.kernels import build

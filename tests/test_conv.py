@@ -20,7 +20,7 @@ from fact_db.kernels.conv.fold import fold_bn
 from fact_db.kernels.conv.kernel import (ConvConfig, channels_last_strides, forward_padding, groups_of, is_channels_last,
                                          params, prepare_weight, render, split_activation, tf32_lo, to_channels_last,
                                          why_not)
-from fact_db.kernels.conv.tune import MAX_TILE_AREA, candidates
+from fact_db.kernels.conv.tune import MAX_TILE_AREA, candidates, per_warpgroup
 from fact_db.kernels.conv.workload import ConvError, ConvWorkload, canonical_chain
 from fact_db.kernels.impl import Impl
 from fact_db.store.db import RegistryError
@@ -375,14 +375,46 @@ def test_why_not_says_which_convolutions_stay_with_cudnn():
 def test_candidates_respect_the_register_budget_and_the_policy():
     half = ConvWorkload(8, 64, 128, (56, 56), (3, 3), padding=(1, 1), dtype="bfloat16", policy="bf16")
     cands = candidates(half, limit=20)
-    assert cands and all(c.tile_m * c.tile_n <= MAX_TILE_AREA and c.tile_k == 64 and not c.split3 for c in cands)
+    assert cands and all(per_warpgroup(c) <= MAX_TILE_AREA and c.tile_k == 64 and not c.split3 for c in cands)
     assert len(set(cands)) == len(cands)
+    # a promoted coop warpgroup keeps a second copy of its accumulators in 232 registers
+    fp32_cands = candidates(ConvWorkload(8, 64, 256, (56, 56), (3, 3), padding=(1, 1)), limit=40)
+    assert all(per_warpgroup(c) <= MAX_TILE_AREA // 2 for c in fp32_cands if c.schedule == "coop")
+    assert any(c.schedule == "coop" for c in fp32_cands)
     fp32 = ConvWorkload(8, 64, 128, (56, 56), (3, 3), padding=(1, 1))
     assert all(c.split3 and c.tile_k == 32 for c in candidates(fp32))
     assert not any(c.split3 for c in candidates(ConvWorkload(8, 64, 128, (56, 56), (3, 3), policy="tf32")))
     small_k = ConvWorkload(8, 64, 32, (56, 56), (3, 3))
     assert all(c.tile_n <= 64 for c in candidates(small_k, limit=20))
     assert candidates(ConvWorkload(8, 64, 64, (56, 56), (3, 3), groups=4)) == []
+
+
+def test_both_schedules_are_timed_even_on_a_small_budget():
+    """The cost model cannot tell what a second consumer warpgroup buys on a geometry: the
+    candidates alternate between the cooperative kernel and CUTLASS's, best tile of each first."""
+    w = ConvWorkload(128, 64, 128, (128, 128), (3, 3), dtype="bfloat16", policy="bf16")
+    cands = candidates(w, limit=8)
+    assert [c.schedule for c in cands[:4]] == ["coop", "ws", "coop", "ws"]
+    assert (cands[0].tile_m, cands[0].tile_n) == (256, 128) and cands[0].label == "256x128x64 c1x1 coop"
+    assert {c.schedule for c in candidates(w, limit=2)} == {"coop", "ws"}
+
+
+def test_the_coop_schedule_renders_fact_dbs_kernel_and_ws_renders_cutlasss():
+    w = ConvWorkload(8, 64, 128, (56, 56), (3, 3), dtype="bfloat16", policy="bf16")
+    coop = render(w, ConvConfig(256, 128, 64, schedule="coop"))
+    assert "using Kernel = CoopConvKernel<ProblemShape, CollectiveMainloop, CollectiveEpilogue>;" in coop
+    assert "TmaWarpSpecializedCooperative" in coop and "Shape<_2, _1, _1>" in coop
+    ws = render(w, ConvConfig(128, 128, 64))
+    assert "CoopConvKernel" not in ws and "cutlass::conv::kernel::ConvUniversal<" in ws
+    fp32 = ConvWorkload(8, 64, 128, (56, 56), (3, 3))
+    src = render(fp32, ConvConfig(128, 128, 32, split3=True, promote=1, schedule="coop"))
+    assert "using CollectiveMainloop = PromotedMainloop<CoopMainloop, 1>;" in src
+    from fact_db.kernels.conv.kernel import params
+    from fact_db.kernels import template
+    bad = template.render("conv_sm90", {**params(w, ConvConfig(128, 128, 64)), "schedule": "pingpong"})
+    assert "#error \"conv_sm90.cu.j2: schedule must be ws or coop, got 'pingpong'\"" in bad
+    with pytest.raises(ConvError, match="schedule 'pingpong'.*ws.*coop"):
+        ConvConfig(128, 128, 64, schedule="pingpong")
 
 
 def test_split3_candidates_promote_their_partial_sums_and_say_so():
@@ -398,7 +430,7 @@ def test_split3_candidates_promote_their_partial_sums_and_say_so():
     for plain in (ConvWorkload(8, 64, 128, (56, 56), (3, 3), policy="tf32"),
                   ConvWorkload(8, 64, 128, (56, 56), (3, 3), dtype="bfloat16", policy="bf16")):
         assert {c.promote for c in candidates(plain)} == {0}
-    src = render(fp32, cands[0])
+    src = render(fp32, next(c for c in cands if c.schedule == "ws"))
     assert "using CollectiveMainloop = PromotedMainloop<BuiltMainloop, 1>;" in src and "GmmaFP8Accumulation" in src
     plain_src = render(fp32, ConvConfig(128, 64, 32, split3=True))
     assert "PromotedMainloop" not in plain_src and "using CollectiveMainloop = BuiltMainloop;" in plain_src

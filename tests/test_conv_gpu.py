@@ -34,6 +34,19 @@ CASES = [
      ConvConfig(128, 128, 32, split3=True)),
     (ConvWorkload(4, 64, 32, (16, 16), (3, 3), padding=(1, 1), transposed=True, dtype="bfloat16", policy="bf16"),
      ConvConfig(64, 64, 64)),
+    # the cooperative kernel (two consumer warpgroups): both halves of the tile, ragged M and N
+    # edges (M = 4*31*31, K = 96), a residual read by the epilogue, clusters, 3-D, and the
+    # promoted fp32 split3 mainloop on it
+    (ConvWorkload(4, 64, 96, (33, 33), (3, 3), chain=CHAIN, dtype="bfloat16", policy="bf16"),
+     ConvConfig(256, 128, 64, schedule="coop")),
+    (ConvWorkload(4, 64, 128, (32, 32), (3, 3), padding=(1, 1), chain=CHAIN, dtype="bfloat16", policy="bf16"),
+     ConvConfig(128, 256, 64, 2, 1, schedule="coop")),
+    (ConvWorkload(2, 32, 64, (8, 16, 16), (3, 3, 3), chain=canonical_chain([{"op": "tanh"}]), dtype="float16",
+                  policy="fp16"), ConvConfig(256, 64, 64, 1, 1, schedule="coop")),
+    (ConvWorkload(4, 64, 64, (32, 32), (3, 3), padding=(1, 1), chain=CHAIN, dtype="float32", policy="fp32"),
+     ConvConfig(128, 128, 32, split3=True, promote=1, schedule="coop")),
+    (ConvWorkload(4, 64, 64, (30, 30), (3, 3), stride=(2, 2), chain=CHAIN, dtype="float32", policy="tf32"),
+     ConvConfig(256, 64, 32, schedule="coop")),
 ]
 
 

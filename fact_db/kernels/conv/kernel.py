@@ -40,6 +40,7 @@ from fact_db.kernels.conv.workload import ELEMENT, ConvError, ConvWorkload
 from fact_db.kernels.ops import factdb_op
 
 TEMPLATE = "conv_sm90"
+SCHEDULES = ("ws", "coop")  # kernels_cpp/conv_sm90.cu.j2's `schedule`
 GEOMETRY_LEN = 21
 
 
@@ -55,12 +56,19 @@ class ConvConfig:
     stages: object = "auto"
     split3: bool = False
     promote: int = 0  # k-tiles between promotions of the tensor cores' partial sums into fp32 registers; 0: none
+    schedule: str = "ws"  # "ws": CUTLASS's one-consumer kernel; "coop": two consumer warpgroups (fact-db's kernel)
+
+    def __post_init__(self):
+        if self.schedule not in SCHEDULES:
+            raise ConvError(f"conv config: schedule '{self.schedule}' is not one of {', '.join(SCHEDULES)} "
+                            "(ws: CUTLASS's one-consumer kernel, coop: two consumer warpgroups)")
 
     @property
     def label(self) -> str:
         return (f"{'split3 ' if self.split3 else ''}{f'promote/{self.promote} ' if self.promote else ''}"
                 f"{self.tile_m}x{self.tile_n}x{self.tile_k} "
-                f"c{self.cluster_m}x{self.cluster_n}" + ("" if self.stages == "auto" else f" s{self.stages}"))
+                f"c{self.cluster_m}x{self.cluster_n}" + ("" if self.stages == "auto" else f" s{self.stages}")
+                + (" coop" if self.schedule == "coop" else ""))
 
 
 def _literal(x: float) -> str:
@@ -110,7 +118,7 @@ def params(w: ConvWorkload, c: ConvConfig) -> dict:
     return {"element": el, "element_out": el, "element_vec": el, "element_c": el if w.residual else "void",
             "spatial": w.spatial, "tile_m": c.tile_m, "tile_n": c.tile_n, "tile_k": c.tile_k, "cluster_m": c.cluster_m,
             "cluster_n": c.cluster_n, "stages": c.stages, "split3": c.split3, "promote": c.promote,
-            "groups": groups_of(w)}
+            "schedule": c.schedule, "groups": groups_of(w)}
 
 
 def render(w: ConvWorkload, c: ConvConfig) -> str:

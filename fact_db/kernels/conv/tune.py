@@ -8,6 +8,7 @@ every trial written to the registry.
 """
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import asdict, dataclass
 
@@ -16,11 +17,19 @@ from fact_db.kernels.conv.kernel import TEMPLATE, ConvConfig, ConvKernel, prepar
 from fact_db.kernels.conv.workload import ConvWorkload
 from fact_db.store.records import config_hash
 
-# One consumer warpgroup (the only conv schedule CUTLASS 4.2 builds) holds the whole
-# accumulator tile: 128 x 128 fp32 is 128 registers a thread, the most that leaves room.
+# A warpgroup holds its part of the accumulator tile in registers: 128 x 128 fp32 is 128 a thread,
+# the most that leaves room (64 x 128 where promotion keeps a second copy). CUTLASS's kernel ("ws")
+# has one consumer warpgroup, so its tile is that part; fact-db's cooperative kernel ("coop",
+# kernels_cpp/_sm90_conv_coop_kernel.j2) has two, splitting tile_m, so its tile is twice that.
 MAX_TILE_AREA = 128 * 128
 TILES = ((128, 128), (128, 64), (64, 128), (64, 256), (64, 64))
+COOP_TILES = ((256, 128), (128, 256), (128, 128), (256, 64), (128, 64))
 CLUSTERS = ((1, 1), (2, 1), (1, 2))
+
+
+def per_warpgroup(c: ConvConfig) -> int:
+    """Accumulator elements one consumer warpgroup holds."""
+    return c.tile_m * c.tile_n // (2 if c.schedule == "coop" else 1)
 
 
 def uses_split(w: ConvWorkload) -> bool:
@@ -49,23 +58,33 @@ def _score(w: ConvWorkload, c: ConvConfig) -> float:
 
 def candidates(w: ConvWorkload, limit: int = 8) -> list[ConvConfig]:
     """At most `limit` configs, best-ranked first; none where the template cannot take `w`
-    (kernel.why_not: transposed, grouped, misaligned channels)."""
+    (kernel.why_not: transposed, grouped, misaligned channels). The two schedules alternate
+    (the best coop, the best ws, the second coop, ...), so a small budget times both kernels:
+    the cost model cannot tell how much a second consumer warpgroup buys on a given geometry."""
     if why_not(w):
         return []
     split = uses_split(w)
     tile_k = 32 if w.dtype == "float32" else 64
     m = w.n * math.prod(w.output)
-    out = []
-    for tm, tn in TILES:
-        if tm * tn > MAX_TILE_AREA or (tn > 64 and tn >= 2 * w.k):
-            continue  # registers; or a tile mostly over channels that do not exist
-        for cm, cn in CLUSTERS:
-            if (cm > 1 and math.ceil(m / tm) < 2 * cm) or (cn > 1 and math.ceil(w.k / tn) < 2 * cn):
-                continue
-            for p in (PROMOTE.get(w.policy, (0,)) if split else (0,)):
-                out.append(ConvConfig(tm, tn, tile_k, cm, cn, "auto", split, p))
-    # ranked by the tile; among equal tiles the more often promoted first (the fp32 bound is tight)
-    return sorted(out, key=lambda c: (-_score(w, c), c.promote))[:limit]
+    ranked = {}
+    for schedule in ("coop", "ws"):  # coop first: its best tile leads the list
+        out = []
+        for tm, tn in (COOP_TILES if schedule == "coop" else TILES):
+            if tn > 64 and tn >= 2 * w.k:
+                continue  # a tile mostly over channels that do not exist
+            for cm, cn in CLUSTERS:
+                if (cm > 1 and math.ceil(m / tm) < 2 * cm) or (cn > 1 and math.ceil(w.k / tn) < 2 * cn):
+                    continue
+                for p in (PROMOTE.get(w.policy, (0,)) if split else (0,)):
+                    c = ConvConfig(tm, tn, tile_k, cm, cn, "auto", split, p, schedule)
+                    # coop's consumers get 232 registers (setmaxnreg), ws's 255: a promoted coop
+                    # warpgroup (accumulators and their copy) holds at most 64 x 128
+                    if per_warpgroup(c) <= MAX_TILE_AREA // (2 if p and schedule == "coop" else 1):
+                        out.append(c)
+        # ranked by the tile; among equal tiles the more often promoted first (the fp32 bound is tight)
+        ranked[schedule] = sorted(out, key=lambda c: (-_score(w, c), c.promote))
+    merged = [c for pair in itertools.zip_longest(*ranked.values()) for c in pair if c is not None]
+    return merged[:limit]
 
 
 def build_candidates(w: ConvWorkload, cands: list[ConvConfig], arch: str = "sm90a", jobs: int | None = None,
