@@ -699,17 +699,17 @@ def test_measure_times_every_peer_and_the_composed_module_compiled(tmp_path):
 
 
 @pytest.mark.slow
-def test_measure_interleaves_the_uncompiled_variants_and_keeps_each_rounds_median(tmp_path):
-    """Eager and fact-db are timed round-robin, BENCH_ROUNDS times each, so a drift of the
-    GPU's clocks hits both; a compiled peer is timed once, right after its compile. A
-    variant's time is the median of its rounds, and the rounds are kept."""
+def test_measure_times_every_variant_in_the_same_rounds_and_keeps_each_rounds_median(tmp_path):
+    """Every variant, the compiled peers too, is timed once per round, BENCH_ROUNDS rounds, so a
+    drift of the GPU's clocks hits them all and fact-db is timed the way its peers are (a peer
+    timed once at its compile and fact-db in rounds timed the same compiled module 6-21% apart).
+    A variant's time is the median of its rounds, and the rounds are kept."""
     from fact_db.pipeline import measure as opt
     from fact_db.pipeline.run import like_drawer
     model, x, fast = _optimize(tmp_path, bench=False)
     ref = _mingpt().double()
     ref.load_state_dict(model.state_dict())
     calls = []
-    named = {}
 
     def timer(fn, xs):
         calls.append(fn)
@@ -718,18 +718,50 @@ def test_measure_interleaves_the_uncompiled_variants_and_keeps_each_rounds_media
     variants = opt.measure(model, model, fast, "fp32", like_drawer((x,)), ref, peers=("compile",),
                            timer=timer, progress=False)
     by = {v.name: v for v in variants}
-    assert len(calls) == 2 + 2 * opt.BENCH_ROUNDS  # two compiled variants once, eager and fact-db per round
-    # the compiled ones come first (timed at their compile), then eager, fact-db, eager, fact-db, ...
-    assert by["torch.compile"].ms == 2.0 and by["fact-db + torch.compile"].ms == 3.0
-    assert not by["torch.compile"].round_ms
+    names = ["eager fp32", "torch.compile", "fact-db", "fact-db + torch.compile"]
     rounds = opt.BENCH_ROUNDS
-    assert by["eager fp32"].round_ms == [4.0 + 2 * r for r in range(rounds)]
-    assert by["fact-db"].round_ms == [5.0 + 2 * r for r in range(rounds)]
-    assert by["eager fp32"].ms == sorted(by["eager fp32"].round_ms)[rounds // 2]
-    for fn in calls[2:]:
-        named.setdefault(fn, 0)
-        named[fn] += 1
-    assert sorted(named.values()) == [rounds, rounds]
+    assert len(calls) == len(names) * rounds
+    for i, name in enumerate(names):  # each round times them all, in the order they were run
+        assert by[name].round_ms == [2.0 + i + len(names) * r for r in range(rounds)], name
+        assert by[name].ms == sorted(by[name].round_ms)[rounds // 2]
+    counts: dict = {}
+    for fn in calls:
+        counts[fn] = counts.get(fn, 0) + 1
+    assert sorted(counts.values()) == [rounds] * len(names)
+
+
+def test_on_the_gpu_each_round_times_every_callable_in_its_own_block_starting_with_the_next(monkeypatch):
+    """bench.time_cuda_blocks: a block of one callable's runs (each from an idle GPU), then the
+    next callable's; each round of timer_of_many starts one callable later, so none is always
+    first. Fake events on a fake clock stand in for CUDA's."""
+    from fact_db.kernels import bench
+    now, order = [0.0], []
+
+    class Event:
+        def record(self):
+            self.t = now[0]
+
+        def elapsed_time(self, end):
+            return end.t - self.t
+
+    def fn(name, cost):
+        def run(*x):
+            order.append(name)
+            now[0] += cost
+        return run
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    real = bench.time_cuda_interleaved
+    monkeypatch.setattr(bench, "time_cuda_interleaved",
+                        lambda fns, sets, **kw: real(fns, sets, reps=20, warmup=2, flush=False, event=Event))
+    many = bench.timer_of_many()
+    fns = [fn("a", 1.0), fn("b", 3.0), fn("c", 2.0)]
+    first = many(fns, [(1,), (2,)])
+    assert order == ["a"] * 22 + ["b"] * 22 + ["c"] * 22  # warm-up and runs, one callable at a time
+    assert [t.median_ms for t in first] == [1.0, 3.0, 2.0] and all(t.runs == 20 for t in first)
+    order.clear()
+    second = many(fns, [(1,), (2,)])
+    assert order == ["b"] * 22 + ["c"] * 22 + ["a"] * 22  # the next round starts one later
+    assert [t.median_ms for t in second] == [1.0, 3.0, 2.0]
 
 
 # ------------------------------------------------------------------------------------------

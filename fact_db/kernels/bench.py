@@ -10,6 +10,7 @@ runs do not time the cache). The result is the median, with the spread.
 """
 from __future__ import annotations
 
+import itertools
 import statistics
 from dataclasses import asdict, dataclass
 
@@ -100,13 +101,36 @@ def time_cuda_interleaved(fns: list, input_sets: list, reps: int = 20, warmup: i
     return [summarize([a.elapsed_time(b) for a, b in mine]) for mine in marks]
 
 
+def time_cuda_blocks(fns: list, input_sets: list, start: int = 0, **kw) -> list[Timing]:
+    """Each of `fns` timed alone, in a block of its own runs (time_cuda_interleaved of one
+    callable: warm-up, then every run from an idle GPU), one callable after another starting
+    with fns[start]; the timings in the order of `fns`.
+
+    Why blocks and not run-by-run alternation: timed from an idle GPU, a run also counts the
+    host's time to its first launch, and that time depends on what the host ran just before.
+    On an H200 (2026-11-27, benchmarks/results/raw/h200x2-2026-11-27-s7c2-timing.log) the same
+    torch.compile module of KernelBench L2-54 timed 1.38-1.50 ms in a block of its own runs and
+    1.48-1.59 ms alternating run by run with eager (or with itself, or a no-op); a peer timed in a
+    block and the returned module timed alternating differed by 6-21% while they were the same
+    compiled module. Every variant is now timed the same way; drift over time is what the rounds
+    (each starting with the next callable) and their median are for."""
+    n = len(fns)
+    out: list = [None] * n
+    for j in range(n):
+        i = (start + j) % n
+        out[i] = time_cuda_interleaved([fns[i]], input_sets, **kw)[0]
+    return out
+
+
 def timer_of_many(timer=None):
     """`many(fns, input_sets) -> [ms or Timing]`, each fn called like the model (`fn(*inputs)`):
     with `timer(fn, input_sets)` (a stand-in, tests on the CPU) one callable after the other;
-    without one, on the GPU, interleaved (time_cuda_interleaved)."""
+    without one, on the GPU, each in a block of its own runs (time_cuda_blocks), each call of
+    `many` (a round) starting with the next callable, so no callable is always timed first."""
     if timer is not None:
         return lambda fns, sets: [timer(fn, sets) for fn in fns]
-    return lambda fns, sets: time_cuda_interleaved([lambda x, fn=fn: fn(*x) for fn in fns], sets)
+    rounds = itertools.count()
+    return lambda fns, sets: time_cuda_blocks([lambda x, fn=fn: fn(*x) for fn in fns], sets, start=next(rounds))
 
 
 def time_round(many, fns: list, sets: list) -> tuple[list, dict]:

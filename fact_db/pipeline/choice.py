@@ -41,9 +41,11 @@ MARGINS = {"composed": 0.02, "composed, CUDA graph": 0.05, "composed + torch.com
 # Each candidate is timed this many times, in interleaved rounds, and keeps the median: timed
 # once each in turn, the first (eager, right after verification) ran at cold clocks. KernelBench
 # L3-9 (ResNet18) timed eager at 3.47 ms in the choice and 1.56 ms in the benchmark after, so a
-# module 0.72x as fast as eager was returned. Within a round the candidates alternate run by run
-# (bench.time_cuda_interleaved): a launch-bound model (L3-41, a GRU) timed the same eager module
-# at 64.9 and 82.9 ms in consecutive blocks of runs, a gap no margin covers.
+# module 0.72x as fast as eager was returned. Within a round each candidate is timed in a block
+# of its own runs, and each round starts with the next candidate (bench.time_cuda_blocks): run
+# by run alternation, tried before, charged a compiled module the host's colder path to its first
+# launch (6-21% on KernelBench L2 convolutions), and a launch-bound model (L3-41, a GRU) timed the
+# same eager module at 64.9 and 82.9 ms in consecutive blocks, which the median of rounds absorbs.
 ROUNDS = 3
 # On equal scores, the earlier wins: the composed module (what optimize built), then eager.
 # (Equal times are not equal scores: eager has no margin to make up.)
@@ -298,7 +300,7 @@ def choose(fast, model_p, policy: str, draw, verify, *, peers=(), timer=None, ma
                 continue
         timed.append(c)
     rounds: dict = {c.name: [] for c in timed}
-    for _ in range(ROUNDS):  # each round times the candidates in alternation, run by run (time_round)
+    for _ in range(ROUNDS):  # each round times every candidate, each in a block of its runs (time_round)
         live = [c for c in timed if not c.why]  # why: its timing failed in an earlier round
         times, failed = time_round(many, [c.run for c in live], sets)
         clock = gpu_clocks()  # None off a GPU

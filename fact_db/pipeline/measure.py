@@ -87,11 +87,13 @@ def measure(module, model_p, fast, policy: str, draw, ref_model, *, peers=PEERS,
     `choice` (choice.Choice) lends the modules it compiled: a peer it has is timed as it is,
     not compiled again, and the returned module's compiled target stays the one it runs.
 
-    The variants that compile nothing (eager, fact-db) are timed in BENCH_ROUNDS rounds, each
-    alternating between them run by run (bench.time_cuda_interleaved), so a GPU whose clocks
-    drift, or a host that slows a launch-bound model for a second, slows all of them alike; each
-    one's time is the median of its rounds' medians, and `round_ms` keeps those for the spread.
-    A compiled peer is timed alone, the same way, right after its compile.
+    Every variant, compiled or not, is timed in the same BENCH_ROUNDS rounds, each variant in a
+    block of its own runs and each round starting with the next one (bench.time_cuda_blocks),
+    so a GPU whose clocks drift, or a host that slows a launch-bound model for a second, does
+    not fall on one variant; each one's time is the median of its rounds' medians, and
+    `round_ms` keeps those for the spread. (A compiled peer used to be timed once, right after
+    its compile, and the others alternating run by run: the same compiled module timed 6-21%
+    apart that way, bench.time_cuda_blocks says why.)
 
     `ref_model` None: no errors are measured (optimize fell back to eager before it had a
     reference: `fell_back` says why, and the fact-db variant says it is eager)."""
@@ -114,7 +116,6 @@ def measure(module, model_p, fast, policy: str, draw, ref_model, *, peers=PEERS,
     except Exception as e:  # noqa: BLE001  (the errors column is then empty, and each variant says why)
         ref, ref_note = None, f"no error: the reference raised {first_line(e, 120, typed=True)}"
     many = timer_of_many(timer)
-    timer = timer or (lambda fn, xs: many([fn], xs)[0])  # a compiled peer: timed as the others are, alone
 
     def plain(m, pol):
         def run(*x):
@@ -158,13 +159,8 @@ def measure(module, model_p, fast, policy: str, draw, ref_model, *, peers=PEERS,
     bar = None
     if progress:
         from tqdm import tqdm
-        n_later = sum(1 for _, fn, _ in runs if not isinstance(fn, (tuple, str)))
+        n_later = sum(1 for _, fn, _ in runs if not isinstance(fn, str))
         bar = tqdm(total=len(runs) - n_later + n_later * BENCH_ROUNDS, desc="benchmark", unit="timing", leave=False)
-
-    def clock(v, xs):  # the GPU's clocks after a timing (None off a GPU)
-        c = gpu_clocks()
-        if c is not None:
-            v.clocks.append(c)
 
     def finish(v, fn, xs, timings):
         medians = [getattr(t, "median_ms", t) for t in timings]
@@ -219,17 +215,11 @@ def measure(module, model_p, fast, policy: str, draw, ref_model, *, peers=PEERS,
             else:
                 _add_note(v, ref_note)
             del out_t
-            if compiled_peer:
-                finish(v, fn, xs, [timer(fn, xs)])
-                clock(v, xs)
-                if bar is not None:
-                    bar.update(1)
-            else:
-                later.append((v, fn, xs))
+            later.append((v, fn, xs))  # compiled or not, every variant is timed in the same rounds
         except Exception as e:  # noqa: BLE001  (a peer that fails, e.g. a compile error, is reported, not fatal)
             _add_note(v, first_line(e, typed=True))
             if bar is not None:
-                bar.update(1 if compiled_peer else BENCH_ROUNDS)
+                bar.update(BENCH_ROUNDS)
         if label == "fact-db" and fell_back:
             _add_note(v, f"eager PyTorch: {fell_back}")
         elif label == "fact-db" and not composed_ok:
@@ -242,7 +232,7 @@ def measure(module, model_p, fast, policy: str, draw, ref_model, *, peers=PEERS,
     groups: dict = {}  # the interleaved variants, by the input sets they take (the policy's, or fp32's)
     for v, fn, xs in later:
         groups.setdefault(id(xs), (xs, []))[1].append((v, fn))
-    for _ in range(BENCH_ROUNDS):  # each round times its variants in alternation, run by run (time_round)
+    for _ in range(BENCH_ROUNDS):  # each round times every variant, each in a block of its runs (time_round)
         for xs, members in groups.values():
             live = [(v, fn) for v, fn in members if id(v) not in failed]
             times, bad = time_round(many, [fn for _, fn in live], xs)
