@@ -4,7 +4,7 @@ fact-db's module replays a CUDA graph), the module `fact_db.optimize` returns, a
 `torch.compile(model, backend="factdb")` (after optimize, so the registry holds the kernels
 it tuned; and in max-autotune-no-cudagraphs mode where that is a peer, as like with like
 against a choice compiled in that mode), and at fp32 PyTorch's default (cuDNN on TF32). Per
-variant: time (median of interleaved rounds), error against the float64 model, peak and held
+variant: time (median of three rounds, each variant in a block of its runs), error against the float64 model, peak and held
 memory, compile time (the first call here, and for torch.compile and the
 backend also `compile_cold_s`: each from nothing in a fresh process, as like with like).
 Run on an H100/H200:
@@ -135,7 +135,7 @@ def main() -> None:
     from fact_db.composition.module import cast_floats, policy_dtype
     from fact_db.core.environment import device_info, toolchain_info
     from fact_db.discovery.trace import load_problem
-    from fact_db.kernels.bench import held_mib, peak_mib, time_cuda_interleaved
+    from fact_db.kernels.bench import held_mib, peak_mib, timer_of_many
     from fact_db.kernels.agreement import tree_err
     from fact_db.pipeline import backend
     from fact_db.pipeline.run import at_policy, optimize
@@ -185,8 +185,9 @@ def main() -> None:
             row["note"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
         rows.append(row)
     with torch.no_grad():
-        for _ in range(ROUNDS):  # interleaved run by run, each run from an idle GPU (as optimize's choice times)
-            times = time_cuda_interleaved([lambda x, f=fn: f(*x) for _, fn in fns], sets_p)
+        many = timer_of_many()
+        for _ in range(ROUNDS):  # each variant in a block of its runs from an idle GPU, as optimize's choice times
+            times = many([fn for _, fn in fns], sets_p)
             for (row, _), t in zip(fns, times):
                 row["round_ms"].append(t.median_ms)
     for row, _ in fns:
