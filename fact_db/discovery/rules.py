@@ -26,6 +26,7 @@ import yaml
 from fact_db.core import paths
 from fact_db.core.errors import ExprError, Fault, RuleError, display_path
 from fact_db.discovery.pattern import Fragment, PatternError, build_patterns, expand
+from fact_db.discovery.rulecache import RuleCache
 
 FRAGMENTS_DIR = "fragments"
 
@@ -557,16 +558,25 @@ def load_rules(root=None, extra=()) -> RuleSet:
     """Load and check all rules under `root` (default: `FACTDB_RULES` or the shipped `rules/`),
     plus `extra` rule files or directories from elsewhere (a contribution not yet in the tree,
     which may use the shipped fragments). Files that passed the schema check unchanged before
-    are not checked again (SchemaCache, in $FACTDB_HOME/cache)."""
+    are not checked again (SchemaCache, in $FACTDB_HOME/cache); without `extra`, a directory
+    whose files, schema and checks' inputs are unchanged since a load without faults is not
+    read again at all: its RuleSet comes from the rule cache (fact_db.discovery.rulecache)."""
     root = Path(root) if root else paths.rules_dir()
     if not root.is_dir():
         raise RuleError([Fault(str(root), None, "", "rules directory does not exist", "set FACTDB_RULES to a directory of rules")])
+    cache = SchemaCache()
+    built = None if extra else RuleCache(root, cache.salt())
+    hit = built.get() if built is not None else None
+    if isinstance(hit, RuleSet):
+        return hit
     files = yaml_files([root])
     have = {f.resolve() for f in files}
     files += [f for f in yaml_files(list(extra)) if f.resolve() not in have] if extra else []
-    cache = SchemaCache()
     rules, fragments, faults = _collect(files, cache)
     cache.save()
     if faults:
         raise RuleError(faults)
-    return RuleSet(sorted(rules, key=lambda r: (r.family, r.id)), fragments)
+    ruleset = RuleSet(sorted(rules, key=lambda r: (r.family, r.id)), fragments)
+    if built is not None:
+        built.put(ruleset)
+    return ruleset

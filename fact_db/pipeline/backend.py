@@ -33,7 +33,7 @@ import hashlib
 import json
 import time
 import warnings
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 
 from fact_db.core.errors import FactError, first_line
@@ -288,17 +288,33 @@ def _find(opts: Options, region, workload, policy: str, gpu: str | None):
             impl = opts.lookup(region, workload, policy)
             return Found(impl, f"{impl.record.get('build_key') or impl.label}") if impl is not None else \
                 Found(why="no kernel in the registry")
-        if opts.registry is None:
-            from fact_db.store.registry import Registry
-            opts.registry = Registry.open()
-        elif isinstance(opts.registry, str):
-            from fact_db.store.registry import Registry
-            opts.registry = Registry.open(opts.registry)
+        _open_registry(opts)
         return kernel_for(opts.registry, region, workload, arch="sm90a", gpu=gpu or "h100", tune=opts.tune)
     except Exception as e:  # noqa: BLE001  (a row whose kernel will not load: the region is Inductor's)
         why = f"its registry kernel failed to load ({first_line(e, 200, typed=True)})"
         warnings.warn(f"fact-db: region {region.rule} {region.shape}: {why}; it stays with Inductor", stacklevel=3)
         return Found(why=why)
+
+
+def _open_registry(opts: Options):
+    """opts.registry as an open Registry (opened once, from the option's URL or the default)."""
+    if opts.registry is None or isinstance(opts.registry, str):
+        from fact_db.store.registry import Registry
+        opts.registry = Registry.open(opts.registry)
+    return opts.registry
+
+
+def _hold(opts: Options, held: ExitStack) -> None:
+    """Keep one read connection to a local registry for the graph's lookups (one per lookup
+    cost 10 ms each); a registry that does not open is left to _find, which says why per region."""
+    if opts.lookup is not None or opts.tune:  # the test hook; tuning writes
+        return
+    try:
+        reg = _open_registry(opts)
+        if getattr(reg, "team", None) is None and hasattr(reg, "pinned"):
+            held.enter_context(reg.pinned())
+    except Exception:  # noqa: BLE001  (_find reports it for each region)
+        pass
 
 
 def _kernels(disc, policy: str, gpu: str | None, opts: Options, entry: GraphReport) -> tuple[dict, list]:
@@ -308,21 +324,32 @@ def _kernels(disc, policy: str, gpu: str | None, opts: Options, entry: GraphRepo
     from fact_db.realization.realize import plan, workload_of
     impls, rows = {}, []
     want = POLICY_DTYPE[policy]
-    for i, (r, p) in enumerate(zip(disc.regions, plan(disc, policy))):
-        w, why = workload_of(r, p, disc.graph, policy)
-        if r.composable or w is None:
-            entry.left.append((r.rule, r.shape, r.composable or why or "no kernel family realizes it", ""))
-            continue
-        if any(d != want for d in r.dtypes):
-            entry.left.append((r.rule, r.shape, f"dtype {'/'.join(r.dtypes)} under the {policy} policy ({want})", ""))
-            continue
-        found = _find(opts, r, w, policy, gpu)
-        if found.impl is None:
-            entry.left.append((r.rule, r.shape, found.why, tune_command(w, policy)))
-            continue
-        impls[i] = found.impl
-        rows.append(found.row)
+    asked = False
+    with ExitStack() as held:
+        for i, (r, p) in enumerate(zip(disc.regions, plan(disc, policy))):
+            w, why = workload_of(r, p, disc.graph, policy)
+            if r.composable or w is None:
+                entry.left.append((r.rule, r.shape, r.composable or why or "no kernel family realizes it", ""))
+                continue
+            if any(d != want for d in r.dtypes):
+                entry.left.append((r.rule, r.shape, f"dtype {'/'.join(r.dtypes)} under the {policy} policy ({want})", ""))
+                continue
+            if not asked:  # the first region the registry is asked about
+                asked = True
+                _hold(opts, held)
+            found = _find(opts, r, w, policy, gpu)
+            if found.impl is None:
+                entry.left.append((r.rule, r.shape, found.why, tune_command(w, policy)))
+                continue
+            impls[i] = found.impl
+            rows.append(found.row)
     return impls, rows
+
+
+def _on_gpu(tensors) -> bool:
+    """Whether a graph's tensors are all on a CUDA GPU, where fact-db's kernels run
+    (benchmarks/backend_overhead.py says yes on the CPU, to time the backend's GPU path)."""
+    return bool(tensors) and all(t.is_cuda for t in tensors)
 
 
 def _rewrite(gm, args: list, sources: list, opts: Options, entry: GraphReport):
@@ -343,7 +370,7 @@ def _rewrite(gm, args: list, sources: list, opts: Options, entry: GraphReport):
         entry.note = "autograd records this graph (grad enabled, a tensor requires grad): fact-db's kernels have no " \
                      "backward, so Inductor compiles all of it; call the model under torch.no_grad()"
         return None
-    if opts.lookup is None and not (tensors and all(t.is_cuda for t in tensors)):
+    if opts.lookup is None and not _on_gpu(tensors):
         entry.note = "its tensors are not all on a CUDA GPU, where fact-db's kernels run"
         return None
     policy = entry.policy = opts.policy or _policy_of(tensors)
@@ -381,11 +408,29 @@ def _rewrite(gm, args: list, sources: list, opts: Options, entry: GraphReport):
     return gm2, users, state, folded
 
 
+@contextmanager
+def _collector_paused():
+    """Python's cyclic garbage collector off for the block (as it was after it). What fact-db
+    allocates while it discovers and looks up (imports, the trace) made the collector walk
+    the whole heap torch and dynamo hold, twice per compile: 0.4 s of a 0.8 s overhead on the
+    minGPT block (benchmarks/backend_overhead.py). Nothing is frozen: the next collection
+    after the block sees everything as before."""
+    import gc
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def _compile_with_kernels(gm, args: list, sources: list, opts: Options, mode, entry: GraphReport, fallback=None):
     """Inductor on the graph with the registry's kernels put in, called like `gm`; None where
     no kernel goes in, or Inductor fails on it (with a warning). A call whose module state
     changed since runs `fallback` (default: Inductor on `gm`, compiled then)."""
-    got = _rewrite(gm, args, sources, opts, entry)
+    with _collector_paused():
+        got = _rewrite(gm, args, sources, opts, entry)
     _announce(entry)
     if got is None:
         return None
