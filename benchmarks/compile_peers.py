@@ -24,7 +24,7 @@ import json
 import statistics
 import sys
 import time
-from datetime import date
+from datetime import date, datetime, timezone
 from pathlib import Path
 
 import torch
@@ -209,7 +209,7 @@ def main() -> None:
         row["speedup_vs_eager"] = eager / row["ms"] if eager and row["ms"] else None
     info = device_info(torch.device("cuda"))
     doc = {"problem": Path(a.problem).stem, "policy": a.policy, "device": info["name"], "gpu": info["gpu"],
-           "date": date.today().isoformat(), "commit": commit(), "torch": torch.__version__,
+           "date": date.today().isoformat(), "time": datetime.now(timezone.utc).strftime("%H:%M:%SZ"), "commit": commit(), "torch": torch.__version__,
            "toolchain": toolchain_info(), "optimize_s": optimize_s, "returned": fast.choice,
            "choice": fast.report.choice.as_dict() if fast.report.choice is not None else None,
            "variants": rows, "backend_report": str(backend.report()), "notes": fast.report.notes}

@@ -498,7 +498,9 @@ def rows_compile_peers(doc, name):
     row["vs_best"] = best[1] / fdb["ms"] if best and fdb.get("ms") else None
     auto = by.get('torch.compile(backend="factdb") max-autotune-no-cudagraphs', {})
     row["backend"] = f"{_fmt_ms(backend.get('ms'))} / {_fmt_ms(auto.get('ms'))}"
-    row["stamp"] = doc.get("commit") or ""
+    # which of one day's runs is newer: the time the run wrote (runs before 2026-11-27 evening have
+    # none, and sort first); a commit hash says nothing about order
+    row["stamp"] = doc.get("time") or ""
     if tc.get("compile_cold_s") is not None and backend.get("compile_cold_s") is not None:
         # both from nothing, in fresh processes (compile_peers.py's compile_cold_s): like with like
         row["compile_s"] = f"{_fmt_s(tc['compile_cold_s'])} / {_fmt_s(backend['compile_cold_s'])} (both cold)"

@@ -180,6 +180,30 @@ def _row(pid, level, policy="fp32", correct=True, speedup=None, vs_compile=None,
             "speedup": speedup, "speedup_vs_compile": vs_compile, "reason": "", "did": {"regions": 1}, "wall_s": 1.0}
 
 
+@pytest.mark.subprocess
+def test_the_kernelbench_commit_is_the_clones_own_never_an_enclosing_repositorys(tmp_path):
+    """A KernelBench copy without .git inside another checkout (the device hosts' .kb inside this
+    repository) recorded the enclosing repository's commit as KernelBench's."""
+    import subprocess
+    git = lambda *a, cwd: subprocess.run(["git", *a], cwd=cwd, check=True, capture_output=True, text=True)  # noqa: E731
+    outer = tmp_path / "outer"
+    (outer / "kb" / "KernelBench" / "level1").mkdir(parents=True)
+    (outer / "f.txt").write_text("x")
+    git("init", "-q", cwd=outer)
+    git("-c", "user.email=a@b", "-c", "user.name=a", "add", "f.txt", cwd=outer)
+    git("-c", "user.email=a@b", "-c", "user.name=a", "commit", "-q", "-m", "outer", cwd=outer)
+    assert scoreboard.kernelbench_commit(outer / "kb") is None
+    assert scoreboard.kernelbench_commit(tmp_path / "nowhere") is None
+    clone = tmp_path / "clone"
+    (clone / "KernelBench").mkdir(parents=True)
+    (clone / "KernelBench" / "a.py").write_text("x = 1\n")
+    git("init", "-q", cwd=clone)
+    git("-c", "user.email=a@b", "-c", "user.name=a", "add", ".", cwd=clone)
+    git("-c", "user.email=a@b", "-c", "user.name=a", "commit", "-q", "-m", "kb", cwd=clone)
+    head = git("rev-parse", "HEAD", cwd=clone).stdout.strip()
+    assert scoreboard.kernelbench_commit(clone) == head
+
+
 def test_the_summary_gives_fast_p_per_level_against_eager_and_torch_compile():
     rows = [_row("L1-1", 1, speedup=1.6, vs_compile=0.9), _row("L1-2", 1, speedup=1.1, vs_compile=1.2),
             _row("L1-3", 1, correct=False, speedup=3.0, vs_compile=3.0), _row("L2-1", 2, status="failed", correct=False),
@@ -210,6 +234,11 @@ def test_parts_run_apart_merge_into_one_scoreboard_with_the_summary_recomputed(t
     assert scoreboard.merge([doc, {**a, "results": []}])["parts"][:2] == doc["parts"]  # parts of a merge carry over
     with pytest.raises(kb.KernelBenchError, match=r"the parts differ in max_candidates \(4 and 12\)"):
         scoreboard.merge([a, {**b, "max_candidates": 12}])
+    with pytest.raises(kb.KernelBenchError, match=r"different KernelBench commits \(423217d, 9999999\)"):
+        scoreboard.merge([a, {**b, "kernelbench": {"commit": "9999999"}}])
+    # a part from a copy without .git (commit unknown) merges, and the merge keeps the known commit
+    unknown = scoreboard.merge([{**b, "kernelbench": {"commit": None}}, a])
+    assert unknown["kernelbench"]["commit"] == "423217d" and len(unknown["results"]) == 3
     assert len(scoreboard.merge([a, {**b, "budget_per_problem_s": 300.0}])["results"]) == 3  # rows carry budgets
     # a row made before eager_time: returned eager, timed apart at 0.54x (L3-10 in blocks): eager's time
     old = {**_row("L3-10", 3, speedup=0.54), "did": {"returned": "eager (timed faster)"}}

@@ -229,6 +229,22 @@ def summary(rows: list[dict]) -> dict:
     return out
 
 
+def kernelbench_commit(kernelbench_dir) -> str | None:
+    """The commit of the KernelBench clone at `kernelbench_dir`, or None where that directory is
+    not the top of a git clone (a copy without .git: git would answer for whatever repository
+    encloses it, as it did on the device hosts, where a copy inside this checkout recorded this
+    repository's commit as KernelBench's)."""
+    here = Path(kernelbench_dir).resolve()
+    try:
+        top = subprocess.run(["git", "-C", str(here), "rev-parse", "--show-toplevel", "HEAD"], capture_output=True,
+                             text=True, timeout=10).stdout.split()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if len(top) != 2 or Path(top[0]).resolve() != here:
+        return None
+    return top[1]
+
+
 def new_doc(kernelbench_dir, policies: list[str], *, budget_s: float, memory_mb: int, max_candidates: int,
             commit: str, machine: dict | None = None) -> dict:
     """The head of a scoreboard JSON: device, date, commit (this repository's and the
@@ -239,11 +255,7 @@ def new_doc(kernelbench_dir, policies: list[str], *, budget_s: float, memory_mb:
     from fact_db.core.environment import device_info, toolchain_info
     gpu = torch.cuda.is_available()
     info = device_info(torch.device("cuda")) if gpu else {"name": "cpu", "gpu": None}
-    try:
-        kb_commit = subprocess.run(["git", "-C", str(kernelbench_dir), "rev-parse", "HEAD"], capture_output=True,
-                                   text=True, timeout=10).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        kb_commit = None
+    kb_commit = kernelbench_commit(kernelbench_dir)
     return {"what": "KernelBench scoreboard (factdb bench --kernelbench)", "device": info["name"], "gpu": info["gpu"],
             "date": date.today().isoformat(), "commit": commit, "machine": machine or {}, "toolchain": toolchain_info(),
             "kernelbench": {"dir": str(Path(kernelbench_dir).resolve()), "commit": kb_commit},
@@ -303,9 +315,13 @@ def merge(docs: list[dict]) -> dict:
             if d.get(k) != docs[0].get(k):
                 raise kb.KernelBenchError(f"the parts differ in {k} ({docs[0].get(k)!r} and {d.get(k)!r}): merge "
                                           "only parts run with the same settings")
-        if (d.get("kernelbench") or {}).get("commit") != (docs[0].get("kernelbench") or {}).get("commit"):
-            raise kb.KernelBenchError("the parts ran different KernelBench commits: merge only parts of one commit")
+    known = {(d.get("kernelbench") or {}).get("commit") for d in docs} - {None}
+    if len(known) > 1:
+        raise kb.KernelBenchError(f"the parts ran different KernelBench commits ({', '.join(sorted(known))}): merge "
+                                  "only parts of one commit")
     out = {k: v for k, v in docs[0].items() if k not in ("results", "levels", "parts")}
+    if known:  # a part from a copy without .git (commit unknown) merges with parts that know it
+        out["kernelbench"] = {**(out.get("kernelbench") or {}), "commit": known.pop()}
     seen, rows, parts = set(), [], []
     for d in docs:
         # a part resumed from a merged file carries that file's parts: each is listed once
