@@ -1,4 +1,5 @@
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -54,6 +55,23 @@ def _private_state(tmp_path_factory):
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    """A FACTDB_HOME of the test's own (the caches: schema, rules, builds)."""
+    h = tmp_path / "home"
+    monkeypatch.setenv("FACTDB_HOME", str(h))
+    return h
+
+
+@pytest.fixture
+def rules_copy(tmp_path, monkeypatch):
+    """A copy of the shipped rules as FACTDB_RULES, for tests that edit rule files."""
+    d = tmp_path / "rules"
+    shutil.copytree(ROOT / "rules", d, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setenv("FACTDB_RULES", str(d))
+    return d
 
 
 @pytest.fixture(scope="session")

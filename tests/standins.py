@@ -186,3 +186,28 @@ def composed_faster(fn, xs) -> float:
     choice's composed candidates (named after them), 1 ms for everything else (eager, the
     benchmark's variants). Equal times are a tie, which eager keeps (choice.MARGINS)."""
     return 0.5 if getattr(fn, "__name__", "").startswith("composed") else 1.0
+
+
+class FakeClock:
+    """CUDA events on a fake clock, for tests of the timers on the CPU: `Event` records the
+    clock's time, `fn(name, cost)` a callable that logs its name in `order` and advances the
+    clock by `cost` ms."""
+
+    def __init__(self):
+        self.now, self.order = 0.0, []
+        clock = self
+
+        class Event:
+            def record(self):
+                self.t = clock.now
+
+            def elapsed_time(self, end):
+                return end.t - self.t
+        self.Event = Event
+
+    def fn(self, name: str, cost: float):
+        def run(*x):
+            self.order.append(name)
+            self.now += cost
+        return run
+

@@ -281,23 +281,11 @@ def test_on_the_gpu_candidates_alternate_run_by_run_and_each_keeps_its_own_times
     fell on one candidate. time_cuda_interleaved runs every callable's run i before any run
     i + 1, each between its own events. Fake events on a fake clock stand in for CUDA's."""
     from fact_db.kernels import bench
-    now, order = [0.0], []
-
-    class Event:
-        def record(self):
-            self.t = now[0]
-
-        def elapsed_time(self, end):
-            return end.t - self.t
-
-    def fn(name, cost):
-        def run(x):
-            order.append(name)
-            now[0] += cost
-        return run
+    clock = standins.FakeClock()
+    order = clock.order
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: order.append("sync"))
-    a, b = bench.time_cuda_interleaved([fn("a", 1.0), fn("b", 3.0)], [(1,), (2,)], reps=20, warmup=2,
-                                       flush=False, event=Event)
+    a, b = bench.time_cuda_interleaved([clock.fn("a", 1.0), clock.fn("b", 3.0)], [(1,), (2,)], reps=20, warmup=2,
+                                       flush=False, event=clock.Event)
     assert order[:5] == ["a", "a", "b", "b", "sync"]  # each one's warm-up first
     # then alternation, run by run, each run on an idle GPU (L3-41's eager GRU timed 54 ms queued
     # behind a CUDA graph's replay, 64 ms on its own)

@@ -9,7 +9,6 @@ import gc
 import json
 import os
 import pickle
-import shutil
 import subprocess
 import sys
 
@@ -23,21 +22,6 @@ from fact_db.discovery import rules as R
 from fact_db.pipeline import backend as B
 
 from conftest import ROOT
-
-
-@pytest.fixture
-def home(tmp_path, monkeypatch):
-    h = tmp_path / "home"
-    monkeypatch.setenv("FACTDB_HOME", str(h))
-    return h
-
-
-@pytest.fixture
-def rules_copy(tmp_path, monkeypatch):
-    d = tmp_path / "rules"
-    shutil.copytree(ROOT / "rules", d, ignore=shutil.ignore_patterns("__pycache__"))
-    monkeypatch.setenv("FACTDB_RULES", str(d))
-    return d
 
 
 def _same(a, b) -> None:

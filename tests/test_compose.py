@@ -735,26 +735,14 @@ def test_on_the_gpu_each_round_times_every_callable_in_its_own_block_starting_wi
     next callable's; each round of timer_of_many starts one callable later, so none is always
     first. Fake events on a fake clock stand in for CUDA's."""
     from fact_db.kernels import bench
-    now, order = [0.0], []
-
-    class Event:
-        def record(self):
-            self.t = now[0]
-
-        def elapsed_time(self, end):
-            return end.t - self.t
-
-    def fn(name, cost):
-        def run(*x):
-            order.append(name)
-            now[0] += cost
-        return run
+    clock = standins.FakeClock()
+    order = clock.order
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     real = bench.time_cuda_interleaved
     monkeypatch.setattr(bench, "time_cuda_interleaved",
-                        lambda fns, sets, **kw: real(fns, sets, reps=20, warmup=2, flush=False, event=Event))
+                        lambda fns, sets, **kw: real(fns, sets, reps=20, warmup=2, flush=False, event=clock.Event))
     many = bench.timer_of_many()
-    fns = [fn("a", 1.0), fn("b", 3.0), fn("c", 2.0)]
+    fns = [clock.fn("a", 1.0), clock.fn("b", 3.0), clock.fn("c", 2.0)]
     first = many(fns, [(1,), (2,)])
     assert order == ["a"] * 22 + ["b"] * 22 + ["c"] * 22  # warm-up and runs, one callable at a time
     assert [t.median_ms for t in first] == [1.0, 3.0, 2.0] and all(t.runs == 20 for t in first)

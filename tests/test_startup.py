@@ -67,21 +67,6 @@ def test_the_corpus_has_anchors_syntax_errors_and_good_rules():
 # ------------------------------------------------------------------ the schema cache
 
 @pytest.fixture
-def home(tmp_path, monkeypatch):
-    h = tmp_path / "home"
-    monkeypatch.setenv("FACTDB_HOME", str(h))
-    return h
-
-
-@pytest.fixture
-def rules_copy(tmp_path, monkeypatch):
-    d = tmp_path / "rules"
-    shutil.copytree(ROOT / "rules", d)
-    monkeypatch.setenv("FACTDB_RULES", str(d))
-    return d
-
-
-@pytest.fixture
 def checks(monkeypatch):
     """Counts schema checks (one per file checked)."""
     seen = []
