@@ -321,6 +321,19 @@ def test_the_cache_key_covers_version_rules_rows_and_policy(monkeypatch):
     assert B.cache_key("fp32", ["row-a", "row-b"]) != base
 
 
+def test_a_rule_sets_digest_is_never_served_to_another_set_at_the_same_address(monkeypatch):
+    """The digest was cached by id(rules) alone: a freed set's address, reused by a new set,
+    would have served the old set's digest, and Inductor's cache key with it."""
+    from fact_db.discovery.rules import load_rules
+    rules = load_rules()
+    fewer = type(rules)(rules.rules[:-1], rules.fragments)
+    full = B.rules_digest(rules)
+    # what a reused address looks like: the entry for `rules`' id, asked about another set there
+    monkeypatch.setitem(B._RULES_DIGEST, id(fewer), B._RULES_DIGEST[id(rules)])
+    assert B.rules_digest(fewer) != full
+    assert B.rules_digest(rules) == full  # a set still alive is answered from the cache
+
+
 def test_inductors_fx_graph_cache_serves_a_graph_again_only_under_the_same_key(tmp_path, monkeypatch):
     """The key goes into Inductor's FX graph cache key through a post-grad pass with a uuid (a
     pass without one would make the cache bypass the graph): the same model compiled again is

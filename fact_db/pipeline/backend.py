@@ -33,6 +33,7 @@ import hashlib
 import json
 import time
 import warnings
+import weakref
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 
@@ -177,13 +178,20 @@ def _announce(entry: GraphReport) -> None:
 # ------------------------------------------------------------------------------------------
 # The cache key.
 
+# The digest of each rule set seen, by id() with a weak reference that says the set is still the
+# one that had that id (a freed set's address can be reused by a new one), and of the shipped
+# rules (None), per process.
 _RULES_DIGEST: dict = {}
+_SHIPPED_DIGEST: list = []
 
 
 def rules_digest(rules) -> str:
     """sha256 of the rule files' bytes (the shipped rules where `rules` is None)."""
-    if id(rules) in _RULES_DIGEST:
-        return _RULES_DIGEST[id(rules)]
+    if rules is None and _SHIPPED_DIGEST:
+        return _SHIPPED_DIGEST[0]
+    seen = _RULES_DIGEST.get(id(rules)) if rules is not None else None
+    if seen is not None and seen[0]() is rules:
+        return seen[1]
     from pathlib import Path
 
     from fact_db.discovery.rules import load_rules
@@ -194,8 +202,15 @@ def rules_digest(rules) -> str:
         h.update(r.id.encode() + b"\0" + (path.read_bytes() if path.is_file() else repr(r).encode()))
     for name in sorted(getattr(ruleset, "fragments", {}) or {}):
         h.update(b"fragment\0" + name.encode() + repr(ruleset.fragments[name]).encode())
-    _RULES_DIGEST[id(rules)] = h.hexdigest()
-    return _RULES_DIGEST[id(rules)]
+    digest = h.hexdigest()
+    if rules is None:
+        _SHIPPED_DIGEST.append(digest)
+    else:
+        try:
+            _RULES_DIGEST[id(rules)] = (weakref.ref(rules), digest)
+        except TypeError:  # not weakly referable (a plain list of rules): computed every time
+            pass
+    return digest
 
 
 def cache_key(policy: str, rows: list, rules=None) -> str:
