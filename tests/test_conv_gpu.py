@@ -1,8 +1,10 @@
 """conv_sm90 kernels on a GPU: each policy's kernel (bf16, tf32, the fp32 split3) verifies against
 float64 with its epilogue chain (bias, scalars, per-channel tensors, a residual), 1-D, 2-D, 3-D
 and a stride-1 transposed convolution; the op works under torch.compile and in a CUDA graph;
-a composed three-convolution model equals eager with one layout conversion. Skips without a
-GPU or nvcc. Not yet run on a GPU (written on a machine without one).
+a composed three-convolution model equals eager with one layout conversion; the cooperative
+kernel (schedule `coop`) in five of the cases. Skips without a GPU or nvcc. Last run on an
+H200, 2026-11-27: 13 passed, the unpromoted fp32 case failing as expected
+(benchmarks/results/raw/h200x2-2026-11-27-s7c2-conv-gpu-tests.log).
 
     pytest tests/test_conv_gpu.py -x
 """
