@@ -4,9 +4,9 @@ fact-db's module replays a CUDA graph), the module `fact_db.optimize` returns, a
 `torch.compile(model, backend="factdb")` (after optimize, so the registry holds the kernels
 it tuned; and in max-autotune-no-cudagraphs mode where that is a peer, as like with like
 against a choice compiled in that mode), and at fp32 PyTorch's default (cuDNN on TF32). Per
-variant: time (median of three rounds, each variant in a block of its runs), error against the float64 model, peak and held
-memory, compile time (the first call here, and for torch.compile and the
-backend also `compile_cold_s`: each from nothing in a fresh process, as like with like).
+variant: time (median of three rounds, each variant in a block of its runs), error against the
+float64 model, peak and held memory, compile time (the first call here, and for torch.compile
+and the backend also `compile_cold_s`: each from nothing in a fresh process, as like with like).
 Run on an H100/H200:
 
     python benchmarks/compile_peers.py benchmarks/problems/hf_llama_decoder_4x2048.py --policy bf16
@@ -209,7 +209,8 @@ def main() -> None:
         row["speedup_vs_eager"] = eager / row["ms"] if eager and row["ms"] else None
     info = device_info(torch.device("cuda"))
     doc = {"problem": Path(a.problem).stem, "policy": a.policy, "device": info["name"], "gpu": info["gpu"],
-           "date": date.today().isoformat(), "time": datetime.now(timezone.utc).strftime("%H:%M:%SZ"), "commit": commit(), "torch": torch.__version__,
+           "date": date.today().isoformat(), "time": datetime.now(timezone.utc).strftime("%H:%M:%SZ"),
+           "commit": commit(), "torch": torch.__version__,
            "toolchain": toolchain_info(), "optimize_s": optimize_s, "returned": fast.choice,
            "choice": fast.report.choice.as_dict() if fast.report.choice is not None else None,
            "variants": rows, "backend_report": str(backend.report()), "notes": fast.report.notes}
