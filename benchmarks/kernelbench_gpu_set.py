@@ -12,14 +12,14 @@ How: for each of levels 1 and 2, the level's problems sorted by number, then
 asked for the set. `--check` draws again and exits 1 where the file differs.
 
 `--conv` writes the convolution set instead (benchmarks/kernelbench_conv_set.txt, issue 27's
-`bf16` targets): every level 2 problem with a convolution in its name, and the level 3 CNNs
-the issue names (ResNet, VGG, MobileNetV2, EfficientNetB0, DenseNet121).
+targets): every level 1 and level 2 problem with a convolution in its name, and the level 3
+CNNs the issue names (ResNet, VGG, MobileNetV2, EfficientNetB0, DenseNet121). The KernelBench
+commit in a file's header is the clone's own (`unknown` for a copy without .git).
 """
 from __future__ import annotations
 
 import argparse
 import random
-import subprocess
 import sys
 from pathlib import Path
 
@@ -36,12 +36,12 @@ CONV_L3 = ("ResNet", "VGG", "MobileNetV2", "EfficientNetB0", "DenseNet121")  # i
 
 
 def draw_conv(root) -> list[kb.Problem]:
-    """Every level 2 problem with `Conv` in its name, and the level 3 models CONV_L3 names
-    (DenseNet121 alone, not its transition layer or dense block)."""
-    l2 = [p for p in kb.problems(root, (2,)) if "conv" in p.name.lower()]
+    """Every level 1 and level 2 problem with `conv` in its name, and the level 3 models CONV_L3
+    names (DenseNet121 alone, not its transition layer or dense block)."""
+    l12 = [p for p in kb.problems(root, (1, 2)) if "conv" in p.name.lower()]
     l3 = [p for p in kb.problems(root, (3,)) if any(p.name.split("_", 1)[1].startswith(m) for m in CONV_L3)
           and not p.name.split("_", 1)[1].startswith(("DenseNet121Transition", "DenseNet121Dense"))]
-    return l2 + l3
+    return l12 + l3
 
 
 def draw(root) -> list[kb.Problem]:
@@ -56,14 +56,10 @@ def draw(root) -> list[kb.Problem]:
 
 
 def text(root, conv: bool = False) -> str:
-    try:
-        rev = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True, timeout=10).stdout.strip() or "unknown"
-    except OSError:
-        rev = "unknown"
+    rev = kb.clone_commit(root, short=True) or "unknown"
     if conv:
         probs = draw_conv(root)
-        head = ["# The KernelBench convolution set (issue 27's bf16 targets): every level 2 problem with a "
+        head = ["# The KernelBench convolution set (issue 27's targets): every level 1 and level 2 problem with a "
                 "convolution in its name, and the level 3 CNNs " + ", ".join(CONV_L3) + ".",
                 "# Drawn by benchmarks/kernelbench_gpu_set.py --conv from KernelBench at commit " + rev + ".",
                 "# Run it: factdb bench --kernelbench DIR --problems benchmarks/kernelbench_conv_set.txt --policy bf16",

@@ -96,10 +96,11 @@ def test_the_committed_gpu_set_is_the_seeded_draw_and_its_names_parse():
         assert len(kb.problems(kbdir, only=names)) == 110
 
 
-def test_the_committed_conv_set_is_every_level_2_convolution_and_the_named_cnns():
+def test_the_committed_conv_set_is_every_level_1_and_2_convolution_and_the_named_cnns():
     names = kb.selection(str(ROOT / "benchmarks" / "kernelbench_conv_set.txt"))
     levels = [n.split("-")[0] for n in names]
-    assert (levels.count("L2"), len(set(names))) == (63, len(names))  # KernelBench: 63 of level 2's 100
+    # KernelBench 423217d: 35 of level 1's 100, 63 of level 2's 100
+    assert (levels.count("L1"), levels.count("L2"), len(set(names))) == (35, 63, len(names))
     assert [n for n in names if n.startswith("L3")] == ["L3-8", "L3-9", "L3-10", "L3-11", "L3-12", "L3-15", "L3-20",
                                                         "L3-22"]
     kbdir = Path("/work/kernelbench")
@@ -192,8 +193,8 @@ def test_the_kernelbench_commit_is_the_clones_own_never_an_enclosing_repositorys
     git("init", "-q", cwd=outer)
     git("-c", "user.email=a@b", "-c", "user.name=a", "add", "f.txt", cwd=outer)
     git("-c", "user.email=a@b", "-c", "user.name=a", "commit", "-q", "-m", "outer", cwd=outer)
-    assert scoreboard.kernelbench_commit(outer / "kb") is None
-    assert scoreboard.kernelbench_commit(tmp_path / "nowhere") is None
+    assert kb.clone_commit(outer / "kb") is None
+    assert kb.clone_commit(tmp_path / "nowhere") is None
     clone = tmp_path / "clone"
     (clone / "KernelBench").mkdir(parents=True)
     (clone / "KernelBench" / "a.py").write_text("x = 1\n")
@@ -201,7 +202,7 @@ def test_the_kernelbench_commit_is_the_clones_own_never_an_enclosing_repositorys
     git("-c", "user.email=a@b", "-c", "user.name=a", "add", ".", cwd=clone)
     git("-c", "user.email=a@b", "-c", "user.name=a", "commit", "-q", "-m", "kb", cwd=clone)
     head = git("rev-parse", "HEAD", cwd=clone).stdout.strip()
-    assert scoreboard.kernelbench_commit(clone) == head
+    assert kb.clone_commit(clone) == head and kb.clone_commit(clone, short=True) == head[:7]
 
 
 def test_the_summary_gives_fast_p_per_level_against_eager_and_torch_compile():

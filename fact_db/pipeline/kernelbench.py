@@ -13,6 +13,7 @@ Importing this module does not import torch (the check imports it when it runs).
 from __future__ import annotations
 
 import re
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +46,23 @@ class Problem:
 
     def as_dict(self) -> dict:
         return {"id": self.id, "level": self.level, "name": self.name}
+
+
+def clone_commit(kernelbench_dir, short: bool = False) -> str | None:
+    """The commit of the KernelBench clone at `kernelbench_dir` (its first 7 hex digits with
+    `short`), or None where that directory is
+    not the top of a git clone (a copy without .git: git would answer for whatever repository
+    encloses it, as it did on the device hosts, where a copy inside this checkout recorded this
+    repository's commit as KernelBench's)."""
+    here = Path(kernelbench_dir).resolve()
+    try:
+        top = subprocess.run(["git", "-C", str(here), "rev-parse", "--show-toplevel", "HEAD"], capture_output=True,
+                             text=True, timeout=10).stdout.split()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if len(top) != 2 or Path(top[0]).resolve() != here:
+        return None
+    return top[1][:7] if short else top[1]
 
 
 def level_dir(root: str | Path, level: int) -> Path:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
 import tempfile
 import time
 from collections import Counter
@@ -229,22 +228,6 @@ def summary(rows: list[dict]) -> dict:
     return out
 
 
-def kernelbench_commit(kernelbench_dir) -> str | None:
-    """The commit of the KernelBench clone at `kernelbench_dir`, or None where that directory is
-    not the top of a git clone (a copy without .git: git would answer for whatever repository
-    encloses it, as it did on the device hosts, where a copy inside this checkout recorded this
-    repository's commit as KernelBench's)."""
-    here = Path(kernelbench_dir).resolve()
-    try:
-        top = subprocess.run(["git", "-C", str(here), "rev-parse", "--show-toplevel", "HEAD"], capture_output=True,
-                             text=True, timeout=10).stdout.split()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if len(top) != 2 or Path(top[0]).resolve() != here:
-        return None
-    return top[1]
-
-
 def new_doc(kernelbench_dir, policies: list[str], *, budget_s: float, memory_mb: int, max_candidates: int,
             commit: str, machine: dict | None = None) -> dict:
     """The head of a scoreboard JSON: device, date, commit (this repository's and the
@@ -255,7 +238,7 @@ def new_doc(kernelbench_dir, policies: list[str], *, budget_s: float, memory_mb:
     from fact_db.core.environment import device_info, toolchain_info
     gpu = torch.cuda.is_available()
     info = device_info(torch.device("cuda")) if gpu else {"name": "cpu", "gpu": None}
-    kb_commit = kernelbench_commit(kernelbench_dir)
+    kb_commit = kb.clone_commit(kernelbench_dir)
     return {"what": "KernelBench scoreboard (factdb bench --kernelbench)", "device": info["name"], "gpu": info["gpu"],
             "date": date.today().isoformat(), "commit": commit, "machine": machine or {}, "toolchain": toolchain_info(),
             "kernelbench": {"dir": str(Path(kernelbench_dir).resolve()), "commit": kb_commit},
