@@ -1,0 +1,221 @@
+"""Nsight Compute's main figures for one fact-db kernel at one shape, as a results JSON (issue 28
+asks for the profile first: achieved TFLOP/s and the limiter ncu names). The script runs itself
+under `ncu` (a child process that builds the kernel, launches it once to warm up and once to be
+profiled), reads ncu's CSV and writes `benchmarks/results/<gpu>-<date>-ncu-<name>.json`:
+
+    {"device", "gpu", "date", "commit", "ncu", "kernel", "shape", "flops",
+     "launches": [{"kernel", "duration_us", "tflops", "sm_throughput_pct", "memory_throughput_pct",
+                   "dram_throughput_pct", "l2_throughput_pct", "l1_throughput_pct", "ipc_active",
+                   "issue_slots_busy_pct", "achieved_occupancy_pct", "registers_per_thread",
+                   "warp_cycles_per_issued_instruction", "limiter", "metrics": {section: {name: value}}}]}
+
+`limiter` is the larger of SM and memory throughput, as ncu's Speed Of Light puts it. ncu reads
+hardware counters on the H100 hosts (Firecracker runtime); on some H200 hosts it cannot (see
+the device notes): the JSON says which GPU it ran on.
+
+    python benchmarks/ncu_profile.py gemm --shape 65536x768x3072 --name mingpt_fc2
+    python benchmarks/ncu_profile.py gemm --shape 65536x768x768 --transform split3 --promote 2
+    python benchmarks/ncu_profile.py conv --shape l2_1_bias_relu --config 256x128x64:coop --policy bf16
+
+The GEMM is `gemm_fp32tc_sm90` (fp32 operands on TF32 tensor cores; `--transform presplit`,
+B's lo parts split once as composition holds a weight), A row-major and B a Linear weight
+(N x K); the convolution a `conv_sm90` config on a `benchmarks/conv_realize.py` shape.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+# ncu's "details" page: (section, metric name) -> the key in a launch's summary
+FIGURES = {
+    ("GPU Speed Of Light Throughput", "Duration"): "duration",
+    ("GPU Speed Of Light Throughput", "Compute (SM) Throughput"): "sm_throughput_pct",
+    ("GPU Speed Of Light Throughput", "Memory Throughput"): "memory_throughput_pct",
+    ("GPU Speed Of Light Throughput", "DRAM Throughput"): "dram_throughput_pct",
+    ("GPU Speed Of Light Throughput", "L2 Cache Throughput"): "l2_throughput_pct",
+    ("GPU Speed Of Light Throughput", "L1/TEX Cache Throughput"): "l1_throughput_pct",
+    ("Compute Workload Analysis", "Executed Ipc Active"): "ipc_active",
+    ("Compute Workload Analysis", "Issue Slots Busy"): "issue_slots_busy_pct",
+    ("Occupancy", "Achieved Occupancy"): "achieved_occupancy_pct",
+    ("Launch Statistics", "Registers Per Thread"): "registers_per_thread",
+    ("Warp State Statistics", "Warp Cycles Per Issued Instruction"): "warp_cycles_per_issued_instruction",
+}
+SECTIONS = ("SpeedOfLight", "ComputeWorkloadAnalysis", "MemoryWorkloadAnalysis", "WarpStateStats", "Occupancy",
+            "LaunchStats")
+TO_US = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3, "s": 1e6, "second": 1e6}
+
+
+def _number(text: str):
+    try:
+        return float(text.replace(",", ""))
+    except ValueError:
+        return None
+
+
+def parse_details(text: str, flops: float | None = None) -> list[dict]:
+    """ncu's `--csv --page details` output, one summary per profiled launch (in launch order):
+    the FIGURES it found, the duration in us, TFLOP/s where `flops` is given, the limiter, and
+    every metric by section. Lines before the CSV header (the program's own output, ncu's ==PROF==
+    lines) are skipped."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith('"ID"')), None)
+    if start is None:
+        return []
+    launches: dict = {}
+    for row in csv.DictReader(io.StringIO("\n".join(lines[start:]))):
+        if not row.get("ID") or not row.get("Metric Name"):
+            continue
+        one = launches.setdefault(row["ID"], {"kernel": row.get("Kernel Name", ""), "metrics": {}})
+        section, name, unit = row.get("Section Name", ""), row["Metric Name"], row.get("Metric Unit", "")
+        value = _number(row.get("Metric Value", ""))
+        one["metrics"].setdefault(section, {})[name] = {"value": value, "unit": unit} if unit else value
+        key = FIGURES.get((section, name))
+        if key == "duration" and value is not None:
+            one["duration_us"] = value * TO_US.get(unit.strip().lower(), float("nan"))
+        elif key is not None:
+            one[key] = value
+    out = []
+    for _, one in sorted(launches.items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else 0):
+        if flops and one.get("duration_us"):
+            one["tflops"] = flops / (one["duration_us"] * 1e-6) / 1e12
+        sm, mem = one.get("sm_throughput_pct"), one.get("memory_throughput_pct")
+        if sm is not None and mem is not None:
+            one["limiter"] = "compute (SM)" if sm >= mem else "memory"
+        out.append(one)
+    return out
+
+
+# ------------------------------------------------------------------------------------------
+# The child: build and launch under ncu.
+
+def _gemm_child(a) -> None:
+    import torch
+
+    import fp32tc_variants as V
+    from fact_db.kernels.gemm.kernel import GemmKernel, GemmSpec
+    from fact_db.kernels.gemm.tune import build_candidates
+    from fact_db.kernels.gemm.workload import GemmWorkload
+    m, n, k = (int(x) for x in a.shape.split("x"))
+    w = GemmWorkload(m=m, n=n, k=k, layout_b="col", policy="fp32")
+    tile = tuple(int(x) for x in a.tile.split("x"))
+    c = V.candidate(w, V.variant(a.transform, a.promote, tile=tile))
+    b = build_candidates([c], progress=False)[c.config_hash]
+    if not b.ok:
+        sys.exit(f"build failed: {b.error[:500]}")
+    kern = GemmKernel(b.path, c.template, GemmSpec("float32", "row", "col"), c.options)
+    x = torch.randn(m, k, device="cuda")
+    bt = torch.randn(n, k, device="cuda").t()
+    lo = kern.split_lo(bt) if a.transform == "presplit" else None
+    for _ in range(2):  # the warm-up launch, then the profiled one
+        kern(x, bt, b_lo=lo) if lo is not None else kern(x, bt)
+    torch.cuda.synchronize()
+    print(f"LABEL {c.label}")
+
+
+def _conv_child(a) -> None:
+    import torch
+
+    import conv_realize as CR
+    from fact_db.kernels import build
+    from fact_db.kernels.conv.kernel import TEMPLATE, ConvConfig, ConvKernel, render
+    from fact_db.kernels.conv.tune import _prepared
+    from fact_db.kernels.conv.workload import ConvWorkload, canonical_chain
+    shape = {name: (geo, chain) for name, _, geo, chain in CR.SHAPES}
+    geo, chain = shape[a.shape]
+    w = ConvWorkload(**geo, chain=canonical_chain(chain), dtype=CR.POLICIES[a.policy], policy=a.policy,
+                     rule="conv-epilogue" if chain else "conv")
+    tiles, _, schedule = a.config.partition(":")
+    tm, tn, tk = (int(x) for x in tiles.split("x"))
+    split = w.dtype == "float32" and a.policy in ("fp32", "tf32x3")
+    cfg = ConvConfig(tm, tn, tk, split3=split, promote=a.promote if split else 0, schedule=schedule or "ws")
+    (b,) = build.build([build.Source(TEMPLATE, render(w, cfg), "sm90a")], progress=False)
+    if not b.ok:
+        sys.exit(f"build failed: {b.error[:500]}")
+    kern = ConvKernel(str(b.path), w, cfg)
+    p = _prepared(w, cfg, w.make_inputs("randn"))
+    for _ in range(2):
+        kern(p["x"], p["wt"], p["bias"], p["vecs"], p["r"])
+    torch.cuda.synchronize()
+    print(f"LABEL {cfg.label}")
+
+
+def _flops(a) -> tuple[float, str]:
+    if a.family == "gemm":
+        m, n, k = (int(x) for x in a.shape.split("x"))
+        return 2.0 * m * n * k, a.shape
+    import math
+
+    import conv_realize as CR
+    from fact_db.kernels.conv.workload import ConvWorkload
+    geo = {name: g for name, _, g, _ in CR.SHAPES}[a.shape]
+    w = ConvWorkload(**geo, dtype=CR.POLICIES[a.policy], policy=a.policy)
+    return 2.0 * w.n * w.k * math.prod(w.output) * w.c * math.prod(w.filter), w.describe()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("family", choices=("gemm", "conv"))
+    ap.add_argument("--shape", required=True, help="gemm: MxNxK; conv: a benchmarks/conv_realize.py shape name")
+    ap.add_argument("--name", default="", help="the results file's name part (default: from the shape)")
+    ap.add_argument("--transform", default="presplit", choices=("presplit", "split3", "round"), help="gemm")
+    ap.add_argument("--promote", type=int, default=2, help="k-tiles between promotions (fp32-class kernels)")
+    ap.add_argument("--tile", default="128x128x16", help="gemm CTA tile")
+    ap.add_argument("--config", default="256x128x64:coop", help="conv: TMxTNxTK[:coop|ws]")
+    ap.add_argument("--policy", default="bf16", help="conv policy (bf16, fp16, tf32, fp32)")
+    ap.add_argument("--ncu", default=os.environ.get("NCU", "ncu"), help="the ncu executable")
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.child:
+        (_gemm_child if a.family == "gemm" else _conv_child)(a)
+        return 0
+    if shutil.which(a.ncu) is None:
+        sys.exit(f"ncu not found ('{a.ncu}'): run on a GPU host with Nsight Compute, or pass --ncu PATH")
+    child = [sys.executable, __file__, *[x for x in (argv if argv is not None else sys.argv[1:])], "--child"]
+    # the warm-up launch and the profiled one of the kernel (CUTLASS's device_kernel), nothing else
+    cmd = [a.ncu, "--clock-control", "none", "--kernel-name", "regex:device_kernel", "--launch-skip", "1",
+           "--launch-count", "1", *[x for s in SECTIONS for x in ("--section", s)], "--csv", "--page", "details",
+           *child]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    label = next((line[6:] for line in r.stdout.splitlines() if line.startswith("LABEL ")), "")
+    flops, shape = _flops(a)
+    launches = parse_details(r.stdout, flops)
+    if r.returncode != 0 or not launches:
+        sys.exit(f"ncu failed (rc {r.returncode}): {(r.stderr or r.stdout)[-1500:]}")
+    import torch
+
+    from _provenance import commit
+    from fact_db.core.environment import device_info
+    info = device_info(torch.device("cuda"))
+    ver = subprocess.run([a.ncu, "--version"], capture_output=True, text=True).stdout.strip().splitlines()
+    today = datetime.date.today().isoformat()
+    name = a.name or f"{a.family}-{a.shape}"
+    doc = {"device": info["name"], "gpu": info["gpu"], "date": today, "commit": commit(),
+           "ncu": ver[-1] if ver else "", "command": " ".join(cmd), "family": a.family, "kernel": label,
+           "shape": shape, "flops": flops, "launches": launches}
+    out = a.out or HERE / "results" / f"{info['gpu']}-{today}-ncu-{name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1) + "\n")
+    for one in launches:
+        print(f"{label}: {one.get('duration_us', float('nan')):.1f} us, {one.get('tflops', float('nan')):.1f} TFLOP/s, "
+              f"SM {one.get('sm_throughput_pct')}%, memory {one.get('memory_throughput_pct')}% "
+              f"(limiter: {one.get('limiter')}), issue slots {one.get('issue_slots_busy_pct')}%")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""benchmarks/ncu_profile.py's reading of Nsight Compute's CSV (`--csv --page details`), on the
+CPU: the figures issue 28 asks for (duration, achieved TFLOP/s, SM and memory throughput, the
+limiter), per profiled launch, whatever the program printed before ncu's table. The profiling
+itself needs ncu and a GPU."""
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from conftest import ROOT
+
+spec = importlib.util.spec_from_file_location("ncu_profile", ROOT / "benchmarks" / "ncu_profile.py")
+ncu = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(ncu)
+
+HEAD = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size",'
+        '"Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"')
+
+
+def _row(i, section, name, unit, value, kernel="device_kernel"):
+    return (f'"{i}","4242","python3","127.0.0.1","{kernel}","1","7","(384, 1, 1)","(132, 1, 1)","0","9.0",'
+            f'"{section}","{name}","{unit}","{value}"')
+
+
+def test_the_main_figures_of_each_launch_and_its_limiter():
+    text = "\n".join([
+        "LABEL presplit promote/2 128x128x16 c1x1 coop persistent",
+        "==PROF== Profiling \"device_kernel\" - 0: 0%....50%....100% - 38 passes",
+        HEAD,
+        _row(0, "GPU Speed Of Light Throughput", "Duration", "msecond", "3.02"),
+        _row(0, "GPU Speed Of Light Throughput", "Compute (SM) Throughput", "%", "71.35"),
+        _row(0, "GPU Speed Of Light Throughput", "Memory Throughput", "%", "48.10"),
+        _row(0, "GPU Speed Of Light Throughput", "DRAM Throughput", "%", "22.5"),
+        _row(0, "Compute Workload Analysis", "Issue Slots Busy", "%", "35.2"),
+        _row(0, "Launch Statistics", "Registers Per Thread", "register/thread", "168"),
+        _row(0, "Occupancy", "Achieved Occupancy", "%", "18.7"),
+        _row(1, "GPU Speed Of Light Throughput", "Duration", "usecond", "1,250.5"),
+        _row(1, "GPU Speed Of Light Throughput", "Compute (SM) Throughput", "%", "30.0"),
+        _row(1, "GPU Speed Of Light Throughput", "Memory Throughput", "%", "82.0"),
+    ])
+    flops = 2.0 * 65536 * 768 * 3072
+    first, second = ncu.parse_details(text, flops)
+    assert first["kernel"] == "device_kernel" and first["duration_us"] == pytest.approx(3020.0)
+    assert first["tflops"] == pytest.approx(flops / 3.02e-3 / 1e12)
+    assert (first["sm_throughput_pct"], first["memory_throughput_pct"], first["limiter"]) == (71.35, 48.1, "compute (SM)")
+    assert (first["issue_slots_busy_pct"], first["registers_per_thread"], first["achieved_occupancy_pct"]) == \
+        (35.2, 168.0, 18.7)
+    assert first["metrics"]["GPU Speed Of Light Throughput"]["Duration"] == {"value": 3.02, "unit": "msecond"}
+    assert second["duration_us"] == pytest.approx(1250.5) and second["limiter"] == "memory"  # thousands separators
+
+
+def test_no_table_is_no_launch():
+    assert ncu.parse_details("==ERROR== Failed to initialize the profiler: LibraryNotLoaded\n") == []
+
+
+def test_without_ncu_the_script_says_what_to_do(capsys):
+    with pytest.raises(SystemExit, match="ncu not found"):
+        ncu.main(["gemm", "--shape", "64x64x64", "--ncu", "/nonexistent/ncu"])
