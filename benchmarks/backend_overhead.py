@@ -48,6 +48,17 @@ HEAVY = ("sentence_transformers", "transformers", "tokenizers", "safetensors", "
          "sqlmodel", "jsonschema", "yaml", "numpy", "matplotlib", "openai", "psycopg", "tqdm")
 
 
+def _timing(fn, spent: list):
+    """`fn`, appending the seconds each call takes to `spent`."""
+    def timed(*a, **k):
+        t = time.perf_counter()
+        try:
+            return fn(*a, **k)
+        finally:
+            spent.append(time.perf_counter() - t)
+    return timed
+
+
 def child(name: str, policy: str, mode: str) -> int:
     t0 = time.perf_counter()
     import torch
@@ -70,29 +81,15 @@ def child(name: str, policy: str, mode: str) -> int:
     else:
         t2 = time.perf_counter()
         from fact_db.pipeline import backend
-        inner, spent = backend.factdb, []
-
-        def timed(*a, **k):  # the time dynamo waits on the backend, Inductor included
-            t = time.perf_counter()
-            try:
-                return inner(*a, **k)
-            finally:
-                spent.append(time.perf_counter() - t)
-        backend.factdb = timed
+        spent: list = []
+        backend.factdb = _timing(backend.factdb, spent)  # the time dynamo waits on the backend, Inductor included
         backend.register()  # what the torch_dynamo_backends entry point does for an installed fact-db
         out["import_backend_s"] = time.perf_counter() - t2
         backend._on_gpu = lambda tensors: True  # the GPU path: discovery, the registry's lookups, Inductor
         fast = torch.compile(model, backend="factdb", options={"policy": policy, "gpu": "h100"})
     import torch._inductor.compile_fx as cfx
-    fx_inner, fx_spent = cfx.compile_fx, []
-
-    def compile_fx(*a, **k):  # Inductor's own time, in both modes
-        t = time.perf_counter()
-        try:
-            return fx_inner(*a, **k)
-        finally:
-            fx_spent.append(time.perf_counter() - t)
-    cfx.compile_fx = compile_fx
+    fx_spent: list = []
+    cfx.compile_fx = _timing(cfx.compile_fx, fx_spent)  # Inductor's own time, in both modes
     import gc
     gcs = {"gen2": 0, "gen2_s": 0.0, "all_s": 0.0}
     started = []

@@ -426,10 +426,11 @@ def _rewrite(gm, args: list, sources: list, opts: Options, entry: GraphReport):
 @contextmanager
 def _collector_paused():
     """Python's cyclic garbage collector off for the block (as it was after it). What fact-db
-    allocates while it discovers and looks up (imports, the trace) made the collector walk
-    the whole heap torch and dynamo hold, twice per compile: 0.4 s of a 0.8 s overhead on the
-    minGPT block (benchmarks/backend_overhead.py). Nothing is frozen: the next collection
-    after the block sees everything as before."""
+    allocates while it discovers and looks up (imports, the trace) sets off a full collection
+    over the heap torch and dynamo hold (0.22 s on the CPU, benchmarks/backend_overhead.py).
+    Paused here, that collection mostly falls inside Inductor instead, so on most graphs this
+    moves it rather than saves it (docs/torch_compile.md). Nothing is frozen: the next
+    collection after the block sees everything as before."""
     import gc
     was = gc.isenabled()
     gc.disable()
