@@ -50,10 +50,9 @@ class Problem:
 
 def clone_commit(kernelbench_dir, short: bool = False) -> str | None:
     """The commit of the KernelBench clone at `kernelbench_dir` (its first 7 hex digits with
-    `short`), or None where that directory is
-    not the top of a git clone (a copy without .git: git would answer for whatever repository
-    encloses it, as it did on the device hosts, where a copy inside this checkout recorded this
-    repository's commit as KernelBench's)."""
+    `short`), or None where that directory is not the top of a git clone (a copy without .git:
+    git would answer for whatever repository encloses it, as it did on the device hosts, where a
+    copy inside this checkout recorded this repository's commit as KernelBench's)."""
     here = Path(kernelbench_dir).resolve()
     try:
         top = subprocess.run(["git", "-C", str(here), "rev-parse", "--show-toplevel", "HEAD"], capture_output=True,

@@ -47,8 +47,6 @@ def stage(name: str, report: OptimizeReport | None, progress: bool):
         print(f"[{name}] done in {dt:.1f} s", file=sys.stderr, flush=True)
 
 
-
-
 def _device_of(module, inputs):
     import torch
     for p in list(module.parameters())[:1] + list(module.buffers())[:1]:
