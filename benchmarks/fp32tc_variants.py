@@ -31,6 +31,7 @@ PROBLEMS = {  # the GEMM benchmark problems' workloads, as discovery plans them 
     # minGPT's Linear layers at batch 128 x 512 tokens, 768 wide (A row-major, the weight N x K)
     "mingpt_qkv": dict(m=65536, n=2304, k=768, layout_b="col"),
     "mingpt_fc2": dict(m=65536, n=768, k=3072, layout_b="col"),
+    "mingpt_proj": dict(m=65536, n=768, k=768, layout_b="col"),
 }
 
 
@@ -42,6 +43,7 @@ def variant(transform: str, promote: int, tile=(128, 128, 16), schedule="coopera
 
 WIDE = (128, 256, 16)
 DEEP = (128, 128, 32)
+N192 = (128, 192, 16)  # 96 accumulators and 96 temporaries a thread: the widest promoted tile that fits
 GRID = {
     ("square_bcol", "tf32"): [variant("round", 0, tile=WIDE), variant("round", 0, tile=DEEP)],
     ("square", "tf32"): [variant("round", 0, tile=WIDE), variant("round", 0, tile=DEEP)],
@@ -57,9 +59,15 @@ GRID = {
     ("large_k", "tf32"): [variant("round", 0, tile=t, scheduler="stream_k", options=(0, 1, 32, 2))
                           for t in ((128, 128, 16), DEEP)],
     # presplit (lo parts from a pass before the kernel) against split3 (lo made in shared memory)
-    ("square_bcol", "fp32"): [variant("split3", 2), variant("presplit", 2), variant("presplit", 1)],
-    ("mingpt_qkv", "fp32"): [variant("split3", 2), variant("presplit", 2), variant("presplit", 1)],
-    ("mingpt_fc2", "fp32"): [variant("split3", 2), variant("presplit", 2), variant("presplit", 1)],
+    # and the wider promoted tile (fewer shared-memory bytes a product)
+    ("square_bcol", "fp32"): [variant("split3", 2), variant("presplit", 2), variant("presplit", 1),
+                              variant("presplit", 2, tile=N192), variant("presplit", 1, tile=N192)],
+    ("mingpt_qkv", "fp32"): [variant("split3", 2), variant("presplit", 2), variant("presplit", 1),
+                             variant("presplit", 2, tile=N192), variant("presplit", 1, tile=N192)],
+    ("mingpt_fc2", "fp32"): [variant("split3", 2), variant("presplit", 2), variant("presplit", 1),
+                             variant("presplit", 2, tile=N192), variant("presplit", 1, tile=N192)],
+    ("mingpt_proj", "fp32"): [variant("presplit", 2), variant("presplit", 1), variant("presplit", 2, tile=N192),
+                              variant("presplit", 1, tile=N192)],
     ("mingpt_qkv", "tf32x3"): [variant("split3", 4), variant("presplit", 4), variant("presplit", 0)],
 }
 

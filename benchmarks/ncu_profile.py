@@ -7,9 +7,12 @@ profiled), reads ncu's CSV and writes `benchmarks/results/<gpu>-<date>-ncu-<name
      "launches": [{"kernel", "duration_us", "tflops", "sm_throughput_pct", "memory_throughput_pct",
                    "dram_throughput_pct", "l2_throughput_pct", "l1_throughput_pct", "ipc_active",
                    "issue_slots_busy_pct", "achieved_occupancy_pct", "registers_per_thread",
-                   "warp_cycles_per_issued_instruction", "limiter", "metrics": {section: {name: value}}}]}
+                   "warp_cycles_per_issued_instruction", "limiter", "metrics": {section: {name: value}},
+                   "counters": {raw counter: value}}]}
 
-`limiter` is the larger of SM and memory throughput, as ncu's Speed Of Light puts it. ncu reads
+`limiter` is the larger of SM and memory throughput, as ncu's Speed Of Light puts it; `counters`
+are the raw page's tensor-pipe, shared-memory and stall counters (RAW_KEEP), which say which
+unit inside the SM binds. ncu reads
 hardware counters on the H100 hosts (Firecracker runtime); on some H200 hosts it cannot (see
 the device notes): the JSON says which GPU it ran on.
 
@@ -93,6 +96,38 @@ def parse_details(text: str, flops: float | None = None) -> list[dict]:
         sm, mem = one.get("sm_throughput_pct"), one.get("memory_throughput_pct")
         if sm is not None and mem is not None:
             one["limiter"] = "compute (SM)" if sm >= mem else "memory"
+        out.append(one)
+    return out
+
+
+# Counters of the raw page kept beside the sections' figures: what says whether the tensor pipe,
+# shared memory or the issue slots bound a kernel (pipe utilization, shared-memory wavefronts and
+# bank conflicts, stall reasons). Matched as substrings of the metric names ncu collected.
+RAW_KEEP = ("pipe_tensor", "gmma", "mem_shared", "pipe_lsu", "pipe_fma", "pipe_alu", "warp_issue_stalled",
+            "inst_executed.", "cycles_elapsed.avg", "dram__bytes", "lts__t_bytes", "lts__t_sector_hit_rate")
+
+
+def parse_raw(text: str, keep=RAW_KEEP) -> list[dict]:
+    """ncu's `--csv --page raw` output (a header of metric names, a row of units, one row per
+    launch): per launch {metric: value or {"value", "unit"}}, numeric metrics whose name contains
+    one of `keep` only."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith('"ID"')), None)
+    if start is None:
+        return []
+    rows = list(csv.reader(io.StringIO("\n".join(lines[start:]))))
+    if len(rows) < 2:
+        return []
+    names, units = rows[0], rows[1]
+    out = []
+    for row in rows[2:]:
+        one = {}
+        for name, unit, cell in zip(names, units, row):
+            if not any(k in name for k in keep):
+                continue
+            value = _number(cell)
+            if value is not None:
+                one[name] = {"value": value, "unit": unit} if unit else value
         out.append(one)
     return out
 
@@ -185,15 +220,26 @@ def main(argv=None) -> int:
         sys.exit(f"ncu not found ('{a.ncu}'): run on a GPU host with Nsight Compute, or pass --ncu PATH")
     child = [sys.executable, __file__, *[x for x in (argv if argv is not None else sys.argv[1:])], "--child"]
     # the warm-up launch and the profiled one of the kernel (CUTLASS's device_kernel), nothing else
+    # one profile, exported, then read twice: the sections' figures (details) and the counters (raw)
+    import tempfile
+    rep = Path(tempfile.mkdtemp(prefix="ncu-")) / "profile"
     cmd = [a.ncu, "--clock-control", "none", "--kernel-name", "regex:device_kernel", "--launch-skip", "1",
-           "--launch-count", "1", *[x for s in SECTIONS for x in ("--section", s)], "--csv", "--page", "details",
-           *child]
+           "--launch-count", "1", *[x for s in SECTIONS for x in ("--section", s)], "-o", str(rep), *child]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     label = next((line[6:] for line in r.stdout.splitlines() if line.startswith("LABEL ")), "")
-    flops, shape = _flops(a)
-    launches = parse_details(r.stdout, flops)
-    if r.returncode != 0 or not launches:
+    if r.returncode != 0 or not rep.with_suffix(".ncu-rep").is_file():
         sys.exit(f"ncu failed (rc {r.returncode}): {(r.stderr or r.stdout)[-1500:]}")
+
+    def page(name: str) -> str:
+        return subprocess.run([a.ncu, "--import", str(rep.with_suffix(".ncu-rep")), "--csv", "--page", name],
+                              capture_output=True, text=True, timeout=300).stdout
+
+    flops, shape = _flops(a)
+    launches = parse_details(page("details"), flops)
+    if not launches:
+        sys.exit(f"ncu wrote no launch of the kernel: {(r.stderr or r.stdout)[-1500:]}")
+    for one, raw in zip(launches, parse_raw(page("raw"))):
+        one["counters"] = raw
     import torch
 
     from _provenance import commit

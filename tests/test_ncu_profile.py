@@ -57,3 +57,19 @@ def test_no_table_is_no_launch():
 def test_without_ncu_the_script_says_what_to_do(capsys):
     with pytest.raises(SystemExit, match="ncu not found"):
         ncu.main(["gemm", "--shape", "64x64x64", "--ncu", "/nonexistent/ncu"])
+
+
+def test_the_raw_page_keeps_the_pipe_and_shared_memory_counters_of_each_launch():
+    text = "\n".join([
+        '"ID","Kernel Name","sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active",'
+        '"l1tex__data_pipe_lsu_wavefronts_mem_shared.sum","launch__grid_size","smsp__warp_issue_stalled_wait_per_warp_active.pct"',
+        '"","","%","","",""',
+        '"0","device_kernel","71.5","1,234,567","132","12.5"',
+        '"1","device_kernel","n/a","10","264","3"',
+    ])
+    first, second = ncu.parse_raw(text)
+    assert first == {"sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active": {"value": 71.5, "unit": "%"},
+                     "l1tex__data_pipe_lsu_wavefronts_mem_shared.sum": 1234567.0,
+                     "smsp__warp_issue_stalled_wait_per_warp_active.pct": 12.5}  # launch__grid_size is not kept
+    assert "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active" not in second  # not a number
+    assert ncu.parse_raw("==ERROR== no report\n") == []
