@@ -20,8 +20,8 @@ the device notes): the JSON says which GPU it ran on.
     python benchmarks/ncu_profile.py gemm --shape 65536x768x768 --transform split3 --promote 2
     python benchmarks/ncu_profile.py conv --shape l2_1_bias_relu --config 256x128x64:coop --policy bf16
 
-The GEMM is `gemm_fp32tc_sm90` (fp32 operands on TF32 tensor cores; `--transform presplit`,
-B's lo parts split once as composition holds a weight), A row-major and B a Linear weight
+The GEMM is `gemm_fp32tc_sm90` (fp32 operands on TF32 tensor cores; `--transform presplit` or
+`regsplit`: B's lo parts split once, as composition holds a weight), A row-major and B a Linear weight
 (N x K); the convolution a `conv_sm90` config on a `benchmarks/conv_realize.py` shape.
 """
 from __future__ import annotations
@@ -152,7 +152,7 @@ def _gemm_child(a) -> None:
     kern = GemmKernel(b.path, c.template, GemmSpec("float32", "row", "col"), c.options)
     x = torch.randn(m, k, device="cuda")
     bt = torch.randn(n, k, device="cuda").t()
-    lo = kern.split_lo(bt) if a.transform == "presplit" else None
+    lo = kern.split_lo(bt) if a.transform in ("presplit", "regsplit") else None
     for _ in range(2):  # the warm-up launch, then the profiled one
         kern(x, bt, b_lo=lo) if lo is not None else kern(x, bt)
     torch.cuda.synchronize()
@@ -204,7 +204,7 @@ def main(argv=None) -> int:
     ap.add_argument("family", choices=("gemm", "conv"))
     ap.add_argument("--shape", required=True, help="gemm: MxNxK; conv: a benchmarks/conv_realize.py shape name")
     ap.add_argument("--name", default="", help="the results file's name part (default: from the shape)")
-    ap.add_argument("--transform", default="presplit", choices=("presplit", "split3", "round"), help="gemm")
+    ap.add_argument("--transform", default="presplit", choices=("presplit", "regsplit", "split3", "round"), help="gemm")
     ap.add_argument("--promote", type=int, default=2, help="k-tiles between promotions (fp32-class kernels)")
     ap.add_argument("--tile", default="128x128x16", help="gemm CTA tile")
     ap.add_argument("--config", default="256x128x64:coop", help="conv: TMxTNxTK[:coop|ws]")

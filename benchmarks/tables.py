@@ -91,6 +91,15 @@ TABLES: dict[str, dict] = {
                     ("error (eager's)", "{rel_err:err} ({eager_rel_err:err})"), ("status", "{status}"),
                     *_WHERE],
     },
+    "ncu-fp32tc": {
+        "about": "Nsight Compute's figures for one fp32-class GEMM launch (`benchmarks/ncu_profile.py gemm`)",
+        "files": ["*-ncu-mingpt_*.json", "*-ncu-square4096*.json"], "rows": "ncu", "order": ["shape", "kernel"],
+        "columns": [("shape", "{shape}"), ("kernel", "{kernel}"), ("us", "{us:frac}"),
+                    ("TFLOP/s (fp32 results)", "{tflops:frac}"), ("tensor pipe busy %", "{tensor_pct:frac}"),
+                    ("LSU wavefronts % of peak", "{lsu_pct:frac}"), ("L2 %", "{l2_pct:frac}"),
+                    ("DRAM %", "{dram_pct:frac}"),
+                    ("SM clock GHz", "{ghz:frac}"), ("ncu's limiter", "{limiter}"), *_WHERE],
+    },
     "multi-gpu": {
         "about": "the verify-and-time phase of one tune on one and two GPUs (`benchmarks/multi_gpu_sweep.py`)",
         "files": ["*-multigpu.json"], "rows": "multigpu",
@@ -326,6 +335,25 @@ def rows_results(doc, name):
         yield {**r, **_base(doc, name)}
 
 
+def rows_ncu(doc, name):
+    """One row per profiled launch of benchmarks/ncu_profile.py: the sections' figures and the
+    counters that say which unit binds (tensor pipe busy, shared-memory wavefronts, SM clock)."""
+    for one in doc["launches"]:
+        c = one.get("counters") or {}
+
+        def counter(key):
+            v = c.get(key)
+            return v.get("value") if isinstance(v, dict) else v
+        clock = counter("gpc__cycles_elapsed.avg.per_second")
+        yield {**_base(doc, name), "kernel": doc["kernel"], "shape": doc["shape"], "us": one.get("duration_us"),
+               "tflops": one.get("tflops"),
+               "tensor_pct": counter("sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active"),
+               "lsu_pct": counter("l1tex__data_pipe_lsu_wavefronts.avg.pct_of_peak_sustained_elapsed"),
+               "dram_pct": one.get("dram_throughput_pct"), "l2_pct": one.get("l2_throughput_pct"),
+               "limiter": one.get("limiter"),
+               "ghz": clock if clock is None or clock < 10 else clock / 1e9}
+
+
 def rows_multigpu(doc, name):
     for r in doc["results"]:
         yield {**r, **_base(doc, name), "cold_speedup": _get(r, "cold_pools.speedup")}
@@ -515,7 +543,7 @@ READERS = {"e2e": rows_e2e, "gemm": rows_gemm, "results": rows_results, "multigp
            "fmha_fp32tc": rows_fmha_fp32tc, "attention": rows_attention, "norm": rows_norm,
            "agent": rows_agent, "agent_compose": rows_agent_compose, "discover": rows_discover,
            "retrieval": rows_retrieval, "measures": rows_measures,
-           "compile_peers": rows_compile_peers, "kernelbench": rows_kernelbench}
+           "compile_peers": rows_compile_peers, "kernelbench": rows_kernelbench, "ncu": rows_ncu}
 
 
 # --------------------------------------------------------------------------------------

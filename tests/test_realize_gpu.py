@@ -4,6 +4,8 @@ tuning end to end with the registry. Skipped where no sm90 GPU, nvcc or CUTLASS 
 """
 from __future__ import annotations
 
+import os
+
 import shutil
 import subprocess
 from dataclasses import asdict
@@ -310,6 +312,35 @@ def test_fp32tc_presplit_with_b_split_once_gives_the_same_bits(w):
         pre(a, b, bias=bias, c=c, beta=beta, b_lo=lo.contiguous())
 
 
+@pytest.mark.parametrize("w", PRESPLIT_CASES, ids=lambda w: f"{w.policy}-{w.shape}-{w.epilogue}")
+def test_fp32tc_regsplit_matches_presplit_bit_for_bit(w):
+    """regsplit splits A in registers (hi = trunc(x), lo = tf32_rna(x - hi): what presplit's
+    pass writes, and the SS wgmma reads a raw fp32 as its truncation) and issues the same three
+    products in the same order, so its bits are presplit's: ragged tiles, a batch, a row bias,
+    every epilogue, zero-mean inputs, A with a leading dimension past K; B split once gives the
+    same bits again; and the workspace holds no A part."""
+    reg, pre = _fp32tc(w, "regsplit", 2), _fp32tc(w, "presplit", 2)
+    v = verify(_run(reg), w, trials=5)
+    assert v.ok, v.reason
+    inputs = w.make_inputs("randn", generator=torch.Generator("cuda").manual_seed(3))
+    a, b, bias, c = inputs["a"], inputs["b"], inputs.get("bias"), inputs.get("c")
+    beta = 1.0 if c is not None else 0.0
+    wide = torch.randn(*a.shape[:-1], w.k + 8, device="cuda")  # a strided A: leading dimension K + 8
+    wide[..., : w.k] = a
+    strided = wide[..., : w.k]
+    assert strided.stride(-2) == w.k + 8
+    want = pre(a, b, bias=bias, c=c, beta=beta)
+    assert torch.equal(reg(a, b, bias=bias, c=c, beta=beta), want)
+    assert torch.equal(reg(strided, b, bias=bias, c=c, beta=beta), want)
+    assert reg.takes_b_lo
+    assert (pre.workspace_size(w.m, w.n, w.k, w.batch) - reg.workspace_size(w.m, w.n, w.k, w.batch)
+            >= 4 * w.batch * w.m * w.k)
+    if w.batch == 1:
+        lo = reg.split_lo(b)
+        assert torch.equal(reg(a, b, bias=bias, c=c, beta=beta, b_lo=lo), want)
+        assert reg.workspace_size(w.m, w.n, w.k, 1, b_lo=True) < reg.workspace_size(w.m, w.n, w.k, 1)
+
+
 def _all_sources() -> list[build.Source]:
     """The kernels the tests above load. Built together first, one nvcc per core: one at a
     time they took more than 10 minutes on a 16-core H100 host. A kernel missing here is
@@ -323,7 +354,7 @@ def _all_sources() -> list[build.Source]:
         srcs.append(_source(w, "gemm_tf32x3_sm90"))
     srcs.append(_source(w.with_(policy="tf32")))
     srcs += [_fp32tc_source(w, "split3", 2) for w in FP32TC_CASES]
-    srcs += [_fp32tc_source(w, t, 2) for w in PRESPLIT_CASES for t in ("presplit", "split3")]
+    srcs += [_fp32tc_source(w, t, 2) for w in PRESPLIT_CASES for t in ("presplit", "regsplit", "split3")]
     srcs += [_fp32tc_source(tf32_k8k.with_(layout_a=la, layout_b=la), "round", 16) for la in ("row", "col")]
     square = GemmWorkload(1024, 1024, 4096, policy="fp32")
     srcs += [_fp32tc_source(square, "split3", 2), _fp32tc_source(square, "split3", 0)]
@@ -334,4 +365,6 @@ def _all_sources() -> list[build.Source]:
 
 @pytest.fixture(scope="module", autouse=True)
 def _prebuild():
+    if os.environ.get("FACTDB_TEST_PREBUILD") == "0":  # each test builds what it loads (a few tests on a warm cache)
+        return
     build.build(_all_sources(), progress=False)

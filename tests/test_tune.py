@@ -76,33 +76,34 @@ def test_fp32_policy_offers_promoted_3xtf32_kernels_that_verification_must_keep(
     assert {c.template for c in cands[1:]} == {"gemm_fp32tc_sm90"}
     for c in cands[1:]:
         p = c.params
-        assert p["transform"] in ("split3", "presplit") and p["promote_every"] * p["tile_k"] == 32, c.label
+        assert p["transform"] in ("split3", "presplit", "regsplit") and p["promote_every"] * p["tile_k"] == 32, c.label
     assert "within 4x of eager fp32" in notes[0]
 
 
 def test_presplit_serves_every_layout_through_k_major_copies_and_shares_the_budget():
-    """A Linear (A row-major, the weight N x K) gets both 3xTF32 families; so does a GEMM with an
-    MN-major operand (KernelBench's transposed matmuls, L1-16 to L1-18), its presplit kernels
-    built K-major and the operand copied on the way in (labelled, and predicted as a cost)."""
+    """A Linear (A row-major, the weight N x K) gets the three 3xTF32 families of gemm_fp32tc_sm90;
+    so does a GEMM with an MN-major operand (KernelBench's transposed matmuls, L1-16 to L1-18),
+    its presplit and regsplit kernels built K-major and the operand copied on the way in
+    (labelled, and predicted as a cost)."""
     for policy, depth in (("fp32", 32), ("tf32x3", 64)):
-        kmajor, _ = candidates(GemmWorkload(4096, 3072, 768, policy=policy, layout_b="col"), SPACE, max_candidates=9)
+        kmajor, _ = candidates(GemmWorkload(4096, 3072, 768, policy=policy, layout_b="col"), SPACE, max_candidates=12)
         by = {}
         for c in kmajor[1:]:
             if c.template == "gemm_fp32tc_sm90":
                 by.setdefault(c.params["transform"], []).append(c)
                 assert c.params["promote_every"] * c.params["tile_k"] == depth, c.label
-        assert set(by) == {"presplit", "split3"}, policy
-        assert all(c.label.startswith("presplit") for c in by["presplit"])
-        assert len(kmajor) == 9
+        assert set(by) == {"presplit", "regsplit", "split3"}, policy
+        assert all(c.label.startswith(t) for t in by for c in by[t])
+        assert len(kmajor) == 12
         for la, lb, copied in (("row", "row", "B"), ("col", "col", "A"), ("col", "row", "A/B")):
             w = GemmWorkload(4096, 3072, 768, policy=policy, layout_a=la, layout_b=lb)
-            mn, _ = candidates(w, SPACE, max_candidates=9)
+            mn, _ = candidates(w, SPACE, max_candidates=12)
             by = {}
             for c in mn[1:]:
                 if c.template == "gemm_fp32tc_sm90":
                     by.setdefault(c.params["transform"], []).append(c)
-            assert set(by) == {"presplit", "split3"} and len(mn) == 9, (policy, la, lb)
-            for c in by["presplit"]:
+            assert set(by) == {"presplit", "regsplit", "split3"} and len(mn) == 12, (policy, la, lb)
+            for c in by["presplit"] + by["regsplit"]:
                 assert (c.params["layout_a"], c.params["layout_b"]) == (template.LAYOUT["row"], template.LAYOUT["col"])
                 assert c.label.endswith(f"+copy {copied} to K-major") or f"+copy {copied} to K-major " in c.label
                 assert tune_mod.spec_of(w, c)["layout_a"] == "row" and tune_mod.spec_of(w, c)["layout_b"] == "col"
@@ -123,6 +124,23 @@ def test_presplit_predicts_its_lo_pass():
     in_smem = tune_mod.predict_ms(w, 128, 128, "cooperative", "stream_k", 1, "h100", "gemm_fp32tc_sm90", "split3")
     operands = 4 * 2 * 256 * 524288
     assert pre - in_smem > 2 * operands / __import__("fact_db.core.device", fromlist=["x"]).DEVICES["h100"].bandwidth * 1e3 * 0.9
+
+
+def test_regsplit_predicts_a_pass_over_b_alone_and_keeps_no_a_lo_stage():
+    """regsplit splits A in registers: its pass reads and writes B alone (minGPT's MLP-out, A
+    65536 x 3072, is where that pays), and its pipeline stage holds no A_lo tile."""
+    bw = __import__("fact_db.core.device", fromlist=["x"]).DEVICES["h100"].bandwidth
+    w = GemmWorkload(65536, 768, 3072, policy="fp32", layout_b="col")
+    ms = {t: tune_mod.predict_ms(w, 128, 128, "cooperative", "persistent", 1, "h100", "gemm_fp32tc_sm90", t)
+          for t in ("presplit", "regsplit")}
+    a_bytes = 4 * w.m * w.k
+    # the pass's read and write of A (the kernel's read of A_lo hides under the math here)
+    assert ms["presplit"] - ms["regsplit"] == pytest.approx(2 * a_bytes / bw * 1e3, rel=0.01)
+    fixed = {"transform": "regsplit"}
+    assert tune_mod._stage_bytes(w, "gemm_fp32tc_sm90", fixed, 128, 128, 16, "row", "col") == 4 * 16 * (128 + 2 * 128)
+    assert tune_mod._stage_bytes(w, "gemm_fp32tc_sm90", {"transform": "presplit"}, 128, 128, 16, "row", "col") == \
+        4 * 16 * (2 * 128 + 2 * 128)
+    assert tune_mod.kernel_layouts(w.with_(layout_b="row"), "gemm_fp32tc_sm90", "regsplit") == ("row", "col")
 
 
 def test_each_policy_gets_its_kernel_families():
@@ -348,6 +366,22 @@ def fake_nvcc(tmp_path, monkeypatch):
     monkeypatch.setenv("FACTDB_NVCC", str(exe))
     monkeypatch.setenv("FACTDB_HOME", str(tmp_path / "home"))
     return log
+
+
+def test_a_build_cache_set_apart_from_the_home_serves_another_home(fake_nvcc, tmp_path, monkeypatch):
+    """FACTDB_BUILD_CACHE: the libraries one home built serve another home without nvcc."""
+    shared = tmp_path / "shared-builds"
+    monkeypatch.setenv("FACTDB_BUILD_CACHE", str(shared))
+    src = build.Source("gemm_sm90", "// shared\n")
+    [first] = build.build([src], progress=False)
+    assert first.ok and not first.cached and first.path.parent.parent == shared
+    n = len(fake_nvcc.read_text())
+    monkeypatch.setenv("FACTDB_HOME", str(tmp_path / "another-home"))
+    [again] = build.build([src], progress=False)
+    assert again.ok and again.cached and again.path == first.path
+    assert len(fake_nvcc.read_text()) - n <= 1  # at most the toolchain's --version, no compile
+    monkeypatch.delenv("FACTDB_BUILD_CACHE")
+    assert build.cache_dir() == tmp_path / "another-home" / "build"
 
 
 def test_build_caches_successes_and_failures(fake_nvcc):

@@ -126,7 +126,10 @@ def command(src: Path, out: Path, template: str, arch: str) -> list[str]:
 
 
 def cache_dir() -> Path:
-    return paths.home() / "build"
+    """Where built kernels are kept, by content key: $FACTDB_BUILD_CACHE (a cache shared by
+    several homes, or built on another host with the same toolchain), else $FACTDB_HOME/build."""
+    shared = os.environ.get("FACTDB_BUILD_CACHE")
+    return Path(shared) if shared else paths.home() / "build"
 
 
 def content_key(source: Source) -> str:

@@ -97,7 +97,8 @@ class GemmSm90Params:
 class GemmFp32TcParams(GemmSm90Params):
     """Parameters of kernels_cpp/gemm_fp32tc_sm90.cu.j2: gemm_sm90's plus the in-mainloop
     transform (`round` for tf32, `split3` for 3xTF32 split in shared memory, `presplit` for
-    3xTF32 with the lo parts written by a pass before the kernel), the promotion interval in k-tiles
+    3xTF32 with the lo parts written by a pass before the kernel, `regsplit` for 3xTF32 with A
+    split in registers and B's lo parts from that pass), the promotion interval in k-tiles
     (0 = never) and, for split3, whether a K-major raw stage serves as the hi part."""
 
     transform: str = "split3"

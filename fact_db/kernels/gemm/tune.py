@@ -144,27 +144,32 @@ class TuneResult:
 # K-major operands (the raw operand serves as hi), and an MN-major one is copied to K-major on
 # the way in (KernelBench L1-16 to L1-18, the transposed matmuls: the in-mainloop transpose of
 # split3 cost a third, and cuBLAS SGEMM served them); where it yields no candidate the next
-# family takes its share.
+# family takes its share. `regsplit` makes the same products with A split in registers (RS
+# wgmma) and only B's lo parts from the pass: no pass over A, which for a narrow GEMM (N = 768,
+# minGPT's MLP-out) cost more than a quarter of presplit's time on an H100.
 FAMILIES = {
     "bf16": [("gemm_sm90", {}, 1.0)],
     "fp16": [("gemm_sm90", {}, 1.0)],
     # promoted too: unpromoted, the tensor cores' truncating sums drift on all-positive inputs
     # (5.5e-5 at K = 8192 against eager tf32's 4.1e-6, measured on an H100)
     "tf32": [("gemm_fp32tc_sm90", {"transform": "round", "promote_depth": 256}, 1.0)],
-    "tf32x3": [("gemm_fp32tc_sm90", {"transform": "presplit", "promote_depth": 64}, 0.35),
-               ("gemm_tf32x3_sm90", {}, 0.3),
-               ("gemm_fp32tc_sm90", {"transform": "split3", "promote_depth": 64}, 0.35)],
-    "fp32": [("gemm_fp32tc_sm90", {"transform": "presplit", "promote_depth": 32}, 0.6),
-             ("gemm_fp32tc_sm90", {"transform": "split3", "promote_depth": 32}, 0.4)],
+    "tf32x3": [("gemm_fp32tc_sm90", {"transform": "regsplit", "promote_depth": 64}, 0.25),
+               ("gemm_fp32tc_sm90", {"transform": "presplit", "promote_depth": 64}, 0.25),
+               ("gemm_tf32x3_sm90", {}, 0.25),
+               ("gemm_fp32tc_sm90", {"transform": "split3", "promote_depth": 64}, 0.25)],
+    "fp32": [("gemm_fp32tc_sm90", {"transform": "regsplit", "promote_depth": 32}, 0.4),
+             ("gemm_fp32tc_sm90", {"transform": "presplit", "promote_depth": 32}, 0.35),
+             ("gemm_fp32tc_sm90", {"transform": "split3", "promote_depth": 32}, 0.25)],
 }
 FP32TC_TILE_K = (16, 32)
+PASS_TRANSFORMS = ("presplit", "regsplit")  # built K-major, with a lo pass before the kernel
 
 
 def predict_ms(w: GemmWorkload, tm: int, tn: int, schedule: str, scheduler: str, splits: int, gpu: str,
                tmpl: str = "gemm_sm90", transform: str = "") -> float:
     """A rough time for ranking: the policy's math peak, scaled by wave quantization, padding
     waste and the tile's arithmetic intensity, or the memory floor if that is larger, plus
-    any pass before the kernel (fp32tc `presplit`'s)."""
+    any pass before the kernel (fp32tc `presplit`'s and `regsplit`'s)."""
     dev = device(gpu)
     peaks = dev.tflops
     peak = peaks["bf16"] if w.dtype != "float32" else peaks["tf32"]
@@ -181,7 +186,7 @@ def predict_ms(w: GemmWorkload, tm: int, tn: int, schedule: str, scheduler: str,
         util = units / (math.ceil(units / sms) * sms)
     ai = tm * tn / (tm + tn)
     tile_eff = min(1.0, 0.55 + ai / 190) * (1.0 if schedule == "cooperative" else 0.97)
-    if tmpl == "gemm_fp32tc_sm90" and transform != "presplit":
+    if tmpl == "gemm_fp32tc_sm90" and transform not in PASS_TRANSFORMS:
         tile_eff *= 0.85  # the in-mainloop transform shares shared memory's bandwidth with the wgmma
     t_math = flops * waste / (peak * 1e12 * util * tile_eff)
     bw = dev.bandwidth
@@ -191,8 +196,8 @@ def predict_ms(w: GemmWorkload, tm: int, tn: int, schedule: str, scheduler: str,
     if splits > 1:
         nbytes += 2 * 4 * w.m * w.n * w.batch * splits
     pre = 0.0
-    if transform == "presplit":  # the lo pass reads A and B and writes their lo parts; the kernel reads those too
-        operands = 4 * (w.m * w.k + w.k * w.n) * w.batch
+    if transform in PASS_TRANSFORMS:  # the lo pass reads A and B (regsplit: B) and writes their lo parts; the kernel reads those too
+        operands = 4 * ((w.m * w.k if transform == "presplit" else 0) + w.k * w.n) * w.batch
         pre = 2 * operands / bw
         nbytes += operands
         # an MN-major operand is first copied to K-major (read and written once more)
@@ -203,11 +208,11 @@ def predict_ms(w: GemmWorkload, tm: int, tn: int, schedule: str, scheduler: str,
 
 def kernel_layouts(w: GemmWorkload, tmpl: str, transform: str = "") -> tuple[str, str]:
     """The operand layouts a kernel is compiled for. TF32 wgmma reads only K-major operands:
-    gemm_sm90 on float32 and gemm_fp32tc_sm90's `presplit` (its raw operand is the hi part)
-    are built row x col, and the other layouts are copied on the way in (GemmKernel._prepare:
+    gemm_sm90 on float32 and gemm_fp32tc_sm90's `presplit` and `regsplit` (the raw operand is
+    the hi part) are built row x col, and the other layouts are copied on the way in (GemmKernel._prepare:
     a cost the tuner times); gemm_tf32x3_sm90 transposes inside its split pass, and
     gemm_fp32tc_sm90's other transforms inside their mainloop."""
-    if w.dtype == "float32" and (tmpl == "gemm_sm90" or (tmpl == "gemm_fp32tc_sm90" and transform == "presplit")):
+    if w.dtype == "float32" and (tmpl == "gemm_sm90" or (tmpl == "gemm_fp32tc_sm90" and transform in PASS_TRANSFORMS)):
         return "row", "col"
     return w.layout_a, w.layout_b
 
@@ -217,8 +222,9 @@ def _stage_bytes(w: GemmWorkload, tmpl: str, fixed: dict, tm: int, tn: int, tk: 
     eb = ELEMENT_BYTES[w.dtype]
     if tmpl != "gemm_fp32tc_sm90":
         return (tm + tn) * tk * eb
-    split = fixed.get("transform") in ("split3", "presplit")
-    return 4 * tk * (tm * (1 + (la == "col") + split) + tn * (1 + (lb == "row") + split))
+    split = fixed.get("transform") in ("split3", "presplit", "regsplit")
+    a_lo = split and fixed.get("transform") != "regsplit"  # regsplit splits A in registers
+    return 4 * tk * (tm * (1 + (la == "col") + a_lo) + tn * (1 + (lb == "row") + split))
 
 
 def _sm90_configs(w: GemmWorkload, space: dict, gpu: str, tmpl: str,
