@@ -103,7 +103,7 @@ def parse_details(text: str, flops: float | None = None) -> list[dict]:
 # Counters of the raw page kept beside the sections' figures: what says whether the tensor pipe,
 # shared memory or the issue slots bound a kernel (pipe utilization, shared-memory wavefronts and
 # bank conflicts, stall reasons). Matched as substrings of the metric names ncu collected.
-RAW_KEEP = ("pipe_tensor", "gmma", "mem_shared", "pipe_lsu", "pipe_fma", "pipe_alu", "warp_issue_stalled",
+RAW_KEEP = ("pipe_tensor", "gmma", "mem_shared", "pipe_lsu", "pipe_fma", "pipe_alu", "issue_stalled",
             "inst_executed.", "cycles_elapsed.avg", "dram__bytes", "lts__t_bytes", "lts__t_sector_hit_rate")
 
 

@@ -306,9 +306,17 @@ def rows_e2e(doc, name):
         row["fdb_compiled_ms"] = _variant(r, "fact-db + torch.compile")
         graph = r.get("cuda_graph")
         op_by_op = _variant(r, "fact-db, no CUDA graph")
-        # what the returned module ran: eager where eager timed faster or verification failed
-        returned_eager = any("not returned" in (v.get("name") or "") for v in r.get("variants") or [])
-        short = " (eager returned)" if returned_eager else " (CUDA graph)" if graph else ""
+        # what the returned module ran: the run's own word (`returned`, since the choice among
+        # eager, torch.compile and the composed module), else eager where a variant says the
+        # composed module was not returned (older runs)
+        returned = r.get("returned") or ""
+        if returned:
+            returned_eager = returned.startswith("eager")
+            tag = "" if returned in ("composed", "composed, CUDA graph") else f" ({returned} returned)"
+        else:
+            returned_eager = any("not returned" in (v.get("name") or "") for v in r.get("variants") or [])
+            tag = " (eager returned)" if returned_eager else ""
+        short = tag or (" (CUDA graph)" if graph else "")
         long = f" (CUDA graph; {_fmt_ms(op_by_op)} op by op)" if graph and op_by_op and not returned_eager else short
         if r.get("verified") is False:
             short = long = " (failed verification: eager returned)"

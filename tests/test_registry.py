@@ -1062,3 +1062,16 @@ def test_store_imports_only_core_and_discovery():
             for name in names:
                 if name.startswith("fact_db."):
                     assert name.startswith(allowed), f"{path.relative_to(ROOT)} imports {name}"
+
+
+def test_cudnn_read_from_torch_or_from_the_wheel_is_one_version():
+    """A process that probes the environment before importing torch reads cuDNN from the wheel
+    (`9.19.0.56`), one that probes after reads torch (`91900`): on an H200 a row the first wrote
+    was stale in the second ("cuDNN 9.19.0.56 then, 91900 now"). Both are one version now, and
+    rows written either way are current."""
+    from fact_db.core.environment import cudnn_number
+    assert cudnn_number("9.19.0.56") == cudnn_number("91900") == "91900"
+    assert cudnn_number("8.9.7.29") == "80907" and cudnn_number("") == "" and cudnn_number("weird") == "weird"
+    wheel, torch_side = GPU_ENV.with_(cudnn="9.19.0.56"), GPU_ENV.with_(cudnn="91900")
+    assert torch_side.mismatch(wheel) == "" and wheel.mismatch(torch_side) == ""
+    assert "cuDNN" in GPU_ENV.with_(cudnn="91200").mismatch(torch_side)  # another version is still stale

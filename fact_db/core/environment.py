@@ -97,7 +97,7 @@ class Environment:
             if not self.has_gpu and f in GPU_SIDE:
                 continue
             then, now = getattr(row, f), getattr(self, f)
-            if then == now:
+            if then == now or (f == "cudnn" and cudnn_number(then) == cudnn_number(now)):
                 continue
             if not then:
                 why.append(f"{LABELS[f]} not recorded (a row from before the environment key), now {now or 'unknown'}")
@@ -114,6 +114,15 @@ class Environment:
 
 # --------------------------------------------------------------------------------------
 # probing
+
+def cudnn_number(v: str) -> str:
+    """cuDNN's version as torch reports it (`91900`), from that or from the wheel's version
+    (`9.19.0.56`: major * 10000 + minor * 100 + patch); anything else as given. A process that
+    probes before importing torch reads the wheel, one that probes after reads torch: both must
+    give one key, or a row one process writes is stale in the next."""
+    m = re.fullmatch(r"(\d+)\.(\d+)\.(\d+)(?:\.\d+)*", v or "")
+    return str(int(m.group(1)) * 10000 + int(m.group(2)) * 100 + int(m.group(3))) if m else (v or "")
+
 
 def _pkg(*names: str) -> str:
     for n in names:
@@ -197,7 +206,7 @@ def _probe() -> Environment:
             cudnn = str(torch.backends.cudnn.version() or "")
         except Exception:  # noqa: BLE001
             cudnn = ""
-    cudnn = cudnn or _pkg("nvidia-cudnn-cu13", "nvidia-cudnn-cu12", "nvidia-cudnn")
+    cudnn = cudnn_number(cudnn or _pkg("nvidia-cudnn-cu13", "nvidia-cudnn-cu12", "nvidia-cudnn"))
     cublas = _pkg("nvidia-cublas-cu13", "nvidia-cublas-cu12", "nvidia-cublas")
     if not gpu:  # the GPU side is the target's, unknown here
         driver = cuda_rt = cublas = cudnn = ""
