@@ -1,7 +1,7 @@
 """Realize the GEMM benchmark problems under each precision policy on this GPU and write
 `benchmarks/results/<gpu>-<date>.json` (or --out):
 
-    {"device", "commit", "date", "torch", "cuda", "results": [{"problem", "policy",
+    {"device", "commit", "date", "torch", "cuda", "environment", "results": [{"problem", "policy",
      "factdb_ms", "baseline", "baseline_ms", "speedup", "rel_err", "baseline_rel_err",
      "tflops", "ceiling_tflops", "kernel", ...}]}
 
@@ -97,9 +97,14 @@ def main() -> int:
     date = datetime.date.today().isoformat()
     out = Path(args.out) if args.out else ROOT / "benchmarks" / "results" / f"{gpu}-{date}.json"
 
+    from fact_db.core import environment
+
     def write(rows):  # after every row, so a run cut short keeps what it measured
+        # `environment`: the registry's key for this host (driver, cuBLAS and cuDNN besides torch and
+        # CUDA), which benchmarks/seed_registry.py stamps on the rows it seeds: without it a seed row
+        # reads stale on every GPU ("driver not recorded")
         doc = {"device": device_name, "gpu": gpu, "commit": commit(), "date": date, "torch": torch.__version__,
-               "cuda": torch.version.cuda, "results": rows}
+               "cuda": torch.version.cuda, "environment": environment.current().as_dict(), "results": rows}
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(doc, indent=1) + "\n")
 

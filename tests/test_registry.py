@@ -691,9 +691,9 @@ def test_shipped_seed_rows_match_the_shipped_templates():
 
 def test_shipped_seed_is_in_the_new_format_with_its_environment():
     """index/kernels.jsonl: each row names its family, its digest is today's, and its environment
-    is what the run recorded: the GPU it was tuned on (its notes say which), torch and CUDA
-    (benchmarks/gemm_realize.py records no driver, cuBLAS or cuDNN: on a GPU these rows read as
-    stale until tuned again)."""
+    is what the run recorded: the GPU it was tuned on (its notes say which), torch and CUDA (the
+    runs behind today's seed recorded no driver, cuBLAS or cuDNN, which gemm_realize.py writes
+    since: on a GPU these rows read as stale until tuned again)."""
     for line in (ROOT / "index" / "kernels.jsonl").read_text().splitlines():
         row = json.loads(line)
         rec = KernelRecord.from_dict(row)            # checks the digest under today's scheme
@@ -1077,3 +1077,25 @@ def test_cudnn_read_from_torch_or_from_the_wheel_is_one_version():
     wheel, torch_side = GPU_ENV.with_(cudnn="9.19.0.56"), GPU_ENV.with_(cudnn="91900")
     assert torch_side.mismatch(wheel) == "" and wheel.mismatch(torch_side) == ""
     assert "cuDNN" in GPU_ENV.with_(cudnn="91200").mismatch(torch_side)  # another version is still stale
+
+
+def test_a_results_file_with_its_environment_seeds_rows_current_on_that_gpu():
+    """benchmarks/gemm_realize.py writes the host's environment key beside torch and CUDA;
+    benchmarks/seed_registry.py stamps it on the rows it seeds, so on that GPU they are current
+    (without it: "driver not recorded", stale on every GPU)."""
+    import importlib.util
+    import sys
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        spec = importlib.util.spec_from_file_location("seed_registry", ROOT / "benchmarks" / "seed_registry.py")
+        seed = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(seed)
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    here = GPU_ENV.with_(cudnn="91900")
+    doc = {"device": here.gpu_sku, "torch": here.torch, "cuda": here.cuda,
+           "environment": {**here.as_dict(), "cudnn": "9.19.0.56"}}  # the wheel's form: one version
+    env = seed.results_env(doc, cutlass=here.cutlass, nvcc=here.nvcc)
+    assert (env.driver, env.cublas) == (here.driver, here.cublas) and here.mismatch(env) == ""
+    bare = seed.results_env({k: v for k, v in doc.items() if k != "environment"}, here.cutlass, here.nvcc)
+    assert "driver not recorded" in here.mismatch(bare)
