@@ -219,8 +219,8 @@ def main(argv=None) -> int:
     if shutil.which(a.ncu) is None:
         sys.exit(f"ncu not found ('{a.ncu}'): run on a GPU host with Nsight Compute, or pass --ncu PATH")
     child = [sys.executable, __file__, *[x for x in (argv if argv is not None else sys.argv[1:])], "--child"]
-    # the warm-up launch and the profiled one of the kernel (CUTLASS's device_kernel), nothing else
-    # one profile, exported, then read twice: the sections' figures (details) and the counters (raw)
+    # the warm-up launch and the profiled one of the kernel (CUTLASS's device_kernel), nothing else,
+    # in one profile, exported, then read twice: the sections' figures (details) and the counters (raw)
     import tempfile
     rep = Path(tempfile.mkdtemp(prefix="ncu-")) / "profile"
     cmd = [a.ncu, "--clock-control", "none", "--kernel-name", "regex:device_kernel", "--launch-skip", "1",
@@ -240,6 +240,7 @@ def main(argv=None) -> int:
         sys.exit(f"ncu wrote no launch of the kernel: {(r.stderr or r.stdout)[-1500:]}")
     for one, raw in zip(launches, parse_raw(page("raw"))):
         one["counters"] = raw
+    shutil.rmtree(rep.parent, ignore_errors=True)
     import torch
 
     from _provenance import commit

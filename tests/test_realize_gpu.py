@@ -5,7 +5,6 @@ tuning end to end with the registry. Skipped where no sm90 GPU, nvcc or CUTLASS 
 from __future__ import annotations
 
 import os
-
 import shutil
 import subprocess
 from dataclasses import asdict
