@@ -11,6 +11,22 @@ BAD = Path(__file__).resolve().parent / "bad_problems"
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+
+def benchmark_script(name: str):
+    """benchmarks/<name>.py loaded as a module (the scripts are not a package), with benchmarks/ on
+    sys.path while it loads, for the scripts that import their siblings."""
+    import importlib.util
+    import sys
+    where = str(ROOT / "benchmarks")
+    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", ROOT / "benchmarks" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, where)
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.remove(where)
+    return mod
+
 _STATE_VARS = ("FACTDB_HOME", "FACTDB_DB", "FACTDB_SEED")
 _collect_state: dict = {}
 

@@ -1,7 +1,6 @@
 """The docs hold to the results JSON: every generated table matches what
 benchmarks/tables.py makes of benchmarks/results/*.json, a block edited by hand fails, and the
 README stays a short user's document that links every page in docs/. No torch, no GPU."""
-import importlib.util
 import re
 import shutil
 import subprocess
@@ -10,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import benchmark_script
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 README = ROOT / "README.md"
@@ -17,10 +18,7 @@ DOCS = sorted((ROOT / "docs").glob("*.md"))
 
 
 def _tables():
-    spec = importlib.util.spec_from_file_location("docs_tables", ROOT / "benchmarks" / "tables.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return benchmark_script("tables")
 
 
 def test_generated_tables_match_the_json():

@@ -6,13 +6,14 @@ and the build are shown to be offline), and every query of
 benchmarks/retrieval_queries.yaml is asked. benchmarks/retrieval.py reports the same
 numbers with the lexical-only and vector-only rankings beside them.
 """
-import importlib.util
 import socket
 from pathlib import Path
 
 import pytest
 
 from fact_db.store import embed, index
+
+from conftest import benchmark_script
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -23,10 +24,7 @@ pytestmark = [
 
 
 def _benchmark():
-    spec = importlib.util.spec_from_file_location("retrieval_benchmark", ROOT / "benchmarks" / "retrieval.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return benchmark_script("retrieval")
 
 
 @pytest.fixture(scope="session")

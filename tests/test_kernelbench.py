@@ -16,6 +16,8 @@ import torch
 from fact_db.pipeline import kernelbench as kb
 from fact_db.pipeline import scoreboard
 
+from conftest import benchmark_script
+
 ROOT = Path(__file__).resolve().parent.parent
 
 GOOD = '''import torch
@@ -435,10 +437,7 @@ def test_kernelbench_options_need_kernelbench_and_its_problems_must_exist(tmp_pa
 def test_the_readme_table_reads_a_scoreboard_and_the_cpu_sweep():
     """benchmarks/tables.py's `kernelbench` rows: fast_p cells from a scoreboard's summary, and
     "not timed" for the plan."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("docs_tables", ROOT / "benchmarks" / "tables.py")
-    tables = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tables)
+    tables = benchmark_script("tables")
     rows = [_row("L1-1", 1, speedup=1.6, vs_compile=0.9), _row("L1-2", 1, speedup=1.1, vs_compile=1.2),
             _row("L1-3", 1, correct=False, speedup=3.0, vs_compile=3.0)]
     doc = {"device": "NVIDIA H100 80GB HBM3", "date": "2026-12-01", "results": rows,
@@ -533,11 +532,7 @@ def test_coverage_says_why_each_fp32_convolution_ran_cudnn():
     """kernelbench_coverage.classify: a conv row with per-region records names, per region, a
     geometry the family has no kernel for or fact-db's candidates losing to cuDNN; a row from
     before those records says a rerun tells."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import kernelbench_coverage as cov
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    cov = benchmark_script("kernelbench_coverage")
     plan = {"regions": [{"rule": "conv-transpose", "shape": "s", "share": 0.9}], "uncovered": [], "covered_share": 0.9,
             "est_eager_ms": 1.0, "rest": {}}
     row = {"status": "ok", "policy": "fp32", "eager_ms": 5.0, "did": {"per_region": [

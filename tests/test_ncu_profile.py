@@ -4,15 +4,12 @@ limiter), per profiled launch, whatever the program printed before ncu's table. 
 itself needs ncu and a GPU."""
 from __future__ import annotations
 
-import importlib.util
 
 import pytest
 
-from conftest import ROOT
+from conftest import benchmark_script
 
-spec = importlib.util.spec_from_file_location("ncu_profile", ROOT / "benchmarks" / "ncu_profile.py")
-ncu = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(ncu)
+ncu = benchmark_script("ncu_profile")
 
 HEAD = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size",'
         '"Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"')

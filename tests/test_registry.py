@@ -43,6 +43,8 @@ from fact_db.store.registry import (
     merge_decision,
 )
 
+from conftest import benchmark_script
+
 ROOT = Path(__file__).resolve().parent.parent
 ENV = Environment(cutlass="4.2.0.0", nvcc="13.0.88")          # judged without a GPU: CUTLASS and nvcc count
 ENV_NEW_NVCC = ENV.with_(nvcc="13.1.10")
@@ -1083,15 +1085,7 @@ def test_a_results_file_with_its_environment_seeds_rows_current_on_that_gpu():
     """benchmarks/gemm_realize.py writes the host's environment key beside torch and CUDA;
     benchmarks/seed_registry.py stamps it on the rows it seeds, so on that GPU they are current
     (without it: "driver not recorded", stale on every GPU)."""
-    import importlib.util
-    import sys
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        spec = importlib.util.spec_from_file_location("seed_registry", ROOT / "benchmarks" / "seed_registry.py")
-        seed = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(seed)
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    seed = benchmark_script("seed_registry")
     here = GPU_ENV.with_(cudnn="91900")
     doc = {"device": here.gpu_sku, "torch": here.torch, "cuda": here.cuda,
            "environment": {**here.as_dict(), "cudnn": "9.19.0.56"}}  # the wheel's form: one version
