@@ -20,7 +20,7 @@ PEERS = ("compile", "max-autotune")  # torch.compile default, and max-autotune-n
 # with when the composed module replays a CUDA graph on a launch-bound model.
 MORE_PEERS = ("reduce-overhead",)
 
-BENCH_ROUNDS = 3     # interleaved timing rounds of the variants that compile nothing (see measure)
+BENCH_ROUNDS = 3     # timing rounds of every variant, each in a block of its runs (see measure)
 MODES = {"compile": None, "max-autotune": "max-autotune-no-cudagraphs", "reduce-overhead": "reduce-overhead"}
 
 
@@ -155,7 +155,7 @@ def measure(module, model_p, fast, policy: str, draw, ref_model, *, peers=PEERS,
     for c in (choice.candidates if choice is not None else []):
         if c.compiled is not None and c.run is not None and not c.why.startswith("failed"):
             lent[c.name.replace("composed + ", "fact-db + ")] = c
-    out, later = [], []  # later: (variant, fn, inputs) timed in the interleaved rounds
+    out, later = [], []  # later: (variant, fn, inputs) timed in the rounds
     bar = None
     if progress:
         from tqdm import tqdm
@@ -229,7 +229,7 @@ def measure(module, model_p, fast, policy: str, draw, ref_model, *, peers=PEERS,
         out.append(v)
     timings: dict = {id(v): [] for v, _, _ in later}
     failed: set = set()
-    groups: dict = {}  # the interleaved variants, by the input sets they take (the policy's, or fp32's)
+    groups: dict = {}  # the variants timed in rounds, by the input sets they take (the policy's, or fp32's)
     for v, fn, xs in later:
         groups.setdefault(id(xs), (xs, []))[1].append((v, fn))
     for _ in range(BENCH_ROUNDS):  # each round times every variant, each in a block of its runs (time_round)
