@@ -10,7 +10,7 @@ records cuDNN with PyTorch's default (TF32 on) and its error, so both are in the
                   "kernel", "err", "tf32_default_ms", "tf32_default_err", "trials": [...]}]}
 
     python benchmarks/conv_realize.py --quick     # 4 shapes x 3 policies x 2 candidates: ~5 min on an H100
-    python benchmarks/conv_realize.py             # 8 shapes x 3 policies x 3 candidates
+    python benchmarks/conv_realize.py             # 10 shapes x 3 policies x 3 candidates
     python benchmarks/conv_realize.py --policies bf16 --only l2_1_bias_relu --candidates 4
 """
 from __future__ import annotations
@@ -55,6 +55,12 @@ SHAPES = [
      dict(n=16, c=64, k=128, input=(128, 128), filter=(3, 3)), [{"op": "relu"}]),
     ("l1_76_conv1d", "L1-76 conv_standard_1D dilated strided",
      dict(n=32, c=64, k=128, input=(4096,), filter=(3,), stride=(3,), dilation=(2,)), []),
+    # ResNet-50's pointwise convolutions (conv2_x, batch 32; BatchNorm folded into the bias): at fp32
+    # the GEMM kernel (schedule gemm) reads the activation once, where split3 writes it three times
+    ("resnet50_1x1_reduce", "ResNet-50 bottleneck 1x1 256 -> 64, BN folded, ReLU",
+     dict(n=32, c=256, k=64, input=(56, 56), filter=(1, 1)), [{"op": "relu"}]),
+    ("resnet50_1x1_expand_residual", "ResNet-50 bottleneck 1x1 64 -> 256, BN folded, + identity, ReLU",
+     dict(n=32, c=64, k=256, input=(56, 56), filter=(1, 1)), [{"op": "add", "kind": "full"}, {"op": "relu"}]),
 ]
 POLICIES = {"fp32": "float32", "tf32x3": "float32", "tf32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 

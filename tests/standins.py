@@ -149,13 +149,14 @@ def region_op(spec):
 def conv_op(workload):
     """torch.ops.factdb_test.conv_<hash>(x, w, bias, vecs, residual): a stand-in for a conv kernel
     op (fact_db/kernels/conv/kernel.py) of `workload`: w as the kernel holds it (KRSC; split3's
-    [hi(w), lo(w), hi(w)] along C: the first two thirds add up to w), the output channels-last. Counts its calls,
+    [hi(w), lo(w), hi(w)] along C: the first two thirds add up to w; the pointwise GEMM's
+    [hi(w); lo(w)]), the output channels-last. Counts its calls,
     and separately the calls whose activation or residual did not arrive channels-last (the
     real op would convert them)."""
     import hashlib
     import json
 
-    from fact_db.kernels.conv.kernel import conv_fake, is_channels_last, to_channels_last
+    from fact_db.kernels.conv.kernel import conv_fake, is_channels_last, is_pointwise, to_channels_last
     name = "conv_" + hashlib.sha256(json.dumps(workload.as_dict(), sort_keys=True).encode()).hexdigest()[:12]
     if name in _OPS:
         return _OPS[name]
@@ -168,6 +169,8 @@ def conv_op(workload):
             CALLS["conv_not_channels_last"] += 1
         c = workload.c
         held = w[..., :c] + w[..., c:2 * c] if w.shape[-1] == 3 * c else w  # split3: hi(w) + lo(w), fp32-class
+        if is_pointwise(workload) and tuple(w.shape) == (2, workload.k, c):  # the pointwise GEMM's [hi(w); lo(w)]
+            held = (w[0] + w[1]).reshape(workload.k, *workload.filter, c)
         kcrs = held.movedim(-1, 1)
         if workload.transposed:  # held as the forward convolution it equals (kernel.prepare_weight)
             kcrs = kcrs.transpose(0, 1).flip(list(range(2, kcrs.dim())))

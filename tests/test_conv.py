@@ -438,6 +438,83 @@ def test_split3_candidates_promote_their_partial_sums_and_say_so():
     assert ConvConfig(**old).promote == 0
 
 
+def test_a_pointwise_fp32_convolution_leads_with_the_gemm_kernel():
+    """1x1, stride 1, no padding, one group, under fp32 or tf32x3: the GEMM kernel
+    (conv_gemm_sm90, A split in registers) takes at most half the budget, first; split3's conv
+    kernels follow. Anything else (a 3x3, a stride, bf16, tf32, groups) has no GEMM config."""
+    from fact_db.kernels.conv.kernel import GEMM_TEMPLATE, TEMPLATE, is_pointwise, why_not_gemm
+    from fact_db.kernels.conv.tune import gemm_candidates
+    w = ConvWorkload(32, 256, 64, (56, 56), (1, 1), policy="fp32")
+    cands = candidates(w, limit=4)
+    assert [c.schedule for c in cands[:2]] == ["gemm", "gemm"] and {c.schedule for c in cands[2:]} <= {"coop", "ws"}
+    assert all(c.template == GEMM_TEMPLATE and c.split3 and c.promote == 32 // c.tile_k for c in cands[:2])
+    assert cands[0].label == "regsplit promote/2 128x64x16 c1x1 gemm"  # K = 64: no 128-wide tile over 64 channels
+    assert [c.schedule for c in candidates(w, limit=1)] == ["gemm"]
+    wide = ConvWorkload(32, 64, 256, (56, 56), (1, 1), policy="tf32x3")
+    assert {(c.tile_n, c.promote) for c in gemm_candidates(wide)} == {(128, 4), (128, 2), (64, 4), (64, 2)}
+    assert is_pointwise(ConvWorkload(8, 64, 64, (9,), (1,))) and is_pointwise(ConvWorkload(2, 8, 8, (4, 4, 4), (1, 1, 1)))
+    for other, words in [(ConvWorkload(8, 64, 64, (56, 56), (3, 3), padding=(1, 1)), "not a pointwise"),
+                         (ConvWorkload(8, 64, 64, (56, 56), (1, 1), stride=(2, 2)), "not a pointwise"),
+                         (ConvWorkload(8, 64, 64, (56, 56), (1, 1), padding=(1, 1)), "not a pointwise"),
+                         (ConvWorkload(8, 64, 64, (56, 56), (1, 1), groups=2), "not a pointwise"),
+                         (ConvWorkload(8, 64, 64, (56, 56), (1, 1), policy="tf32"), "fp32-class"),
+                         (ConvWorkload(8, 64, 64, (56, 56), (1, 1), dtype="bfloat16", policy="bf16"), "fp32-class"),
+                         (ConvWorkload(8, 6, 64, (56, 56), (1, 1)), "multiples of 4")]:
+        assert words in why_not_gemm(other) and gemm_candidates(other) == []
+        assert all(c.template == TEMPLATE for c in candidates(other, limit=8))
+    with pytest.raises(ConvError, match="split3 and promote"):
+        ConvConfig(128, 128, 16, split3=True, promote=0, schedule="gemm")
+
+
+def test_the_gemm_kernels_weight_is_hi_and_lo_and_its_products_are_fp32_class():
+    """prepare_weight for schedule gemm: [hi(w); lo(w)], K x C each, both TF32 values. What the
+    kernel sums, emulated: hi(x) hi(w) + hi(x) lo(w) + lo(x) hi(w) with hi = trunc, lo = the rest
+    rounded, fp32-class where one TF32 product is not."""
+    torch.manual_seed(0)
+    w = ConvWorkload(2, 64, 48, (7, 7), (1, 1), policy="fp32")
+    inp = w.make_inputs("randn", device="cpu")
+    held = prepare_weight(inp["w"], w, ConvConfig(128, 64, 16, split3=True, promote=2, schedule="gemm"))
+    assert held.shape == (2, 48, 64) and held.is_contiguous()
+    hi, lo = held
+    assert torch.equal(_trunc(hi), hi) and torch.equal(_trunc(lo), lo)
+    assert torch.equal(hi, _trunc(inp["w"].reshape(48, 64))) and torch.equal(lo, tf32_lo(inp["w"].reshape(48, 64)))
+    a = inp["x"].movedim(1, -1).reshape(-1, 64)  # channels-last pixels: the GEMM's A, M x C
+    ref = a.double() @ inp["w"].reshape(48, 64).double().T
+    ah, al = _trunc(a), tf32_lo(a)
+    got = ah.double() @ hi.double().T + ah.double() @ lo.double().T + al.double() @ hi.double().T
+    one = _round(a).double() @ _round(inp["w"].reshape(48, 64)).double().T
+    rel = lambda t: ((t - ref).norm() / ref.norm()).item()  # noqa: E731
+    assert rel(got) < 1e-6 < 1e-4 < rel(one)
+
+
+def test_the_gemm_schedule_renders_the_fp32tc_gemm_with_the_chain_as_its_epilogue():
+    from fact_db.kernels import template
+    w = ConvWorkload(8, 64, 256, (56, 56), (1, 1), chain=canonical_chain([{"op": "add", "kind": "full"},
+                                                                          {"op": "relu"}]))
+    src = render(w, ConvConfig(128, 128, 16, split3=True, promote=2, schedule="gemm"))
+    assert "fact_tc::kRegSplit" in src and "using FusionOp = ChainFusion;" in src
+    assert "Sm90SrcFetch<ElementC>" in src and "fmaxf(v, 0.f)" in src
+    assert "int fact_conv_gemm_sm90_launch(" in src and "split3_kernel" not in src
+    # conv_sm90 builds the same chain from the same shared piece
+    conv = render(w.__class__(**(w.as_dict() | {"filter": (3, 3)})), ConvConfig(128, 128, 32, split3=True, promote=1))
+    assert "using Fusion = ChainFusion;" in conv and "chain_arguments(vecs)" in conv
+    bad = template.render("conv_gemm_sm90", {**params(w, ConvConfig(128, 128, 32, split3=True, promote=1)),
+                                             "schedule": "gemm", "promote": 0})
+    assert "#error \"conv_gemm_sm90.cu.j2: needs split3 true, schedule gemm and promote >= 1\"" in bad
+
+
+def test_a_gemm_winner_is_recorded_under_its_own_template_and_read_back():
+    from fact_db.kernels.conv.tune import ConvTrial, from_registry, record
+    from fact_db.store.registry import Registry
+    w = ConvWorkload(8, 64, 256, (56, 56), (1, 1), chain='[{"op":"relu"}]', rule="conv-bias-act")
+    cfg = ConvConfig(128, 128, 16, split3=True, promote=2, schedule="gemm")
+    with Registry.open("memory") as reg:
+        record(w, [ConvTrial(cfg.label, "ok", 0.1, 1e-7, config=cfg), ConvTrial("cudnn", "ok", 0.3, 2e-7)], reg,
+               gpu="h100", device_name="NVIDIA H100")
+        assert reg.lookup(w.key("sm90a", "h100"), nearest=False).record.template == "conv_gemm_sm90"
+        assert from_registry(w, reg, gpu="h100").config == cfg
+
+
 # ------------------------------------------------------------------ family and composition
 
 def _impls(rep, policy="fp32"):
@@ -498,6 +575,41 @@ def test_a_convolution_whose_input_comes_from_pytorch_gets_its_own_conversion():
     with torch.no_grad():
         assert torch.allclose(gm(x), model(x), atol=1e-5)
     assert standins.CALLS["conv_not_channels_last"] == 0
+
+
+def test_a_bottleneck_converts_its_input_once_for_the_first_convolution_and_the_residual():
+    """ResNet's bottleneck reads x twice: the first 1x1 convolution's input and the last one's
+    residual. Both want it channels-last: one conversion serves both. Its pointwise
+    convolutions hold the GEMM kernel's [hi(w); lo(w)] weight at fp32."""
+    from fact_db.composition.compose import rewrite
+    from fact_db.kernels.conv.kernel import is_pointwise
+    import importlib.util
+
+    from tests.conftest import PROBLEMS
+    spec = importlib.util.spec_from_file_location("resnet50_bottleneck", PROBLEMS / "resnet50_bottleneck.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    torch.manual_seed(2)
+    model = mod.Model(16, 4).eval()
+    for bn in (model.bn1, model.bn2, model.bn3):  # BatchNorm statistics that are not the identity
+        bn.running_mean.uniform_(-0.5, 0.5), bn.running_var.uniform_(0.5, 2.0)
+    x = torch.randn(2, 16, 8, 8)
+    rep = fact_db.discover(model, (x,))
+    impls = {}
+    for i, r in enumerate(rep.regions):
+        w, _ = families.workload_of(r, rep.graph, "fp32")
+        cfg = (ConvConfig(128, 64, 16, split3=True, promote=2, schedule="gemm") if is_pointwise(w)
+               else ConvConfig(128, 64, 32, split3=True))
+        impls[i] = Impl("conv", "stand-in", standins.conv_op(w), {"workload": w.as_dict(), "config": asdict(cfg)})
+    assert sum(is_pointwise(ConvWorkload(**m.record["workload"])) for m in impls.values()) == 2
+    gm, notes = rewrite(rep.graph.program, rep.regions, impls)
+    standins.CALLS.clear()
+    with torch.no_grad():
+        got, want = gm(x), model(x)
+    assert standins.CALLS["conv"] == 3 and standins.CALLS["conv_not_channels_last"] == 0
+    assert (got - want).abs().max().item() < 1e-4
+    assert len(gm.meta["factdb_layout_conversions"]) == 1, gm.meta["factdb_layout_conversions"]
+    assert sum(1 for n in gm.graph.nodes if n.target is torch.ops.aten.clone.default) == 1
 
 
 def test_composed_chain_runs_under_torch_compile():

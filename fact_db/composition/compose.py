@@ -68,6 +68,7 @@ def _fx_resolver(gm, program):
     fx.derived = {}  # key -> tensor: weights made for the composition (see _derived)
     fx.conv_outputs = set()  # nodes of fact-db conv ops: their values are channels-last
     fx.conversions = []  # the layout conversions composition inserted before conv ops
+    fx.channels_last = {}  # FX node -> its channels-last conversion, shared by every conv op that reads it
     return fx
 
 
@@ -441,7 +442,7 @@ def _region_nodes(gm, g, shapes, r, impl, fx, index: int):
 
 def _conv_weights(gm, fx, r, wl, cfg, index: int):
     """(weight buffer node's name, folded bias buffer's name or None) of a conv region: the weight
-    held as the kernel reads it (KRSC; split3's [w, lo(w), w]; `cfg` None, cuDNN's: as the model
+    held as the kernel reads it (KRSC; split3's [w, lo(w), w]; the pointwise GEMM's [hi(w); lo(w)]; `cfg` None, cuDNN's: as the model
     holds it), made once; with an eval-mode BatchNorm in the region, folded into that weight
     and a bias first (kernels/conv/fold.py)."""
     from fact_db.kernels.conv.fold import fold_bn
@@ -471,7 +472,8 @@ def _conv_weights(gm, fx, r, wl, cfg, index: int):
     if cfg is None:  # the library's: as the model holds it
         _derived(gm, fx, name, ("conv_w_kcrs", _ident(tw)), lambda: tw.contiguous())
     else:
-        _derived(gm, fx, name, ("conv_w", _ident(tw), cfg.split3, wl.dtype), lambda: prepare_weight(tw, wl, cfg))
+        _derived(gm, fx, name, ("conv_w", _ident(tw), cfg.split3, cfg.schedule == "gemm", wl.dtype),
+                 lambda: prepare_weight(tw, wl, cfg))
     return name, bias_name
 
 
@@ -486,6 +488,16 @@ def _channels_last_node(g, x, rank: int):
     t = g.call_function(aten.permute.default, (x, perm))
     t = g.call_function(aten.clone.default, (t,), {"memory_format": torch.contiguous_format})
     return g.call_function(aten.permute.default, (t, inv))
+
+
+def _precedes(g, a, b) -> bool:
+    """Whether node `a` comes before node `b` in graph `g`."""
+    for n in g.nodes:
+        if n is a:
+            return True
+        if n is b:
+            return False
+    return False
 
 
 def _fx_op(n) -> str:
@@ -522,8 +534,12 @@ def _conv_nodes(gm, g, shapes, r, impl, fx, index: int):
         node = fx(name)
         if library or arrives_channels_last(node, lambda n: n in kernels, _fx_op, _first_tensor):
             return node
+        done = fx.channels_last.get(node)
+        if done is not None and _precedes(g, done, fx(r.output)):  # converted once for an earlier op (x
+            return done  # read by the first convolution and again as a later one's residual)
         fx.conversions.append(f"region {index + 1} {r.rule}: {role} `{name}` converted to channels-last")
-        return _channels_last_node(g, node, rank)
+        fx.channels_last[node] = _channels_last_node(g, node, rank)
+        return fx.channels_last[node]
     x = planned(ops["x"], "input")
     res = planned(full, "residual") if full else None
     y = g.call_function(impl.op, (x, g.get_attr(wname), bias, vecs, res))

@@ -91,7 +91,7 @@ def prebuild(workloads: list, ctx: Context) -> set:
         return set()
     from fact_db.kernels import build
     from fact_db.kernels.conv.tune import candidates, render
-    return build_batch([(w, build.Source(TEMPLATE, render(w, c), ctx.arch)) for w in dict.fromkeys(workloads)
+    return build_batch([(w, build.Source(c.template, render(w, c), ctx.arch)) for w in dict.fromkeys(workloads)
                         for c in candidates(w, ctx.max_candidates)], ctx)
 
 
@@ -132,8 +132,8 @@ def impl_of(w: ConvWorkload, best, arch: str = "sm90a", gpu: str = "h100", folds
         return Impl.eager(f"cuDNN is the fastest verified candidate{t}")
     k = ConvKernel(best.so, w, best.config, build_key=best.build_key)
     key = w.key(arch, gpu)
-    return Impl("conv", f"{TEMPLATE} {best.label}", k.as_op(), {
-        "template": TEMPLATE, "config": asdict(best.config), "workload": w.as_dict(), "build_key": best.build_key,
+    return Impl("conv", f"{best.config.template} {best.label}", k.as_op(), {
+        "template": best.config.template, "config": asdict(best.config), "workload": w.as_dict(), "build_key": best.build_key,
         "so": str(best.so), "registry_key": w.key_fields(), "registry_digest": key.digest(), "op": f"factdb::{k.op_name}"})
 
 

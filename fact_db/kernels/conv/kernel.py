@@ -40,7 +40,9 @@ from fact_db.kernels.conv.workload import ELEMENT, ConvError, ConvWorkload
 from fact_db.kernels.ops import factdb_op
 
 TEMPLATE = "conv_sm90"
-SCHEDULES = ("ws", "coop")  # kernels_cpp/conv_sm90.cu.j2's `schedule`
+GEMM_TEMPLATE = "conv_gemm_sm90"  # a pointwise fp32 convolution as the GEMM it is (schedule "gemm")
+TEMPLATES = (TEMPLATE, GEMM_TEMPLATE)
+SCHEDULES = ("ws", "coop", "gemm")  # conv_sm90.cu.j2's `schedule`, or "gemm": conv_gemm_sm90.cu.j2
 GEOMETRY_LEN = 21
 
 
@@ -56,19 +58,30 @@ class ConvConfig:
     stages: object = "auto"
     split3: bool = False
     promote: int = 0  # k-tiles between promotions of the tensor cores' partial sums into fp32 registers; 0: none
-    schedule: str = "ws"  # "ws": CUTLASS's one-consumer kernel; "coop": two consumer warpgroups (fact-db's kernel)
+    schedule: str = "ws"  # "ws": CUTLASS's one-consumer kernel; "coop": two consumer warpgroups (fact-db's kernel);
+    # "gemm": a pointwise convolution as a GEMM with A split in registers (conv_gemm_sm90; split3 and promote needed)
 
     def __post_init__(self):
         if self.schedule not in SCHEDULES:
             raise ConvError(f"conv config: schedule '{self.schedule}' is not one of {', '.join(SCHEDULES)} "
-                            "(ws: CUTLASS's one-consumer kernel, coop: two consumer warpgroups)")
+                            "(ws: CUTLASS's one-consumer kernel, coop: two consumer warpgroups, gemm: a pointwise "
+                            "convolution as a GEMM)")
+        if self.schedule == "gemm" and (not self.split3 or self.promote < 1):
+            raise ConvError(f"conv config: schedule gemm is the fp32-class pointwise kernel: it needs split3 and "
+                            f"promote >= 1, got split3={self.split3} promote={self.promote}")
+
+    @property
+    def template(self) -> str:
+        """The kernels_cpp template that renders this config."""
+        return GEMM_TEMPLATE if self.schedule == "gemm" else TEMPLATE
 
     @property
     def label(self) -> str:
-        return (f"{'split3 ' if self.split3 else ''}{f'promote/{self.promote} ' if self.promote else ''}"
+        split = "regsplit " if self.schedule == "gemm" else "split3 " if self.split3 else ""
+        return (f"{split}{f'promote/{self.promote} ' if self.promote else ''}"
                 f"{self.tile_m}x{self.tile_n}x{self.tile_k} "
                 f"c{self.cluster_m}x{self.cluster_n}" + ("" if self.stages == "auto" else f" s{self.stages}")
-                + (" coop" if self.schedule == "coop" else ""))
+                + ("" if self.schedule == "ws" else f" {self.schedule}"))
 
 
 def _literal(x: float) -> str:
@@ -123,7 +136,7 @@ def params(w: ConvWorkload, c: ConvConfig) -> dict:
 
 def render(w: ConvWorkload, c: ConvConfig) -> str:
     from fact_db.kernels import template
-    return template.render(TEMPLATE, params(w, c))
+    return template.render(c.template, params(w, c))
 
 
 def alignment(dtype: str) -> int:
@@ -144,6 +157,22 @@ def why_not(w: ConvWorkload) -> str:
         return (f"C={w.c}, K={w.k}: TMA needs both multiples of {a} ({w.dtype}: 16 bytes); cuDNN runs tiny or odd "
                 "channel counts")
     return ""
+
+
+def is_pointwise(w: ConvWorkload) -> bool:
+    """Whether `w` is a GEMM as it stands: every filter size 1, stride 1, no padding, one group,
+    not transposed (a channels-last activation is then an M x C matrix)."""
+    return (not w.transposed and w.groups == 1 and all(f == 1 for f in w.filter) and all(s == 1 for s in w.stride)
+            and not any(w.padding))
+
+
+def why_not_gemm(w: ConvWorkload) -> str:
+    """"" where conv_gemm_sm90 (schedule "gemm") can compute `w`, else why not."""
+    if w.dtype != "float32" or w.policy not in ("fp32", "tf32x3"):
+        return f"the pointwise GEMM kernel is the fp32-class path (fp32, tf32x3), not {w.policy} on {w.dtype}"
+    if not is_pointwise(w):
+        return "not a pointwise convolution (filter 1, stride 1, no padding, one group)"
+    return why_not(w)
 
 
 # ------------------------------------------------------------------------------------------
@@ -189,13 +218,16 @@ def forward_padding(w: ConvWorkload) -> tuple:
 def prepare_weight(w_kcrs, workload: ConvWorkload, cfg: ConvConfig):
     """The weight as the kernel reads it, made once: K x R... x C packed (KRSC), in the
     workload's dtype; for split3 [hi(w), lo(w), hi(w)] along C (each part TF32 already: see the
-    template). A stride-1 transposed convolution's
+    template); for the pointwise GEMM (schedule "gemm") [hi(w); lo(w)], two K x C matrices. A stride-1 transposed convolution's
     weight (C x K x R...) becomes the forward one it equals: flipped in space, C and K swapped."""
     import torch
     w = w_kcrs.detach()
     if workload.transposed:
         w = w.flip(list(range(2, w.dim()))).transpose(0, 1)
     wt = w.to(torch_dtype(workload.dtype)).movedim(1, -1).contiguous()
+    if cfg.schedule == "gemm":  # conv_gemm_sm90's B and its lo parts: [hi(w); lo(w)], K x C each
+        flat = wt.reshape(wt.shape[0], -1)
+        return torch.stack([tf32_hi(flat), tf32_lo(flat)]).contiguous()
     if cfg.split3:
         hi = tf32_hi(wt)
         wt = torch.cat([hi, tf32_lo(wt), hi], dim=-1).contiguous()
@@ -224,7 +256,7 @@ def channels_last_strides(shape) -> list:
 
 
 class ConvKernel:
-    """A loaded conv_sm90 build. `k(x, w_prepared, bias, vecs, residual)` -> y (channels-last)."""
+    """A loaded conv_sm90 (or, schedule "gemm", conv_gemm_sm90) build. `k(x, w_prepared, bias, vecs, residual)` -> y (channels-last)."""
 
     def __init__(self, path: str | Path, workload: ConvWorkload, config: ConvConfig, build_key: str = ""):
         self.path = Path(path)
@@ -236,10 +268,11 @@ class ConvKernel:
         except OSError as e:
             raise ConvError(f"cannot load conv kernel {self.path}: {e} (built for another GPU arch?)") from None
         vp = ctypes.c_void_p
-        self._launch = self._lib.fact_conv_sm90_launch
+        abi = f"fact_{config.template}"  # conv_sm90 and conv_gemm_sm90 take the same arguments
+        self._launch = getattr(self._lib, f"{abi}_launch")
         self._launch.argtypes = [vp, vp, vp, vp, vp, vp, vp, vp]
         self._launch.restype = ctypes.c_int
-        self._ws = self._lib.fact_conv_sm90_workspace_size
+        self._ws = getattr(self._lib, f"{abi}_workspace_size")
         self._ws.argtypes = [vp]
         self._ws.restype = ctypes.c_size_t
         self._op = None

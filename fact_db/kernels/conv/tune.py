@@ -13,7 +13,8 @@ import math
 from dataclasses import asdict, dataclass
 
 from fact_db.core.device import DEVICES
-from fact_db.kernels.conv.kernel import TEMPLATE, ConvConfig, ConvKernel, prepare_weight, render, to_channels_last, why_not
+from fact_db.kernels.conv.kernel import (TEMPLATES, ConvConfig, ConvKernel, prepare_weight, render, to_channels_last,
+                                        why_not, why_not_gemm)
 from fact_db.kernels.conv.workload import ConvWorkload
 from fact_db.store.records import config_hash
 
@@ -37,6 +38,13 @@ def uses_split(w: ConvWorkload) -> bool:
     return w.dtype == "float32" and w.policy in ("fp32", "tf32x3")
 
 
+# The pointwise fp32 kernel (schedule "gemm", conv_gemm_sm90): the GEMM family's `regsplit` tiles
+# (two consumer warpgroups of 64 rows; with promotion's second accumulator set 128 x 128 is the
+# register limit) and its promotion depth in channels (fp32: every 32, tf32x3: every 64).
+GEMM_TILES = ((128, 128), (128, 64))
+GEMM_TILE_K = (16, 32)
+GEMM_PROMOTE_DEPTH = {"fp32": 32, "tf32x3": 64}
+
 # k-tiles between promotions of the tensor cores' partial sums, per policy's split3 candidates:
 # unpromoted split3 missed the fp32 bound by 3-4x on an H200 (2026-11-26), so fp32 promotes every
 # k-tile or every second (the GEMM family's fp32 candidates promote every 32 of K: 1 tile here);
@@ -58,9 +66,11 @@ def _score(w: ConvWorkload, c: ConvConfig) -> float:
 
 def candidates(w: ConvWorkload, limit: int = 8) -> list[ConvConfig]:
     """At most `limit` configs, best-ranked first; none where the template cannot take `w`
-    (kernel.why_not: transposed, grouped, misaligned channels). The two schedules alternate
-    (the best coop, the best ws, the second coop, ...), so a small budget times both kernels:
-    the cost model cannot tell how much a second consumer warpgroup buys on a given geometry."""
+    (kernel.why_not: transposed, grouped, misaligned channels). The schedules alternate (the
+    best coop, the best ws, the second coop, ...), so a small budget times both kernels: the
+    cost model cannot tell how much a second consumer warpgroup buys on a given geometry. A
+    pointwise convolution under fp32 or tf32x3 leads with the GEMM kernel (schedule "gemm"),
+    which reads the activation once where split3 first writes it three times."""
     if why_not(w):
         return []
     split = uses_split(w)
@@ -84,14 +94,25 @@ def candidates(w: ConvWorkload, limit: int = 8) -> list[ConvConfig]:
         # ranked by the tile; among equal tiles the more often promoted first (the fp32 bound is tight)
         ranked[schedule] = sorted(out, key=lambda c: (-_score(w, c), c.promote))
     merged = [c for pair in itertools.zip_longest(*ranked.values()) for c in pair if c is not None]
-    return merged[:limit]
+    return (gemm_candidates(w)[:max(1, limit // 2)] + merged)[:limit]  # at most half the budget to the GEMM kernel
+
+
+def gemm_candidates(w: ConvWorkload) -> list[ConvConfig]:
+    """The pointwise GEMM kernel's configs for `w` (none where kernel.why_not_gemm says why),
+    the GEMM family's `regsplit` winner shape (128 x 128 x 16) first."""
+    if why_not_gemm(w):
+        return []
+    depth = GEMM_PROMOTE_DEPTH[w.policy]
+    out = [ConvConfig(tm, tn, tk, 1, 1, "auto", True, max(1, depth // tk), "gemm")
+           for tm, tn in GEMM_TILES if not (tn > 64 and tn >= 2 * w.k) for tk in GEMM_TILE_K]
+    return sorted(out, key=lambda c: (-_score(w, c), c.tile_k))
 
 
 def build_candidates(w: ConvWorkload, cands: list[ConvConfig], arch: str = "sm90a", jobs: int | None = None,
                      progress: bool = True) -> dict:
     """{config: Built}, compiled in parallel (cached builds return at once)."""
     from fact_db.kernels import build
-    sources = [build.Source(TEMPLATE, render(w, c), arch) for c in cands]
+    sources = [build.Source(c.template, render(w, c), arch) for c in cands]
     return dict(zip(cands, build.build(sources, jobs=jobs, progress=progress)))
 
 
@@ -151,7 +172,7 @@ def from_registry(w: ConvWorkload, registry, arch: str = "sm90a", gpu: str = "h1
     if hit is None or hit.stale:
         return None
     rec = hit.record
-    cfg = ConvConfig(**rec.config) if rec.template == TEMPLATE and rec.config else None
+    cfg = ConvConfig(**rec.config) if rec.template in TEMPLATES and rec.config else None
     return ConvTrial(rec.label, "ok", rec.time_ms, rec.rel_err, config=cfg)
 
 
@@ -170,7 +191,7 @@ def record(w: ConvWorkload, trials: list[ConvTrial], registry, arch: str = "sm90
         env = env.with_(gpu_sku=device_name)
     key = w.key(arch, gpu)
     eager = next((t for t in trials if t.config is None and t.status == "ok"), None)
-    template = lambda t: "eager" if t.config is None else TEMPLATE  # noqa: E731
+    template = lambda t: "eager" if t.config is None else t.config.template  # noqa: E731
     registry.put(KernelRecord(
         key=key, template=template(best), label=best.label,
         config=asdict(best.config) if best.config is not None else {}, time_ms=best.time_ms, rel_err=best.err,
