@@ -447,11 +447,11 @@ def test_a_pointwise_fp32_convolution_leads_with_the_gemm_kernel():
     w = ConvWorkload(32, 256, 64, (56, 56), (1, 1), policy="fp32")
     cands = candidates(w, limit=4)
     assert [c.schedule for c in cands[:2]] == ["gemm", "gemm"] and {c.schedule for c in cands[2:]} <= {"coop", "ws"}
-    assert all(c.template == GEMM_TEMPLATE and c.split3 and c.promote == 32 // c.tile_k for c in cands[:2])
-    assert cands[0].label == "regsplit promote/2 128x64x16 c1x1 gemm"  # K = 64: no 128-wide tile over 64 channels
+    assert all(c.template == GEMM_TEMPLATE and c.split3 and c.promote == 1 for c in cands[:2])
+    assert cands[0].label == "regsplit promote/1 128x64x16 c1x1 gemm"  # K = 64: no 128-wide tile over 64 channels
     assert [c.schedule for c in candidates(w, limit=1)] == ["gemm"]
     wide = ConvWorkload(32, 64, 256, (56, 56), (1, 1), policy="tf32x3")
-    assert {(c.tile_n, c.promote) for c in gemm_candidates(wide)} == {(128, 4), (128, 2), (64, 4), (64, 2)}
+    assert {(c.tile_n, c.tile_k) for c in gemm_candidates(wide)} == {(128, 16), (128, 32), (64, 16), (64, 32)}
     assert is_pointwise(ConvWorkload(8, 64, 64, (9,), (1,))) and is_pointwise(ConvWorkload(2, 8, 8, (4, 4, 4), (1, 1, 1)))
     for other, words in [(ConvWorkload(8, 64, 64, (56, 56), (3, 3), padding=(1, 1)), "not a pointwise"),
                          (ConvWorkload(8, 64, 64, (56, 56), (1, 1), stride=(2, 2)), "not a pointwise"),
