@@ -12,6 +12,7 @@ records cuDNN with PyTorch's default (TF32 on) and its error, so both are in the
     python benchmarks/conv_realize.py --quick     # 4 shapes x 3 policies x 2 candidates: ~5 min on an H100
     python benchmarks/conv_realize.py             # 10 shapes x 3 policies x 3 candidates
     python benchmarks/conv_realize.py --policies bf16 --only l2_1_bias_relu --candidates 4
+    python benchmarks/conv_realize.py --policies fp32 --only resnet50_1x1_reduce --layout nhwc
 """
 from __future__ import annotations
 
@@ -65,12 +66,12 @@ SHAPES = [
 POLICIES = {"fp32": "float32", "tf32x3": "float32", "tf32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
-def workloads(quick: bool, policies: list[str]) -> list[tuple[str, str, ConvWorkload]]:
+def workloads(quick: bool, policies: list[str], layout: str = "nchw") -> list[tuple[str, str, ConvWorkload]]:
     out = []
     for name, problem, geo, chain in (SHAPES[:4] if quick else SHAPES):
         for p in policies:
             out.append((name, problem, ConvWorkload(**geo, chain=canonical_chain(chain), dtype=POLICIES[p], policy=p,
-                                                    rule="conv-epilogue" if chain else "conv")))
+                                                    rule="conv-epilogue" if chain else "conv", layout=layout)))
     return out
 
 
@@ -97,13 +98,16 @@ def main() -> int:
     ap.add_argument("--candidates", type=int, default=None, help="candidates per workload (default 2 quick, 3)")
     ap.add_argument("--policies", default="fp32,tf32,bf16", help="comma-separated (default fp32,tf32,bf16)")
     ap.add_argument("--only", default="", help="comma-separated shape names (default: every shape, or --quick's)")
+    ap.add_argument("--layout", choices=("nchw", "nhwc"), default="nchw",
+                    help="how the activation arrives: nchw (a model's input: the kernels' times include the "
+                         "conversion to channels-last) or nhwc (from another fact-db convolution)")
     ap.add_argument("--jobs", type=int, default=16, help="parallel nvcc processes")
     ap.add_argument("--in-process", action="store_true", help="time in this process instead of the worker")
     ap.add_argument("--compile-only", action="store_true", help="build every candidate, time nothing (no GPU needed)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     limit = args.candidates or (2 if args.quick else 3)
-    ws = workloads(args.quick, [p.strip() for p in args.policies.split(",") if p.strip()])
+    ws = workloads(args.quick, [p.strip() for p in args.policies.split(",") if p.strip()], args.layout)
     if args.only:
         only = {x.strip() for x in args.only.split(",") if x.strip()}
         unknown = only - {name for name, *_ in SHAPES}
@@ -113,8 +117,9 @@ def main() -> int:
     t0 = time.perf_counter()
     cands = {id(w): conv_tune.candidates(w, limit) for _, _, w in ws}
     from fact_db.kernels import build
-    from fact_db.kernels.conv.kernel import TEMPLATE, render
-    sources = list(dict.fromkeys(build.Source(TEMPLATE, render(w, c), "sm90a") for _, _, w in ws for c in cands[id(w)]))
+    from fact_db.kernels.conv.kernel import render
+    sources = list(dict.fromkeys(build.Source(c.template, render(w, c), "sm90a") for _, _, w in ws
+                                 for c in cands[id(w)]))
     print(f"{len(ws)} workloads, {len(sources)} distinct kernels to build", flush=True)
     built = dict(zip(sources, build.build(sources, jobs=args.jobs, progress=False)))
     print(f"built in {time.perf_counter() - t0:.0f} s: {sum(b.ok for b in built.values())} ok", flush=True)
@@ -126,7 +131,7 @@ def main() -> int:
     import torch
     results = []
     for name, problem, w in ws:
-        bs = {c: built[build.Source(TEMPLATE, render(w, c), "sm90a")] for c in cands[id(w)]}
+        bs = {c: built[build.Source(c.template, render(w, c), "sm90a")] for c in cands[id(w)]}
         t1 = time.perf_counter()
         trials = conv_tune.tune_conv(w, cands[id(w)], built=bs, in_process=args.in_process, progress=False)
         cudnn = next((t for t in trials if t.config is None), None)

@@ -164,7 +164,7 @@ def _conv_child(a) -> None:
 
     import conv_realize as CR
     from fact_db.kernels import build
-    from fact_db.kernels.conv.kernel import TEMPLATE, ConvConfig, ConvKernel, render
+    from fact_db.kernels.conv.kernel import ConvConfig, ConvKernel, render
     from fact_db.kernels.conv.tune import _prepared
     from fact_db.kernels.conv.workload import ConvWorkload, canonical_chain
     shape = {name: (geo, chain) for name, _, geo, chain in CR.SHAPES}
@@ -175,7 +175,7 @@ def _conv_child(a) -> None:
     tm, tn, tk = (int(x) for x in tiles.split("x"))
     split = w.dtype == "float32" and a.policy in ("fp32", "tf32x3")
     cfg = ConvConfig(tm, tn, tk, split3=split, promote=a.promote if split else 0, schedule=schedule or "ws")
-    (b,) = build.build([build.Source(TEMPLATE, render(w, cfg), "sm90a")], progress=False)
+    (b,) = build.build([build.Source(cfg.template, render(w, cfg), "sm90a")], progress=False)
     if not b.ok:
         sys.exit(f"build failed: {b.error[:500]}")
     kern = ConvKernel(str(b.path), w, cfg)
@@ -207,7 +207,7 @@ def main(argv=None) -> int:
     ap.add_argument("--transform", default="presplit", choices=("presplit", "regsplit", "split3", "round"), help="gemm")
     ap.add_argument("--promote", type=int, default=2, help="k-tiles between promotions (fp32-class kernels)")
     ap.add_argument("--tile", default="128x128x16", help="gemm CTA tile")
-    ap.add_argument("--config", default="256x128x64:coop", help="conv: TMxTNxTK[:coop|ws]")
+    ap.add_argument("--config", default="256x128x64:coop", help="conv: TMxTNxTK[:coop|ws|gemm] (gemm: the pointwise fp32 kernel)")
     ap.add_argument("--policy", default="bf16", help="conv policy (bf16, fp16, tf32, fp32)")
     ap.add_argument("--ncu", default=os.environ.get("NCU", "ncu"), help="the ncu executable")
     ap.add_argument("--out", type=Path, default=None)

@@ -440,18 +440,21 @@ def test_split3_candidates_promote_their_partial_sums_and_say_so():
 
 def test_a_pointwise_fp32_convolution_leads_with_the_gemm_kernel():
     """1x1, stride 1, no padding, one group, under fp32 or tf32x3: the GEMM kernel
-    (conv_gemm_sm90, A split in registers) takes at most half the budget, first; split3's conv
-    kernels follow. Anything else (a 3x3, a stride, bf16, tf32, groups) has no GEMM config."""
+    (conv_gemm_sm90, A split in registers) takes the first two places (one on a budget of one
+    or two), cooperative and ping-pong; split3's conv kernels follow. Anything else (a 3x3, a
+    stride, bf16, tf32, groups) has no GEMM config."""
     from fact_db.kernels.conv.kernel import GEMM_TEMPLATE, TEMPLATE, is_pointwise, why_not_gemm
     from fact_db.kernels.conv.tune import gemm_candidates
     w = ConvWorkload(32, 256, 64, (56, 56), (1, 1), policy="fp32")
     cands = candidates(w, limit=4)
     assert [c.schedule for c in cands[:2]] == ["gemm", "gemm"] and {c.schedule for c in cands[2:]} <= {"coop", "ws"}
     assert all(c.template == GEMM_TEMPLATE and c.split3 and c.promote == 1 for c in cands[:2])
-    assert cands[0].label == "regsplit promote/1 128x64x16 c1x1 gemm"  # K = 64: no 128-wide tile over 64 channels
-    assert [c.schedule for c in candidates(w, limit=1)] == ["gemm"]
+    # K = 64: no 128-wide tile over 64 channels; the cooperative kernel, then the ping-pong one
+    assert [c.label for c in cands[:2]] == ["regsplit promote/1 128x64x32 c1x1 gemm", "regsplit promote/1 64x64x32 c1x1 gemm"]
+    assert [c.schedule for c in candidates(w, limit=2)] == ["gemm", "coop"]
     wide = ConvWorkload(32, 64, 256, (56, 56), (1, 1), policy="tf32x3")
-    assert {(c.tile_n, c.tile_k) for c in gemm_candidates(wide)} == {(128, 16), (128, 32), (64, 16), (64, 32)}
+    got = gemm_candidates(wide)
+    assert len(got) == 8 and [(c.tile_m, c.tile_n, c.tile_k) for c in got[:3]] == [(128, 128, 32), (64, 128, 32), (128, 64, 32)]
     assert is_pointwise(ConvWorkload(8, 64, 64, (9,), (1,))) and is_pointwise(ConvWorkload(2, 8, 8, (4, 4, 4), (1, 1, 1)))
     for other, words in [(ConvWorkload(8, 64, 64, (56, 56), (3, 3), padding=(1, 1)), "not a pointwise"),
                          (ConvWorkload(8, 64, 64, (56, 56), (1, 1), stride=(2, 2)), "not a pointwise"),

@@ -3,7 +3,7 @@ float64 with its epilogue chain (bias, scalars, per-channel tensors, a residual)
 and a stride-1 transposed convolution; the op works under torch.compile and in a CUDA graph;
 a composed three-convolution model equals eager with one layout conversion; the cooperative
 kernel (schedule `coop`) in five of the cases; the pointwise fp32 GEMM kernel (schedule `gemm`,
-conv_gemm_sm90) in three. Skips without a GPU or nvcc. Last run on an
+conv_gemm_sm90) in four, two of them ping-pong. Skips without a GPU or nvcc. Last run on an
 H200, 2026-11-27: 13 passed, the unpromoted fp32 case failing as expected
 (benchmarks/results/raw/h200x2-2026-11-27-s7c2-conv-gpu-tests.log).
 
@@ -52,13 +52,16 @@ CASES = [
      ConvConfig(256, 64, 32, schedule="coop")),
     # the pointwise fp32 kernel (schedule `gemm`, conv_gemm_sm90): a 1x1 convolution as a GEMM with
     # A split in registers; ragged M and N (4*33*33 pixels, K = 96) with the whole chain and a
-    # residual, a 3-D one at tf32x3, a 1-D one arriving channels-last, both tile widths and depths
+    # residual, a 3-D one at tf32x3, a 1-D one arriving channels-last, cooperative (tile_m 128) and
+    # ping-pong (64), both tile widths and depths
     (ConvWorkload(4, 64, 96, (33, 33), (1, 1), chain=CHAIN, dtype="float32", policy="fp32"),
      ConvConfig(128, 128, 16, split3=True, promote=1, schedule="gemm")),
     (ConvWorkload(2, 256, 64, (8, 16, 16), (1, 1, 1), chain=canonical_chain([{"op": "relu"}]), dtype="float32",
-                  policy="tf32x3"), ConvConfig(128, 64, 32, split3=True, promote=2, schedule="gemm")),
+                  policy="tf32x3"), ConvConfig(64, 64, 32, split3=True, promote=2, schedule="gemm")),
     (ConvWorkload(8, 64, 256, (500,), (1,), chain=canonical_chain([{"op": "add", "kind": "full"}, {"op": "relu"}]),
                   dtype="float32", policy="fp32", layout="nhwc"),
+     ConvConfig(64, 128, 16, split3=True, promote=1, schedule="gemm")),
+    (ConvWorkload(4, 128, 128, (20, 20), (1, 1), chain=CHAIN, dtype="float32", policy="fp32"),
      ConvConfig(128, 128, 32, split3=True, promote=1, schedule="gemm")),
 ]
 

@@ -693,18 +693,23 @@ def test_shipped_seed_rows_match_the_shipped_templates():
 
 def test_shipped_seed_is_in_the_new_format_with_its_environment():
     """index/kernels.jsonl: each row names its family, its digest is today's, and its environment
-    is what the run recorded: the GPU it was tuned on (its notes say which), torch and CUDA (the
-    runs behind today's seed recorded no driver, cuBLAS or cuDNN, which gemm_realize.py writes
-    since: on a GPU these rows read as stale until tuned again)."""
-    for line in (ROOT / "index" / "kernels.jsonl").read_text().splitlines():
+    is what the run recorded: the GPU it was tuned on (its notes say which), torch, CUDA, and the
+    driver, cuBLAS and cuDNN (gemm_realize.py records them): current on a GPU host with that
+    environment, stale on one with another driver."""
+    rows = (ROOT / "index" / "kernels.jsonl").read_text().splitlines()
+    assert rows
+    for line in rows:
         row = json.loads(line)
         rec = KernelRecord.from_dict(row)            # checks the digest under today's scheme
         assert row["family"] == "gemm" and rec.status == "verified"
         assert rec.env.gpu_sku and f"tuned on {rec.env.gpu_sku} on " in rec.notes
         assert (rec.env.torch, rec.env.cuda) == ("2.11.0+cu130", "13.0")
-        assert (rec.env.driver, rec.env.cublas, rec.env.cudnn) == ("", "", "")
+        assert rec.env.driver and rec.env.cublas and rec.env.cudnn
         assert not Current(ENV.with_(cutlass=rec.env.cutlass, nvcc=rec.env.nvcc)).staleness(rec)
-        assert "driver not recorded" in Current(GPU_ENV.with_(cutlass=rec.env.cutlass)).staleness(rec)
+        same_host = GPU_ENV.with_(gpu_sku=rec.env.gpu_sku, driver=rec.env.driver, cublas=rec.env.cublas,
+                                  cudnn=rec.env.cudnn, cutlass=rec.env.cutlass, nvcc=rec.env.nvcc)
+        assert not Current(same_host).staleness(rec)
+        assert "driver" in Current(same_host.with_(driver="999.1")).staleness(rec)
 
 
 def test_bad_seed_file_is_refused_with_its_lines(tmp_path):
