@@ -580,6 +580,31 @@ def test_a_convolution_whose_input_comes_from_pytorch_gets_its_own_conversion():
     assert standins.CALLS["conv_not_channels_last"] == 0
 
 
+def test_an_input_another_fact_db_convolution_reads_is_not_charged_its_conversion():
+    """ResNet's block input is read by the first 1x1 convolution and added back after the
+    last: composition converts it once for both, so realization times the first one as
+    arriving channels-last. An input whose other reader is not a fact-db convolution's chain
+    is still charged its conversion."""
+    import importlib.util
+
+    from tests.conftest import PROBLEMS
+    spec = importlib.util.spec_from_file_location("resnet50_bottleneck", PROBLEMS / "resnet50_bottleneck.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rep = fact_db.discover(mod.Model(16, 4).eval(), (torch.randn(2, 16, 8, 8),))
+    assert [families.workload_of(r, rep.graph, "fp32")[0].layout for r in rep.regions] == ["nhwc"] * 3
+
+    class Side(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Conv2d(8, 8, 1)
+
+        def forward(self, x):
+            return torch.relu(self.a(x)), x * 2.0  # x's other reader: no convolution's chain
+    rep = fact_db.discover(Side().eval(), (torch.randn(1, 8, 6, 6),))
+    assert [families.workload_of(r, rep.graph, "fp32")[0].layout for r in rep.regions] == ["nchw"]
+
+
 def test_a_bottleneck_converts_its_input_once_for_the_first_convolution_and_the_residual():
     """ResNet's bottleneck reads x twice: the first 1x1 convolution's input and the last one's
     residual. Both want it channels-last: one conversion serves both. Its pointwise

@@ -16,7 +16,7 @@ from dataclasses import asdict
 from fact_db.core.policy import HALF_POLICIES
 from fact_db.discovery.conv import geometry
 from fact_db.kernels.conv.kernel import TEMPLATE, ConvConfig, why_not
-from fact_db.kernels.conv.layout import arrives_channels_last
+from fact_db.kernels.conv.layout import arrives_channels_last, converted_anyway
 from fact_db.kernels.conv.workload import ELEMENT, ConvError, ConvWorkload, canonical_chain
 from fact_db.kernels.family import Context, Outcome, build_batch, registry_first, stored_winner
 from fact_db.kernels.impl import Impl, stored
@@ -38,12 +38,18 @@ def _geometry_ok(node, dtype: str) -> bool:
         return False
 
 
-def layout_of(x_node, dtype: str) -> str:
+def layout_of(x_node, dtype: str, region_nodes=()) -> str:
     """`nhwc` where the activation comes from another convolution this family computes through
-    ops that keep channels-last (kernels/conv/layout.py), else `nchw`."""
+    ops that keep channels-last (kernels/conv/layout.py), or where another such convolution
+    outside this region reads it too (kernels/conv/layout.py: converted_anyway), so the one
+    conversion composition makes is shared and not this region's cost; else `nchw`."""
     first = lambda n: next(iter(n.tensor_inputs()), None)  # noqa: E731
-    cl = arrives_channels_last(x_node, lambda n: _geometry_ok(n, dtype), lambda n: n.op, first)
-    return "nhwc" if cl else "nchw"
+    computable = lambda n: _geometry_ok(n, dtype)  # noqa: E731
+    if arrives_channels_last(x_node, computable, lambda n: n.op, first):
+        return "nhwc"
+    mine = set(region_nodes)
+    others = [u for u in x_node.users if u.name not in mine]
+    return "nhwc" if converted_anyway(x_node, others, computable, lambda n: n.op, first) else "nchw"
 
 
 def workload(region, graph, policy: str):
@@ -65,7 +71,7 @@ def workload(region, graph, policy: str):
         w = ConvWorkload(g["n"], g["c"], g["k"], g["input"], g["filter"], g["stride"], g["padding"], g["dilation"],
                          g["output_padding"], g["groups"], g["transposed"],
                          bias="bias" in ops or "bn_mean" in ops, chain=canonical_chain(region.attrs.get("chain") or []),
-                         dtype=dtype, policy=policy, layout=layout_of(x, dtype), rule=region.rule)
+                         dtype=dtype, policy=policy, layout=layout_of(x, dtype, region.nodes), rule=region.rule)
     except ConvError as e:
         return None, str(e)
     why = why_not(w)

@@ -4,6 +4,8 @@ does not come from another fact-db convolution through ops that keep channels-la
 
     >>> arrives_channels_last(x_node, producer_is_kernel)   # walks back through ReLU, adds, pooling
     False
+    >>> converted_anyway(x_node, other_users, is_kernel)     # another fact-db convolution reads it too
+    True
 
 Both stages ask this one question: realization (the workload's `layout`, so a kernel that
 will read channels-last is timed that way) on the discovery graph, and composition (where it
@@ -38,4 +40,27 @@ def arrives_channels_last(node, is_kernel, op_of, first_input, limit: int = 64) 
         if op_of(node) not in KEEP_LAYOUT:
             return False
         node = first_input(node)
+    return False
+
+
+# Element-wise ops through which a tensor reaches a convolution's chain as its residual.
+RESIDUAL_OPS = frozenset({"aten.add", "aten.add_", "aten.sub", "aten.sub_", "aten.mul", "aten.mul_", "aten.div",
+                          "aten.div_"})
+
+
+def converted_anyway(node, others, is_kernel, op_of, first_input) -> bool:
+    """Whether a value that is not channels-last is read, among its users `others`, by another
+    fact-db convolution: as that convolution's activation (`is_kernel(user)`, the value its
+    first input), or as the residual of its chain (an element-wise op whose other operand
+    arrives channels-last from a fact-db convolution: ResNet's block input, read by the first
+    1x1 convolution and added back after the last). Composition converts such a value once and
+    every fact-db convolution reading it shares the conversion (fact_db/composition/compose.py),
+    so realization does not charge it to any one of them."""
+    for u in others:
+        if is_kernel(u) and first_input(u) is node:
+            return True
+        if op_of(u) in RESIDUAL_OPS:
+            rest = [a for a in u.tensor_inputs() if a is not node]
+            if any(arrives_channels_last(a, is_kernel, op_of, first_input) for a in rest):
+                return True
     return False
