@@ -19,6 +19,7 @@ the device notes): the JSON says which GPU it ran on.
     python benchmarks/ncu_profile.py gemm --shape 65536x768x3072 --name mingpt_fc2
     python benchmarks/ncu_profile.py gemm --shape 65536x768x768 --transform split3 --promote 2
     python benchmarks/ncu_profile.py conv --shape l2_1_bias_relu --config 256x128x64:coop --policy bf16
+    python benchmarks/ncu_profile.py conv --shape resnet50_1x1_reduce --config 64x64x32:gemm --policy fp32 --promote 1
 
 The GEMM is `gemm_fp32tc_sm90` (fp32 operands on TF32 tensor cores; `--transform presplit` or
 `regsplit`: B's lo parts split once, as composition holds a weight), A row-major and B a Linear weight
@@ -174,7 +175,8 @@ def _conv_child(a) -> None:
     tiles, _, schedule = a.config.partition(":")
     tm, tn, tk = (int(x) for x in tiles.split("x"))
     split = w.dtype == "float32" and a.policy in ("fp32", "tf32x3")
-    cfg = ConvConfig(tm, tn, tk, split3=split, promote=a.promote if split else 0, schedule=schedule or "ws")
+    promote = (max(1, a.promote) if schedule == "gemm" else a.promote) if split else 0  # gemm: every k-tile at least
+    cfg = ConvConfig(tm, tn, tk, split3=split, promote=promote, schedule=schedule or "ws")
     (b,) = build.build([build.Source(cfg.template, render(w, cfg), "sm90a")], progress=False)
     if not b.ok:
         sys.exit(f"build failed: {b.error[:500]}")
