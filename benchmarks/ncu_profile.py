@@ -209,7 +209,8 @@ def main(argv=None) -> int:
     ap.add_argument("--transform", default="presplit", choices=("presplit", "regsplit", "split3", "round"), help="gemm")
     ap.add_argument("--promote", type=int, default=2, help="k-tiles between promotions (fp32-class kernels)")
     ap.add_argument("--tile", default="128x128x16", help="gemm CTA tile")
-    ap.add_argument("--config", default="256x128x64:coop", help="conv: TMxTNxTK[:coop|ws|gemm] (gemm: the pointwise fp32 kernel)")
+    ap.add_argument("--config", default="256x128x64:coop",
+                    help="conv: TMxTNxTK[:coop|ws|gemm] (gemm: the pointwise fp32 kernel)")
     ap.add_argument("--policy", default="bf16", help="conv policy (bf16, fp16, tf32, fp32)")
     ap.add_argument("--ncu", default=os.environ.get("NCU", "ncu"), help="the ncu executable")
     ap.add_argument("--out", type=Path, default=None)

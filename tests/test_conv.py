@@ -450,12 +450,15 @@ def test_a_pointwise_fp32_convolution_leads_with_the_gemm_kernel():
     assert [c.schedule for c in cands[:2]] == ["gemm", "gemm"] and {c.schedule for c in cands[2:]} <= {"coop", "ws"}
     assert all(c.template == GEMM_TEMPLATE and c.split3 and c.promote == 1 for c in cands[:2])
     # K = 64: no 128-wide tile over 64 channels; the cooperative kernel, then the ping-pong one
-    assert [c.label for c in cands[:2]] == ["regsplit promote/1 128x64x32 c1x1 gemm", "regsplit promote/1 64x64x32 c1x1 gemm"]
+    assert [c.label for c in cands[:2]] == ["regsplit promote/1 128x64x32 c1x1 gemm",
+                                            "regsplit promote/1 64x64x32 c1x1 gemm"]
     assert [c.schedule for c in candidates(w, limit=2)] == ["gemm", "coop"]
     wide = ConvWorkload(32, 64, 256, (56, 56), (1, 1), policy="tf32x3")
     got = gemm_candidates(wide)
-    assert len(got) == 8 and [(c.tile_m, c.tile_n, c.tile_k) for c in got[:3]] == [(128, 128, 32), (64, 128, 32), (128, 64, 32)]
-    assert is_pointwise(ConvWorkload(8, 64, 64, (9,), (1,))) and is_pointwise(ConvWorkload(2, 8, 8, (4, 4, 4), (1, 1, 1)))
+    assert len(got) == 8
+    assert [(c.tile_m, c.tile_n, c.tile_k) for c in got[:3]] == [(128, 128, 32), (64, 128, 32), (128, 64, 32)]
+    assert is_pointwise(ConvWorkload(8, 64, 64, (9,), (1,)))
+    assert is_pointwise(ConvWorkload(2, 8, 8, (4, 4, 4), (1, 1, 1)))
     for other, words in [(ConvWorkload(8, 64, 64, (56, 56), (3, 3), padding=(1, 1)), "not a pointwise"),
                          (ConvWorkload(8, 64, 64, (56, 56), (1, 1), stride=(2, 2)), "not a pointwise"),
                          (ConvWorkload(8, 64, 64, (56, 56), (1, 1), padding=(1, 1)), "not a pointwise"),

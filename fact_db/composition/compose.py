@@ -442,9 +442,9 @@ def _region_nodes(gm, g, shapes, r, impl, fx, index: int):
 
 def _conv_weights(gm, fx, r, wl, cfg, index: int):
     """(weight buffer node's name, folded bias buffer's name or None) of a conv region: the weight
-    held as the kernel reads it (KRSC; split3's [w, lo(w), w]; the pointwise GEMM's [hi(w); lo(w)]; `cfg` None, cuDNN's: as the model
-    holds it), made once; with an eval-mode BatchNorm in the region, folded into that weight
-    and a bias first (kernels/conv/fold.py)."""
+    held as the kernel reads it (KRSC; split3's [w, lo(w), w]; the pointwise GEMM's
+    [hi(w); lo(w)]; `cfg` None, cuDNN's: as the model holds it), made once; with an eval-mode
+    BatchNorm in the region, folded into that weight and a bias first (kernels/conv/fold.py)."""
     from fact_db.kernels.conv.fold import fold_bn
     from fact_db.kernels.conv.kernel import prepare_weight
     ops, attrs = r.operands, r.attrs

@@ -139,8 +139,9 @@ def impl_of(w: ConvWorkload, best, arch: str = "sm90a", gpu: str = "h100", folds
     k = ConvKernel(best.so, w, best.config, build_key=best.build_key)
     key = w.key(arch, gpu)
     return Impl("conv", f"{best.config.template} {best.label}", k.as_op(), {
-        "template": best.config.template, "config": asdict(best.config), "workload": w.as_dict(), "build_key": best.build_key,
-        "so": str(best.so), "registry_key": w.key_fields(), "registry_digest": key.digest(), "op": f"factdb::{k.op_name}"})
+        "template": best.config.template, "config": asdict(best.config), "workload": w.as_dict(),
+        "build_key": best.build_key, "so": str(best.so), "registry_key": w.key_fields(),
+        "registry_digest": key.digest(), "op": f"factdb::{k.op_name}"})
 
 
 def realize(w: ConvWorkload, region, ctx: Context) -> Outcome:

@@ -218,8 +218,9 @@ def forward_padding(w: ConvWorkload) -> tuple:
 def prepare_weight(w_kcrs, workload: ConvWorkload, cfg: ConvConfig):
     """The weight as the kernel reads it, made once: K x R... x C packed (KRSC), in the
     workload's dtype; for split3 [hi(w), lo(w), hi(w)] along C (each part TF32 already: see the
-    template); for the pointwise GEMM (schedule "gemm") [hi(w); lo(w)], two K x C matrices. A stride-1 transposed convolution's
-    weight (C x K x R...) becomes the forward one it equals: flipped in space, C and K swapped."""
+    template); for the pointwise GEMM (schedule "gemm") [hi(w); lo(w)], two K x C matrices. A
+    stride-1 transposed convolution's weight (C x K x R...) becomes the forward one it equals:
+    flipped in space, C and K swapped."""
     import torch
     w = w_kcrs.detach()
     if workload.transposed:
@@ -256,7 +257,8 @@ def channels_last_strides(shape) -> list:
 
 
 class ConvKernel:
-    """A loaded conv_sm90 (or, schedule "gemm", conv_gemm_sm90) build. `k(x, w_prepared, bias, vecs, residual)` -> y (channels-last)."""
+    """A loaded conv_sm90 (or, schedule "gemm", conv_gemm_sm90) build.
+    `k(x, w_prepared, bias, vecs, residual)` -> y (channels-last)."""
 
     def __init__(self, path: str | Path, workload: ConvWorkload, config: ConvConfig, build_key: str = ""):
         self.path = Path(path)
