@@ -24,10 +24,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def lookup_for(verified=lambda w: True, broken: str = ""):
-    """A stand-in registry: a stand-in kernel for each GEMM and attention workload `verified`
-    accepts; `broken`: a family whose kernel fails to load."""
+    """A stand-in registry: a stand-in kernel for each GEMM, attention and convolution workload
+    `verified` accepts (a pointwise fp32 convolution the GEMM kernel's, as the tuner picks);
+    `broken`: a family whose kernel fails to load."""
     def lookup(region, w, policy):
-        fam = "gemm" if hasattr(w, "epilogue") else "attention" if hasattr(w, "lq") else None
+        fam = ("gemm" if hasattr(w, "epilogue") else "attention" if hasattr(w, "lq") else
+               "conv" if hasattr(w, "filter") else None)
         if fam is None or not verified(w):
             return None
         if fam == broken:
@@ -35,6 +37,14 @@ def lookup_for(verified=lambda w: True, broken: str = ""):
         if fam == "gemm":
             return Impl("gemm", f"stand-in {w.epilogue}", standins.gemm_op(w.epilogue),
                         {"build_key": f"standin-{w.epilogue}"})
+        if fam == "conv":
+            from dataclasses import asdict
+
+            from fact_db.kernels.conv.kernel import ConvConfig, is_pointwise
+            cfg = (ConvConfig(64, 64, 32, split3=True, promote=1, schedule="gemm") if is_pointwise(w)
+                   else ConvConfig(128, 64, 32, split3=True, promote=1))
+            return Impl("conv", f"stand-in {cfg.label}", standins.conv_op(w),
+                        {"workload": w.as_dict(), "config": asdict(cfg), "build_key": f"standin-{cfg.label}"})
         return Impl("attention", "stand-in attention", standins.attention_op(), {"build_key": "standin-attention"})
     return lookup
 
@@ -155,6 +165,71 @@ def test_the_graph_runs_registry_kernels_and_inductor_compiles_the_rest():
     listed = [str(w.message) for w in seen if "stay with Inductor" in str(w.message)]
     assert len(listed) <= 1  # once per process: an earlier test may have listed these already
     assert "graph 1 (2x16x64, fp32): 5 kernel(s)" in str(B.report())
+
+
+def test_convolutions_run_their_registry_kernels_with_batchnorm_folded_and_one_conversion():
+    """A ResNet-50 bottleneck (eval mode) under the backend: its three conv-bn regions run their
+    kernels (the 1x1s the pointwise GEMM kernel's [hi(w); lo(w)] weight, the BatchNorms folded
+    into held weights), the block input converted to channels-last once for the first 1x1 and
+    the residual, and the result equals eager."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("resnet50_bottleneck", ROOT / "benchmarks/problems/resnet50_bottleneck.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    torch.manual_seed(3)
+    model = mod.Model(16, 4).eval()
+    for bn in (model.bn1, model.bn2, model.bn3):
+        bn.running_mean.uniform_(-0.5, 0.5), bn.running_var.uniform_(0.5, 2.0)
+    x = torch.randn(2, 16, 8, 8)
+    fast, calls = compiled(model, lookup=lookup_for())
+    with torch.no_grad():
+        before = standins.CALLS.copy()
+        got = fast(x)
+        assert standins.CALLS["conv"] - before["conv"] == 3
+        assert standins.CALLS["conv_not_channels_last"] == before["conv_not_channels_last"]
+        torch.testing.assert_close(got, model(x), rtol=1e-4, atol=1e-4)
+    [g] = B.report().graphs
+    assert [k[0] for k in g.kernels] == ["conv-bn"] * 3
+    assert sum("gemm" in k[2] for k in g.kernels) == 2 and not g.left
+
+
+def test_the_registry_serves_a_convolutions_kernel_only_where_it_is_current_and_built(monkeypatch):
+    """lookup.kernel_for on a conv region: no row, a cuDNN winner (Inductor has its own) and a
+    kernel not in the build cache leave it with Inductor, each saying so; a built winner comes
+    back as the conv family's Impl (its template, its config, BatchNorm folding where the region
+    has one), keyed by its build for the cache key."""
+    import types
+
+    from fact_db.kernels.conv import kernel as conv_kernel
+    from fact_db.kernels.conv import tune as conv_tune
+    from fact_db.kernels.conv.kernel import ConvConfig
+    from fact_db.kernels.conv.workload import ConvWorkload
+    from fact_db.pipeline import lookup
+    from fact_db.store.registry import Registry
+    w = ConvWorkload(32, 256, 64, (56, 56), (1, 1), chain='[{"op":"relu"}]', rule="conv-bn")
+    region = types.SimpleNamespace(rule="conv-bn", template="conv_sm90", operands={"x": "x", "w": "w", "bn_mean": "m"})
+    cfg = ConvConfig(64, 64, 32, split3=True, promote=1, schedule="gemm")
+    ask = lambda wl: lookup.kernel_for(reg, region, wl, arch="sm90a", gpu="h100")  # noqa: E731
+    with Registry.open("memory") as reg:
+        assert ask(w).impl is None and ask(w).why == "no current registry row"
+        conv_tune.record(w, [conv_tune.ConvTrial(cfg.label, "ok", 0.07, 1.8e-7, config=cfg),
+                             conv_tune.ConvTrial("cudnn", "ok", 0.15, 2.2e-7)], reg, gpu="h100")
+        assert ask(w).impl is None and "is not built here" in ask(w).why
+        other = ConvWorkload(**(w.as_dict() | {"c": 128}))
+        conv_tune.record(other, [conv_tune.ConvTrial("cudnn", "ok", 0.1, 2e-7)], reg, gpu="h100")
+        assert ask(other).why == "the registry's winner is cuDNN"
+
+        class Loaded:  # the library is not loaded on the CPU: what impl_of builds from it
+            def __init__(self, so, wl, config, build_key=""):
+                self.so, self.config, self.build_key, self.op_name = so, config, build_key, "c_standin"
+
+            def as_op(self):
+                return lambda *a: None
+        monkeypatch.setattr(conv_kernel, "ConvKernel", Loaded)
+        monkeypatch.setattr(lookup, "_cached_so", lambda source: ("/cache/k/kernel.so", "k" * 24))
+        found = ask(w)
+        assert found.impl is not None and found.impl.kind == "conv" and found.row == "conv:" + "k" * 24
+        assert found.impl.record["template"] == "conv_gemm_sm90" and found.impl.record["config"]["schedule"] == "gemm"
 
 
 class SwiGlu(nn.Module):

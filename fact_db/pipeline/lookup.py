@@ -80,11 +80,28 @@ def _norm(registry, region, w, arch: str, gpu: str) -> Found:
     return Found(norm.impl_of(w, hit), f"norm:{key}")
 
 
+def _conv(registry, region, w, arch: str, gpu: str) -> Found:
+    from fact_db.kernels import build
+    from fact_db.kernels.conv import family as conv
+    from fact_db.kernels.conv import tune as conv_tune
+    from fact_db.kernels.conv.kernel import render
+    hit = conv_tune.from_registry(w, registry, arch, gpu)
+    if hit is None or hit.config is None:
+        return Found(why="no current registry row" if hit is None else "the registry's winner is cuDNN")
+    so, key = _cached_so(build.Source(hit.config.template, render(w, hit.config), arch))
+    if not so:
+        return Found(why=f"the registry's kernel {hit.label} is not built here")
+    hit.so, hit.build_key = so, key
+    folds = "bn_mean" in (region.operands or {})
+    return Found(conv.impl_of(w, hit, arch, gpu, folds), f"conv:{key}")
+
+
 def kernel_for(registry, region, workload, *, arch: str, gpu: str, tune: bool = False) -> Found:
     """The fact-db kernel the registry holds for `region` (its `workload`), as an Impl; with
-    `tune`, the region's family realizes it (registry first, then tuning on this GPU). A GEMM
-    or norm library winner is not served: Inductor has its own; an attention region written
-    out by the model gets the SDPA backend that won (Inductor does not make that rewrite)."""
+    `tune`, the region's family realizes it (registry first, then tuning on this GPU). A GEMM,
+    norm or convolution library winner is not served: Inductor has its own (cuDNN, with the
+    chain fused after it); an attention region written out by the model gets the SDPA backend
+    that won (Inductor does not make that rewrite)."""
     from fact_db.kernels import families
     fam = families.of(workload)
     if fam is None:
@@ -94,7 +111,7 @@ def kernel_for(registry, region, workload, *, arch: str, gpu: str, tune: bool = 
         got = fam.realize(workload, region, Context(gpu=gpu, registry=registry, arch=arch))
         return Found(got.impl, f"{fam.NAME}:{got.impl.record.get('build_key', '')}") if got.impl.kernel else \
             Found(why=f"tuned: {got.impl.label or got.impl.note or 'the library won'}")
-    finder = {"gemm": _gemm, "attention": _attention, "norm": _norm}.get(fam.NAME)
+    finder = {"gemm": _gemm, "attention": _attention, "norm": _norm, "conv": _conv}.get(fam.NAME)
     if finder is None:
         return Found(why=f"the {fam.NAME} family's kernels are not looked up by the backend")
     found = finder(registry, region, workload, arch, gpu)
