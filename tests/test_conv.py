@@ -641,6 +641,14 @@ def test_a_bottleneck_converts_its_input_once_for_the_first_convolution_and_the_
     assert (got - want).abs().max().item() < 1e-4
     assert len(gm.meta["factdb_layout_conversions"]) == 1, gm.meta["factdb_layout_conversions"]
     assert sum(1 for n in gm.graph.nodes if n.target is torch.ops.aten.clone.default) == 1
+    # regions rewritten last to first: x's conversion for the residual comes after the first
+    # convolution's insertion point, so that one makes its own; the graph stays valid
+    order = list(range(len(rep.regions)))[::-1]
+    gm2, _ = rewrite(rep.graph.program, [rep.regions[i] for i in order], {j: impls[i] for j, i in enumerate(order)})
+    gm2.graph.lint()
+    with torch.no_grad():
+        assert (gm2(x) - want).abs().max().item() < 1e-4
+    assert sum("`x` converted" in c for c in gm2.meta["factdb_layout_conversions"]) == 2
 
 
 def test_composed_chain_runs_under_torch_compile():
