@@ -608,6 +608,32 @@ def test_an_input_another_fact_db_convolution_reads_is_not_charged_its_conversio
     assert [families.workload_of(r, rep.graph, "fp32")[0].layout for r in rep.regions] == ["nchw"]
 
 
+def test_branches_reading_one_input_share_its_conversion():
+    """GoogLeNet's inception module: one input read by several convolutions (1x1 branches
+    beside a 3x3). Each branch is timed as reading channels-last, and composition converts the
+    input once for all of them."""
+    from fact_db.composition.compose import rewrite
+
+    class Inception(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.c = nn.Conv2d(16, 8, 1), nn.Conv2d(16, 8, 1), nn.Conv2d(16, 8, 3, padding=1)
+
+        def forward(self, x):
+            return torch.cat([torch.relu(self.a(x)), torch.relu(self.b(x)), self.c(x)], 1)
+    torch.manual_seed(4)
+    model, x = Inception().eval(), torch.randn(2, 16, 8, 8)
+    rep = fact_db.discover(model, (x,))
+    ws = [families.workload_of(r, rep.graph, "fp32")[0] for r in rep.regions]
+    assert len(ws) == 3 and [w.layout for w in ws] == ["nhwc"] * 3
+    gm, _ = rewrite(rep.graph.program, rep.regions, _impls(rep))
+    standins.CALLS.clear()
+    with torch.no_grad():
+        assert (gm(x) - model(x)).abs().max().item() < 1e-4
+    assert standins.CALLS["conv"] == 3 and standins.CALLS["conv_not_channels_last"] == 0
+    assert len(gm.meta["factdb_layout_conversions"]) == 1
+
+
 def test_a_bottleneck_converts_its_input_once_for_the_first_convolution_and_the_residual():
     """ResNet's bottleneck reads x twice: the first 1x1 convolution's input and the last one's
     residual. Both want it channels-last: one conversion serves both. Its pointwise
