@@ -440,15 +440,16 @@ def test_split3_candidates_promote_their_partial_sums_and_say_so():
 
 def test_a_pointwise_fp32_convolution_leads_with_the_gemm_kernel():
     """1x1, stride 1, no padding, one group, under fp32 or tf32x3: the GEMM kernel
-    (conv_gemm_sm90, A split in registers) takes the first two places (one on a budget of one
-    or two), cooperative and ping-pong; split3's conv kernels follow. Anything else (a 3x3, a
-    stride, bf16, tf32, groups) has no GEMM config."""
+    (conv_gemm_sm90, A split in registers) takes every place but the last (at most four),
+    cooperative and ping-pong alternating; the conv kernels' best config is last. Anything
+    else (a 3x3, a stride, bf16, tf32, groups) has no GEMM config."""
     from fact_db.kernels.conv.kernel import GEMM_TEMPLATE, TEMPLATE, is_pointwise, why_not_gemm
     from fact_db.kernels.conv.tune import gemm_candidates
     w = ConvWorkload(32, 256, 64, (56, 56), (1, 1), policy="fp32")
     cands = candidates(w, limit=4)
-    assert [c.schedule for c in cands[:2]] == ["gemm", "gemm"] and {c.schedule for c in cands[2:]} <= {"coop", "ws"}
-    assert all(c.template == GEMM_TEMPLATE and c.split3 and c.promote == 1 for c in cands[:2])
+    assert [c.schedule for c in cands[:3]] == ["gemm"] * 3 and cands[3].schedule in ("coop", "ws")
+    assert all(c.template == GEMM_TEMPLATE and c.split3 and c.promote == 1 for c in cands[:3])
+    assert len(candidates(w, limit=12)) == 5  # every GEMM config (four here) and one conv kernel
     # K = 64: no 128-wide tile over 64 channels; the cooperative kernel, then the ping-pong one
     assert [c.label for c in cands[:2]] == ["regsplit promote/1 128x64x32 c1x1 gemm",
                                             "regsplit promote/1 64x64x32 c1x1 gemm"]
