@@ -737,13 +737,16 @@ def _conv_realizer(files):
 
     def realize(disc, policy):
         def chooser(w):
+            from fact_db.kernels.conv.kernel import is_pointwise
             cfg = ConvConfig(128, 64, 32 if w.dtype == "float32" else 64, split3=policy in ("fp32", "tf32x3"))
+            if policy == "fp32" and is_pointwise(w):  # the pointwise GEMM kernel, as the tuner offers first
+                cfg = ConvConfig(64, 64, 32, split3=True, promote=1, schedule="gemm")
             t = ConvTrial(cfg.label, "ok", 0.5, 1e-7, config=cfg, so=str(files / "kernel.so"), build_key="c" * 24)
             return [t, ConvTrial("cudnn", "ok", 1.0, 1e-7)], t, "tuned"
 
         def make(w, best):
             return Impl("conv", f"stand-in {best.label}", standins.conv_op(w), {
-                "standin": "conv", "workload": w.as_dict(), "config": asdict(best.config), "template": "conv_sm90",
+                "standin": "conv", "workload": w.as_dict(), "config": asdict(best.config), "template": best.config.template,
                 "build_key": best.build_key, "so": best.so})
         return realize_regions(disc, policy, conv_chooser=chooser, conv_impl=make, progress=False)
     return realize
@@ -783,6 +786,8 @@ def test_optimize_composes_saves_and_loads_convolutions(tmp_path, policy):
     m = json.loads((tmp_path / "art" / "manifest.json").read_text())
     convs = [r["impl"] for r in m["regions"] if r["impl"]["kind"] == "conv"]
     assert len(convs) == 3 and convs[1]["workload"]["layout"] == "nhwc" and convs[1]["config"]["tile_n"] == 64
+    # the last convolution is a 1x1: at fp32 the pointwise GEMM kernel, its weight [hi(w); lo(w)]
+    assert [c["template"] for c in convs] == ["conv_sm90"] * 2 + ["conv_gemm_sm90" if policy == "fp32" else "conv_sm90"]
     assert [r["rule"] for r in m["regions"]] == ["conv-bias-act", "conv-bn", "conv-epilogue"]
     again = load(tmp_path / "art", loader=_conv_loader)
     standins.CALLS.clear()
