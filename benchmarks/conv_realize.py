@@ -117,8 +117,8 @@ def main() -> int:
     t0 = time.perf_counter()
     cands = {id(w): conv_tune.candidates(w, limit) for _, _, w in ws}
     from fact_db.kernels import build
-    from fact_db.kernels.conv.kernel import render
-    sources = list(dict.fromkeys(build.Source(c.template, render(w, c), "sm90a") for _, _, w in ws
+    from fact_db.kernels.conv.kernel import source
+    sources = list(dict.fromkeys(source(w, c) for _, _, w in ws
                                  for c in cands[id(w)]))
     print(f"{len(ws)} workloads, {len(sources)} distinct kernels to build", flush=True)
     built = dict(zip(sources, build.build(sources, jobs=args.jobs, progress=False)))
@@ -131,7 +131,7 @@ def main() -> int:
     import torch
     results = []
     for name, problem, w in ws:
-        bs = {c: built[build.Source(c.template, render(w, c), "sm90a")] for c in cands[id(w)]}
+        bs = {c: built[source(w, c)] for c in cands[id(w)]}
         t1 = time.perf_counter()
         trials = conv_tune.tune_conv(w, cands[id(w)], built=bs, in_process=args.in_process, progress=False)
         cudnn = next((t for t in trials if t.config is None), None)

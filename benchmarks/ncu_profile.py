@@ -165,7 +165,7 @@ def _conv_child(a) -> None:
 
     import conv_realize as CR
     from fact_db.kernels import build
-    from fact_db.kernels.conv.kernel import ConvConfig, ConvKernel, render
+    from fact_db.kernels.conv.kernel import ConvConfig, ConvKernel, source
     from fact_db.kernels.conv.tune import _prepared
     from fact_db.kernels.conv.workload import ConvWorkload, canonical_chain
     shape = {name: (geo, chain) for name, _, geo, chain in CR.SHAPES}
@@ -177,7 +177,7 @@ def _conv_child(a) -> None:
     split = w.dtype == "float32" and a.policy in ("fp32", "tf32x3")
     promote = (max(1, a.promote) if schedule == "gemm" else a.promote) if split else 0  # gemm: every k-tile at least
     cfg = ConvConfig(tm, tn, tk, split3=split, promote=promote, schedule=schedule or "ws")
-    (b,) = build.build([build.Source(cfg.template, render(w, cfg), "sm90a")], progress=False)
+    (b,) = build.build([source(w, cfg)], progress=False)
     if not b.ok:
         sys.exit(f"build failed: {b.error[:500]}")
     kern = ConvKernel(str(b.path), w, cfg)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fact_db.kernels.conv.kernel import ConvConfig, ConvKernel, prepare_weight, render
+from fact_db.kernels.conv.kernel import ConvConfig, ConvKernel, prepare_weight, source
 from fact_db.kernels.conv.tune import evaluate_one
 from fact_db.kernels.conv.workload import ConvWorkload, canonical_chain
 
@@ -69,7 +69,7 @@ CASES = [
 @pytest.fixture(scope="module")
 def built():
     from fact_db.kernels import build
-    srcs = [build.Source(c.template, render(w, c), "sm90a") for w, c in CASES]
+    srcs = [source(w, c) for w, c in CASES]
     res = build.build(srcs, jobs=16, progress=False)
     for b in res:
         assert b.ok, b.error

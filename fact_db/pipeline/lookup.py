@@ -81,14 +81,13 @@ def _norm(registry, region, w, arch: str, gpu: str) -> Found:
 
 
 def _conv(registry, region, w, arch: str, gpu: str) -> Found:
-    from fact_db.kernels import build
     from fact_db.kernels.conv import family as conv
     from fact_db.kernels.conv import tune as conv_tune
-    from fact_db.kernels.conv.kernel import render
+    from fact_db.kernels.conv.kernel import source
     hit = conv_tune.from_registry(w, registry, arch, gpu)
     if hit is None or hit.config is None:
         return Found(why="no current registry row" if hit is None else "the registry's winner is cuDNN")
-    so, key = _cached_so(build.Source(hit.config.template, render(w, hit.config), arch))
+    so, key = _cached_so(source(w, hit.config, arch))
     if not so:
         return Found(why=f"the registry's kernel {hit.label} is not built here")
     hit.so, hit.build_key = so, key

@@ -95,9 +95,9 @@ def prebuild(workloads: list, ctx: Context) -> set:
     candidate built."""
     if "conv" in ctx.hooks:
         return set()
-    from fact_db.kernels import build
-    from fact_db.kernels.conv.tune import candidates, render
-    return build_batch([(w, build.Source(c.template, render(w, c), ctx.arch)) for w in dict.fromkeys(workloads)
+    from fact_db.kernels.conv.kernel import source
+    from fact_db.kernels.conv.tune import candidates
+    return build_batch([(w, source(w, c, ctx.arch)) for w in dict.fromkeys(workloads)
                         for c in candidates(w, ctx.max_candidates)], ctx)
 
 

@@ -139,6 +139,12 @@ def render(w: ConvWorkload, c: ConvConfig) -> str:
     return template.render(c.template, params(w, c))
 
 
+def source(w: ConvWorkload, c: ConvConfig, arch: str = "sm90a"):
+    """What kernels.build compiles for `w` under `c` (its template, rendered, for `arch`)."""
+    from fact_db.kernels import build
+    return build.Source(c.template, render(w, c), arch)
+
+
 def alignment(dtype: str) -> int:
     """Elements per 16 bytes: TMA needs C and K multiples of it."""
     return 16 // {"float32": 4, "bfloat16": 2, "float16": 2}[dtype]

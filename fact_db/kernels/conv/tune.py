@@ -13,8 +13,8 @@ import math
 from dataclasses import asdict, dataclass
 
 from fact_db.core.device import DEVICES
-from fact_db.kernels.conv.kernel import (TEMPLATES, ConvConfig, ConvKernel, prepare_weight, render, to_channels_last,
-                                        why_not, why_not_gemm)
+from fact_db.kernels.conv.kernel import (TEMPLATES, ConvConfig, ConvKernel, prepare_weight, render, source,
+                                        to_channels_last, why_not, why_not_gemm)
 from fact_db.kernels.conv.workload import ConvWorkload
 from fact_db.store.records import config_hash
 
@@ -69,6 +69,11 @@ def _score(w: ConvWorkload, c: ConvConfig) -> float:
     return fill * pad * ((c.tile_m * c.tile_n) / MAX_TILE_AREA) ** 0.25
 
 
+def _mostly_padding(tile_n: int, w: ConvWorkload) -> bool:
+    """A tile wider than 64 that is mostly over output channels that do not exist."""
+    return tile_n > 64 and tile_n >= 2 * w.k
+
+
 def candidates(w: ConvWorkload, limit: int = 8) -> list[ConvConfig]:
     """At most `limit` configs, best-ranked first; none where the template cannot take `w`
     (kernel.why_not: transposed, grouped, misaligned channels). The schedules alternate (the
@@ -86,8 +91,8 @@ def candidates(w: ConvWorkload, limit: int = 8) -> list[ConvConfig]:
     for schedule in ("coop", "ws"):  # coop first: its best tile leads the list
         out = []
         for tm, tn in (COOP_TILES if schedule == "coop" else TILES):
-            if tn > 64 and tn >= 2 * w.k:
-                continue  # a tile mostly over channels that do not exist
+            if _mostly_padding(tn, w):
+                continue
             for cm, cn in CLUSTERS:
                 if (cm > 1 and math.ceil(m / tm) < 2 * cm) or (cn > 1 and math.ceil(w.k / tn) < 2 * cn):
                     continue
@@ -115,7 +120,7 @@ def gemm_candidates(w: ConvWorkload) -> list[ConvConfig]:
     ping-pong kernel alternating."""
     if why_not_gemm(w):
         return []
-    widths = [tn for tn in GEMM_TILE_N if not (tn > 64 and tn >= 2 * w.k)]
+    widths = [tn for tn in GEMM_TILE_N if not _mostly_padding(tn, w)]
     return [ConvConfig(tm, tn, tk, 1, 1, "auto", True, 1, "gemm")
             for tk in GEMM_TILE_K for tn in widths for tm in GEMM_TILE_M]
 
@@ -124,7 +129,7 @@ def build_candidates(w: ConvWorkload, cands: list[ConvConfig], arch: str = "sm90
                      progress: bool = True) -> dict:
     """{config: Built}, compiled in parallel (cached builds return at once)."""
     from fact_db.kernels import build
-    sources = [build.Source(c.template, render(w, c), arch) for c in cands]
+    sources = [source(w, c, arch) for c in cands]
     return dict(zip(cands, build.build(sources, jobs=jobs, progress=progress)))
 
 
