@@ -83,6 +83,30 @@ def test_memory_is_part_of_the_choice_densenet():
         bound_of("lots", 1.0)
 
 
+def test_a_candidate_must_beat_eager_in_most_rounds_not_by_the_median_alone():
+    """KernelBench L3-20 (MobileNetV2, launch-bound, on a host whose CPU was shared): rounds
+    that differ by 2x let a median pick a module slower than eager in most rounds. A candidate
+    that loses to eager in most rounds is out, with its rounds in the reason; one that wins
+    most rounds stays chosen; without rounds (stand-in timings) the median decides."""
+    def cands(compile_rounds, composed_rounds=None):
+        import statistics
+        out = [Candidate("eager", rounds_ms=[6.5, 8.1, 3.8]), Candidate("torch.compile", rounds_ms=compile_rounds)]
+        if composed_rounds:
+            out.append(Candidate("composed", rounds_ms=composed_rounds))
+        for c in out:
+            c.ms, c.verified = statistics.median(c.rounds_ms), True
+        return out
+    choice = pick(cands([5.0, 9.2, 4.0]), "fp32")  # median 5.0 against 6.5, but slower in 2 of 3 rounds
+    assert choice.chosen == "eager"
+    why = choice.candidate("torch.compile").why
+    assert "slower than eager (with its 2% margin) in 2 of 3 rounds" in why and "5.000, 9.200, 4.000" in why
+    assert pick(cands([5.0, 7.0, 3.5]), "fp32").chosen == "torch.compile"  # faster in every round
+    # the next fastest consistent winner is chosen, not eager
+    choice = pick(cands([5.0, 9.2, 4.0], [6.0, 7.5, 3.6]), "fp32")
+    assert choice.chosen == "composed" and "not a consistent win" in choice.candidate("torch.compile").why
+    assert choice.as_dict()["candidates"][0]["rounds_ms"] == [6.5, 8.1, 3.8]
+
+
 def test_a_cuda_graph_must_win_by_its_margin():
     """A graph copies inputs in and outputs out: within 3% of op by op it is a tie (the minGPT
     block at fp32 timed 12.73 against 12.79 ms, then 13.41 against 12.45)."""
