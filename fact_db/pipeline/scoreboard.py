@@ -92,8 +92,9 @@ def _did(report, fast=None) -> dict:
                            "composed" if out["kernels"] else "eager (no region on a kernel)")
     ch = getattr(report, "choice", None)
     if ch is not None:  # every candidate of the choice: a peer left out (failed verification, slower) says why
-        out["choice"] = [{"name": c.name, "ms": c.ms, "verified": c.verified, "chosen": c.chosen,
-                          "why": first_line(c.why or "", 200), **_clocks(c.clocks)} for c in ch.candidates]
+        out["choice"] = [{"name": c.name, "ms": c.ms, "rounds_ms": c.rounds_ms, "verified": c.verified,
+                          "chosen": c.chosen, "why": first_line(c.why or "", 300), **_clocks(c.clocks)}
+                         for c in ch.candidates]
     timed = [v for v in report.variants or [] if v.clocks]
     if timed:  # the GPU's clocks after each timing of the benchmark (its SM clock, and why it was held back)
         out["clocks"] = {v.name: _clocks(v.clocks) for v in timed}
