@@ -160,3 +160,34 @@ def test_the_composed_module_replays_one_cuda_graph_equal_to_its_ops(artifact, l
     # intermediate) is counted as held memory, which the benchmark adds to fact-db's peak.
     held = (loaded.held_mib() - loaded.held_mib(graphs=False)) * 2**20
     assert held >= sum(t.numel() * t.element_size() for t in x) + y.numel() * y.element_size()
+
+
+def test_eagers_reserved_peak_is_the_pool_a_graph_of_the_same_ops_holds():
+    """The choice's memory bound (pipeline/choice.py) compares a CUDA graph's pool, counted in
+    whole segments, with eager's per-call peak counted the same way (bench.peak_mib(reserved=
+    True)); counted as allocated bytes, eager's peak sat 25-35% under the pool of its own ops."""
+    from fact_db.kernels.bench import peak_mib
+
+    def f(x):  # intermediates of 1 to 16 MiB, each freed before the end, as a CNN's are
+        y = torch.relu(x * 2.0)
+        z = torch.nn.functional.max_pool2d(y, 2)
+        return (torch.sigmoid(z) + z.mean()).sum(dim=1)
+    x = torch.rand(10, 32, 112, 112, device="cuda")
+    allocated, reserved = peak_mib(lambda: f(x)), peak_mib(lambda: f(x), reserved=True)
+    assert reserved >= allocated > 0
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        f(x)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_reserved()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = f(x)
+    torch.cuda.synchronize()
+    pool = (torch.cuda.memory_reserved() - before) / 2**20
+    g.replay()
+    assert torch.equal(out, f(x))
+    assert pool <= 1.1 * reserved + 2, (pool, reserved, allocated)

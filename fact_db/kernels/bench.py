@@ -149,15 +149,24 @@ def time_round(many, fns: list, sets: list) -> tuple[list, dict]:
         return out, failed
 
 
-def peak_mib(fn, device="cuda") -> float:
-    """Peak GPU memory one call of `fn()` allocates beyond what was allocated before it, in MiB."""
+def peak_mib(fn, device="cuda", reserved: bool = False) -> float:
+    """Peak GPU memory one call of `fn()` allocates beyond what was allocated before it, in MiB.
+    `reserved`: the peak the allocator reserved for it instead, from an emptied cache (whole
+    segments, as a CUDA graph's pool is counted: held_mib), which eager PyTorch's caching
+    allocator keeps between calls."""
+    import gc
+
     import torch
+    if reserved:
+        gc.collect()
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
     torch.cuda.synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)
-    before = torch.cuda.memory_allocated(device)
+    before = (torch.cuda.memory_reserved if reserved else torch.cuda.memory_allocated)(device)
     out = fn()
     torch.cuda.synchronize(device)
-    peak = torch.cuda.max_memory_allocated(device) - before
+    peak = (torch.cuda.max_memory_reserved if reserved else torch.cuda.max_memory_allocated)(device) - before
     del out
     return peak / 2**20
 
