@@ -17,7 +17,7 @@ import fact_db
 from fact_db.kernels import families
 from fact_db.kernels.conv import family as conv_family
 from fact_db.kernels.conv.fold import fold_bn
-from fact_db.kernels.conv.kernel import (ConvConfig, channels_last_strides, forward_padding, groups_of, is_channels_last,
+from fact_db.kernels.conv.kernel import (ConvConfig, ConvKernel, channels_last_strides, forward_padding, groups_of, is_channels_last,
                                          params, prepare_weight, render, split_activation, tf32_lo, to_channels_last,
                                          why_not)
 from fact_db.kernels.conv.tune import MAX_TILE_AREA, candidates, per_warpgroup
@@ -365,8 +365,11 @@ def test_channels_last_helpers_for_1d_2d_3d():
 
 def test_why_not_says_which_convolutions_stay_with_cudnn():
     assert "grouped or depthwise" in why_not(ConvWorkload(1, 16, 16, (8, 8), (3, 3), groups=16))
-    assert "multiples of 8" in why_not(ConvWorkload(1, 3, 64, (8, 8), (3, 3), dtype="bfloat16", policy="bf16"))
-    assert "multiples of 4" in why_not(ConvWorkload(1, 3, 64, (8, 8), (3, 3)))
+    assert "a multiple of 8" in why_not(ConvWorkload(1, 16, 12, (8, 8), (3, 3), dtype="bfloat16", policy="bf16"))
+    assert "a multiple of 4" in why_not(ConvWorkload(1, 16, 6, (8, 8), (3, 3)))
+    # three input channels (a network's first convolution): padded, not refused
+    assert why_not(ConvWorkload(1, 3, 64, (8, 8), (3, 3))) == ""
+    assert why_not(ConvWorkload(1, 3, 64, (8, 8), (3, 3), dtype="bfloat16", policy="bf16")) == ""
     assert "transposed" in why_not(ConvWorkload(1, 16, 16, (8, 8), (3, 3), stride=(2, 2), transposed=True))
     assert why_not(ConvWorkload(1, 16, 16, (8, 8), (3, 3), padding=(1, 1), transposed=True)) == ""
     assert why_not(ConvWorkload(1, 16, 16, (8, 8), (3, 3))) == ""
@@ -466,7 +469,7 @@ def test_a_pointwise_fp32_convolution_leads_with_the_gemm_kernel():
                          (ConvWorkload(8, 64, 64, (56, 56), (1, 1), groups=2), "not a pointwise"),
                          (ConvWorkload(8, 64, 64, (56, 56), (1, 1), policy="tf32"), "fp32-class"),
                          (ConvWorkload(8, 64, 64, (56, 56), (1, 1), dtype="bfloat16", policy="bf16"), "fp32-class"),
-                         (ConvWorkload(8, 6, 64, (56, 56), (1, 1)), "multiples of 4")]:
+                         (ConvWorkload(8, 6, 64, (56, 56), (1, 1)), "a multiple of 4")]:
         assert words in why_not_gemm(other) and gemm_candidates(other) == []
         assert all(c.template == TEMPLATE for c in candidates(other, limit=8))
     with pytest.raises(ConvError, match="split3 and promote"):
@@ -852,7 +855,7 @@ def test_where_cudnn_wins_a_conv_bn_region_its_batchnorm_is_still_folded():
     rep = fact_db.discover(model, (x,))
     [r] = rep.regions
     w, note = families.workload_of(r, rep.graph, "fp32")
-    assert "C=3" in note and w.bias  # tiny channels: cuDNN serves it
+    assert note == "" and w.bias and w.c == 3  # three channels: a candidate (padded) that cuDNN beat here
     impl = conv_family.impl_of(w, ConvTrial("cudnn", "ok", 1.0, 1e-7), folds=True)
     assert impl.kind == "conv" and impl.record["library"] == "cudnn"
     fn = library_fn(w)
@@ -948,3 +951,32 @@ def test_conv_compiles_stop_at_the_budget_and_a_team_registry_claims_the_workloa
     trials, best, how = conv_family.tune_region(w, Context(registry=reg))
     assert (trials, best, how) == ([hit], hit, "registry")
     assert reg.claimed == [w.key("sm90a", "h100")]
+
+
+@pytest.mark.parametrize("dims, dtype, policy, transposed", [(2, "float32", "fp32", False), (3, "float32", "fp32", False),
+                                                              (2, "bfloat16", "bf16", False), (1, "float32", "tf32", True)])
+def test_three_input_channels_run_padded_with_zeros_that_change_no_sum(dims, dtype, policy, transposed):
+    """C = 3 (RGB) is 12 bytes a pixel at fp32, which TMA cannot address: the kernel runs with C
+    rounded up to the alignment (kernel.channels), the weight padded with zero channels once
+    (prepare_weight, split3's three parts each padded) and the activation packed channels-last
+    with zero channels in one pass. The convolution of the padded pair is the workload's."""
+    from fact_db.kernels.conv.kernel import channels
+    w = ConvWorkload(2, 3, 16, (9,) * dims, (3,) * dims, padding=(1,) * dims, dtype=dtype, policy=policy,
+                     transposed=transposed)
+    cp = channels(w)
+    assert cp == (4 if dtype == "float32" else 8) and cp % (16 // torch.tensor([], dtype=getattr(torch, dtype)).element_size()) == 0
+    inp = w.make_inputs("randn", device="cpu")
+    plain = prepare_weight(inp["w"], w, ConvConfig(64, 64, 32))
+    assert plain.shape[-1] == cp and not plain[..., 3:].any()
+    split = prepare_weight(inp["w"], w, ConvConfig(64, 64, 32, split3=True)) if dtype == "float32" else None
+    if split is not None:  # [hi, lo, hi], each of the padded width
+        assert split.shape[-1] == 3 * cp and not split[..., 3:cp].any() and torch.equal(split[..., :cp], split[..., 2 * cp:])
+    x = F.pad(inp["x"].movedim(1, -1), (0, cp - 3))
+    assert x.is_contiguous() and x.shape[-1] == cp and not x[..., 3:].any()
+    conv = (F.conv1d, F.conv2d, F.conv3d)[dims - 1]
+    got = conv(x.movedim(-1, 1).double(), plain.movedim(-1, 1).double(), None, 1, forward_padding(w), w.dilation)
+    ref = w.reference({**inp, "bias": None})
+    assert torch.allclose(got, ref, atol=1e-2 if dtype == "bfloat16" else 1e-5)
+    kernel = ConvKernel.__new__(ConvKernel)
+    kernel.workload = w
+    assert list(kernel.geometry(2))[1] == cp  # the kernel is launched for the padded channels

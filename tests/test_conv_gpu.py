@@ -63,6 +63,14 @@ CASES = [
      ConvConfig(64, 128, 16, split3=True, promote=1, schedule="gemm")),
     (ConvWorkload(4, 128, 128, (20, 20), (1, 1), chain=CHAIN, dtype="float32", policy="fp32"),
      ConvConfig(128, 128, 32, split3=True, promote=1, schedule="gemm")),
+    # three input channels (a network's first convolution), run with zero channels added
+    # (kernel.channels): a ResNet stem at fp32, a 3-D one on the cooperative kernel, bf16 with the chain
+    (ConvWorkload(2, 3, 64, (64, 64), (7, 7), stride=(2, 2), padding=(3, 3), chain=CHAIN, dtype="float32",
+                  policy="fp32"), ConvConfig(128, 64, 32, split3=True, promote=1)),
+    (ConvWorkload(2, 3, 64, (8, 16, 16), (3, 5, 7), chain=canonical_chain([{"op": "tanh"}]), dtype="float32",
+                  policy="fp32"), ConvConfig(128, 128, 32, split3=True, promote=1, schedule="coop")),
+    (ConvWorkload(4, 3, 128, (32, 32), (3, 3), padding=(1, 1), chain=CHAIN, dtype="bfloat16", policy="bf16"),
+     ConvConfig(128, 128, 64)),
 ]
 
 

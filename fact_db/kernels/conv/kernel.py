@@ -150,6 +150,16 @@ def alignment(dtype: str) -> int:
     return 16 // {"float32": 4, "bfloat16": 2, "float16": 2}[dtype]
 
 
+def channels(w: ConvWorkload) -> int:
+    """The input channels the kernel runs with: C, rounded up to a multiple of the alignment.
+    A network's first convolution reads 3 channels (RGB), which TMA cannot address (12 bytes a
+    pixel at fp32); the kernel reads the activation with zero channels added (channels-last, in
+    the pass that converts it anyway) and a weight padded with zeros the same way, which adds
+    nothing to any sum."""
+    a = alignment(w.dtype)
+    return -(-w.c // a) * a
+
+
 def why_not(w: ConvWorkload) -> str:
     """"" where the template can compute `w`, else why cuDNN keeps it."""
     if w.transposed and (any(x != 1 for x in w.stride) or any(w.output_padding)
@@ -159,9 +169,9 @@ def why_not(w: ConvWorkload) -> str:
     if w.groups != 1:
         return f"groups={w.groups}: CUTLASS's sm90 implicit GEMM has no grouped or depthwise kernel, cuDNN runs it"
     a = alignment(w.dtype)
-    if w.c % a or w.k % a:
-        return (f"C={w.c}, K={w.k}: TMA needs both multiples of {a} ({w.dtype}: 16 bytes); cuDNN runs tiny or odd "
-                "channel counts")
+    if w.k % a:
+        return (f"K={w.k}: TMA needs the output channels a multiple of {a} ({w.dtype}: 16 bytes); cuDNN runs odd "
+                "output channel counts (input channels are padded: kernel.channels)")
     return ""
 
 
@@ -178,6 +188,8 @@ def why_not_gemm(w: ConvWorkload) -> str:
         return f"the pointwise GEMM kernel is the fp32-class path (fp32, tf32x3), not {w.policy} on {w.dtype}"
     if not is_pointwise(w):
         return "not a pointwise convolution (filter 1, stride 1, no padding, one group)"
+    if w.c % alignment(w.dtype):
+        return f"C={w.c}: the pointwise GEMM kernel reads the channels as stored, a multiple of {alignment(w.dtype)}"
     return why_not(w)
 
 
@@ -232,6 +244,8 @@ def prepare_weight(w_kcrs, workload: ConvWorkload, cfg: ConvConfig):
     if workload.transposed:
         w = w.flip(list(range(2, w.dim()))).transpose(0, 1)
     wt = w.to(torch_dtype(workload.dtype)).movedim(1, -1).contiguous()
+    if channels(workload) > wt.shape[-1]:  # zero channels, as the activation gets (channels)
+        wt = torch.nn.functional.pad(wt, (0, channels(workload) - wt.shape[-1])).contiguous()
     if cfg.schedule == "gemm":  # conv_gemm_sm90's B and its lo parts: [hi(w); lo(w)], K x C each
         flat = wt.reshape(wt.shape[0], -1)
         return torch.stack([tf32_hi(flat), tf32_lo(flat)]).contiguous()
@@ -287,7 +301,7 @@ class ConvKernel:
 
     def geometry(self, n: int):
         w = self.workload
-        c = w.c
+        c = channels(w)
         pad = lambda v: list(v) + [1] * (3 - len(v))  # noqa: E731
         g = [n, c, w.k, *pad(w.input), *pad(w.filter), *pad(w.output), *pad(w.stride),
              *(list(forward_padding(w)) + [0] * (3 - w.spatial)), *pad(w.dilation)]
@@ -301,7 +315,10 @@ class ConvKernel:
             raise ConvError(f"conv kernel takes {wl.dtype} (N, {wl.c}, {', '.join(map(str, wl.input))}), got "
                             f"{x.dtype} {tuple(x.shape)}")
         n = x.shape[0]
-        xn = to_channels_last(x).movedim(1, -1)  # N, *spatial, C packed
+        if channels(wl) > wl.c:  # N, *spatial, C packed with zero channels added, in one pass (channels)
+            xn = torch.nn.functional.pad(x.movedim(1, -1), (0, channels(wl) - wl.c))
+        else:
+            xn = to_channels_last(x).movedim(1, -1)  # N, *spatial, C packed
         if xn.data_ptr() % 16:  # a view at an odd offset: TMA (and split3's float4 pass) need 16-byte bases
             xn = xn.clone()
         k = wl.k
