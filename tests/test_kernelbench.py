@@ -328,6 +328,31 @@ def test_a_run_writes_after_every_row_says_a_line_each_and_resumes(tmp_path):
     assert len(final["results"]) == 6 and final["levels"]["bf16"]["1"]["fast_p"]["vs_eager"]["1"] == 1.0
 
 
+
+def test_a_resumed_run_with_a_larger_budget_runs_again_the_rows_their_budget_stopped(tmp_path):
+    """KernelBench L1-68: stopped in its end-to-end verification by a 110 s budget (its kernel
+    8x cuDNN's speed), skipped by a resumed run given 330 s. A row stopped by a smaller budget
+    runs again, its old row replaced; one stopped by the same budget, or failed otherwise, stays."""
+    root = _tree(tmp_path, {"level1/1_A.py": GOOD, "level1/2_B.py": GOOD, "level1/3_C.py": GOOD})
+    probs = kb.problems(root)
+    out = tmp_path / "kb.json"
+    stopped = lambda pid, budget: {**_row(pid, 1, "fp32", speedup=None, vs_compile=None), "status": "failed",  # noqa: E731
+                                   "budget_s": budget, "did": {"stopped_in": "verify"}}
+    other = {**_row("L1-3", 1, "fp32", speedup=None, vs_compile=None), "status": "failed", "did": {}, "budget_s": 110}
+    doc = {"results": [stopped("L1-1", 110), stopped("L1-2", 330), other]}
+    ran = []
+
+    def runner(p, pol):
+        ran.append(p.id)
+        return _row(p.id, p.level, pol, speedup=8.0, vs_compile=8.0)
+    scoreboard.run(probs, root, ["fp32"], out=out, doc=doc, budget_s=330, say=lambda _: None, runner=runner)
+    assert ran == ["L1-1"]
+    rows = {r["id"]: r for r in json.loads(out.read_text())["results"]}
+    assert len(rows) == 3 and rows["L1-1"]["status"] == "ok" and rows["L1-1"]["budget_s"] == 330
+    assert rows["L1-2"]["status"] == rows["L1-3"]["status"] == "failed"
+    assert not scoreboard.out_of_budget(rows["L1-2"], 330) and scoreboard.out_of_budget(stopped("x", 110), 330)
+
+
 BATCHNORM = GOOD.replace("super().__init__()", "super().__init__()\n        self.bn = nn.BatchNorm1d(64)").replace(
     "def forward(self, a, b):\n        return torch.matmul(a, b)", "def forward(self, a, b):\n        return self.bn(a @ b)")
 ON_CPU = {"realizer": lambda disc, policy: [], "timer": lambda fn, xs: 1.0, "peers": ()}

@@ -392,6 +392,13 @@ def child_row(problem: kb.Problem, policy: str, kernelbench_dir: str, *, budget_
         Path(path).unlink(missing_ok=True)
 
 
+def out_of_budget(row: dict, budget_s: float) -> bool:
+    """Whether `row` was stopped by a per-problem budget smaller than `budget_s` (so a resumed
+    run with the larger budget runs it again)."""
+    return (row.get("status") == "failed" and "stopped_in" in (row.get("did") or {})
+            and row.get("budget_s", budget_s) < budget_s)
+
+
 def run(problems: list[kb.Problem], kernelbench_dir, policies: list[str], *, out: Path, doc: dict,
         budget_s: float = DEFAULT_BUDGET_S, memory_mb: int = DEFAULT_MEMORY_MB, extra: list[str] | None = None,
         say=print, runner=None, stamp: dict | None = None) -> dict:
@@ -401,6 +408,9 @@ def run(problems: list[kb.Problem], kernelbench_dir, policies: list[str], *, out
     (this run's commit and date) goes into every row it adds: a resumed file's head names the
     run that started it, and its rows may come from several."""
     doing = "optimizing, checking and timing it" if doc.get("timed") else "planning it"
+    # a row stopped by its budget runs again where this run's budget is larger; its old row goes
+    ids = {p.id for p in problems}
+    doc["results"] = [r for r in doc["results"] if not (r["id"] in ids and out_of_budget(r, budget_s))]
     done = {(r["id"], r["policy"]) for r in doc["results"]}
     todo = [(p, pol) for p in problems for pol in policies if (p.id, pol) not in done]
     if len(todo) < len(problems) * len(policies):
