@@ -153,6 +153,16 @@ TABLES: dict[str, dict] = {
                     ("fast_p vs eager, p = 0 / 1 / 1.5 / 2", "{fast_eager}"),
                     ("fast_p vs torch.compile, p = 0 / 1 / 1.5 / 2", "{fast_compile}"), *_WHERE_CPU],
     },
+    "kernelbench-conv-l1": {
+        "about": "KernelBench's level 1 convolutions, problem by problem, from the GPU scoreboards: times, what "
+                 "fact-db returned and what ran each convolution",
+        "files": ["*-kernelbench-*.json"], "rows": "kernelbench_conv",
+        "select": "newest per problem, policy", "order": ["policy_rank", "number"],
+        "columns": [("problem", "{id} `{short}`"), ("policy", "`{policy}`"), ("eager ms", "{eager_ms:ms}"),
+                    ("torch.compile ms", "{compile_ms:ms}"), ("fact-db ms", "{factdb_ms:ms}"),
+                    ("vs eager", "{speedup:x}"), ("vs torch.compile", "{speedup_vs_compile:x}"),
+                    ("returned", "{returned}"), ("the convolution ran on", "{ran}"), *_WHERE],
+    },
     "discover": {
         "about": "cold `factdb discover` and in-process discovery (`benchmarks/discover_speed.py`)",
         "files": ["discover-*.json"], "rows": "discover", "order": ["date", "file", "problem"],
@@ -478,6 +488,36 @@ def rows_kernelbench(doc, name):
                "fast_eager": _fast(None), "fast_compile": _fast(None)}
 
 
+def rows_kernelbench_conv(doc, name):
+    """A GPU scoreboard's level 1 convolution rows, one per problem and policy (its own row's
+    date and commit where it carries them: a merged scoreboard holds several runs)."""
+    if not doc.get("timed"):
+        return
+    base = _base(doc, name)
+    for r in doc.get("results") or []:
+        if r.get("level") != 1 or "conv" not in r.get("name", ""):
+            continue
+        did = r.get("did") or {}
+        regions = did.get("per_region") or []
+        if r.get("status") != "ok":
+            ran = f"not answered: {r.get('reason', '').split(' (')[0].split('; ')[0]}"
+        elif not regions:
+            ran = "no region (grouped or depthwise: cuDNN)"
+        else:
+            ran = "; ".join(dict.fromkeys(
+                (p["runs"] if p["runs"].startswith("conv") else "cuDNN" + (f" ({p['note'].split(':')[1].strip()[:90]})"
+                                                                          if p["note"].startswith("cuDNN only") else ""))
+                for p in regions))
+        gpu = re.search(r"\b([A-Z]\d{2,4}[A-Z]?)\b", r.get("device") or "")  # NVIDIA H100 80GB HBM3 -> H100
+        yield {**base, "gpu": gpu.group(1) if gpu else base["gpu"], "date": r.get("date") or base["date"],
+               "stamp": r.get("commit") or "", "id": r["id"],
+               "number": int(r["id"].split("-")[1]), "short": r["name"].split("_", 1)[1][:48],
+               "problem": r["id"], "policy": r["policy"], "eager_ms": r.get("eager_ms"),
+               "compile_ms": r.get("compile_ms"), "factdb_ms": r.get("factdb_ms"), "speedup": r.get("speedup"),
+               "speedup_vs_compile": r.get("speedup_vs_compile"),
+               "returned": (did.get("returned") or DASH).split(" (")[0], "ran": ran}
+
+
 def rows_discover(doc, name):
     for r in doc["results"]:
         runs = r.get("cold_cli_runs") or []
@@ -551,7 +591,8 @@ READERS = {"e2e": rows_e2e, "gemm": rows_gemm, "results": rows_results, "multigp
            "fmha_fp32tc": rows_fmha_fp32tc, "attention": rows_attention, "norm": rows_norm,
            "agent": rows_agent, "agent_compose": rows_agent_compose, "discover": rows_discover,
            "retrieval": rows_retrieval, "measures": rows_measures,
-           "compile_peers": rows_compile_peers, "kernelbench": rows_kernelbench, "ncu": rows_ncu}
+           "compile_peers": rows_compile_peers, "kernelbench": rows_kernelbench, "ncu": rows_ncu,
+           "kernelbench_conv": rows_kernelbench_conv}
 
 
 # --------------------------------------------------------------------------------------
