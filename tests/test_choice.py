@@ -350,3 +350,30 @@ def test_a_candidate_whose_timing_fails_is_out_with_the_reason_and_the_others_ke
     # its round, then alone to find whose failure it was; never again in later rounds
     assert calls["composed"] == 2 and calls["eager"] == 1 + ROUNDS
     assert ch.candidate("eager").ms == 2.0 and ch.chosen in ("torch.compile", "composed + torch.compile")
+
+
+def test_where_a_cuda_graph_is_returned_torch_compiles_cuda_graph_mode_is_timed_too():
+    """Like with like (issue 25): the returned module replays a CUDA graph, so the benchmark
+    times torch.compile's reduce-overhead mode as well, whatever peers were asked for, and the
+    scoreboard row carries it; where the graph is not returned, it is not timed."""
+    from fact_db.pipeline import measure as M
+    from fact_db.pipeline import scoreboard
+    from fact_db.pipeline.run import like_drawer
+
+    class Fast(torch.nn.Module):
+        def __init__(self, model, choice):
+            super().__init__()
+            self.model, self.choice, self.gm = model, choice, model
+
+        def forward(self, *x):
+            return self.model(*x)
+    model, x = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()), torch.randn(4, 8)
+    names = lambda choice: [v.name for v in M.measure(  # noqa: E731
+        model, model, Fast(model, choice), "fp32", like_drawer((x,)), None, peers=("compile",),
+        timer=lambda fn, xs: 1.0, progress=False, composed_ok=False)]
+    assert scoreboard.CUDA_GRAPH_PEER in names("composed, CUDA graph")
+    assert scoreboard.CUDA_GRAPH_PEER not in names("composed") and "torch.compile" in names("composed")
+    row = {"id": "L3-20", "name": "20_MobileNetV2", "policy": "fp32", "status": "ok", "correct": True,
+           "eager_ms": 6.5, "compile_ms": 5.0, "factdb_ms": 2.0, "speedup": 3.25, "speedup_vs_compile": 2.5,
+           "speedup_vs_compile_cudagraphs": 1.4, "did": {"returned": "composed, CUDA graph"}, "wall_s": 1.0}
+    assert "2.50x torch.compile, 1.40x its reduce-overhead mode)" in scoreboard.line(row)

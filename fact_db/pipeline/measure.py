@@ -128,13 +128,17 @@ def measure(module, model_p, fast, policy: str, draw, ref_model, *, peers=PEERS,
         runs.append((TF32_DEFAULT, pytorch_default(module), sets))
     if policy != "fp32":
         runs.append((f"eager {policy}", plain(model_p, policy), sets_p))
+    returned = getattr(fast, "choice", "composed")
     for peer in peers:
         if peer not in MODES:
             raise OptimizeError(f"unknown peer '{peer}': use compile, max-autotune or reduce-overhead")
+    # Like with like: where the returned module replays a CUDA graph, torch.compile's CUDA-graph
+    # mode is timed too, whichever peers were asked for.
+    like = ("reduce-overhead",) if returned == "composed, CUDA graph" and "reduce-overhead" not in peers else ()
+    for peer in (*peers, *like):
         label = "torch.compile" + (f" {MODES[peer]}" if MODES[peer] else "")
         runs.append((label, ("compile", MODES[peer]), sets_p))
     runs.append(("fact-db", lambda *x: fast(*x), sets_p))
-    returned = getattr(fast, "choice", "composed")
     if composed_ok and returned not in ("composed", "composed, CUDA graph"):
         runs.append(("fact-db composed (not returned)", lambda *x: plain(fast.gm, policy)(*x), sets_p))
     elif returned == "composed, CUDA graph" and composed_ok and torch.cuda.is_available():
