@@ -345,6 +345,10 @@ def test_a_resumed_run_with_a_larger_budget_runs_again_the_rows_their_budget_sto
     def runner(p, pol):
         ran.append(p.id)
         return _row(p.id, p.level, pol, speedup=8.0, vs_compile=8.0)
+    scoreboard.run(probs, root, ["bf16"], out=out, doc=doc, budget_s=330, say=lambda _: None,
+                   runner=lambda p, pol: _row(p.id, p.level, pol))
+    assert sum(r["policy"] == "fp32" for r in doc["results"]) == 3  # another policy's stopped rows stay
+    doc["results"] = [r for r in doc["results"] if r["policy"] == "fp32"]
     scoreboard.run(probs, root, ["fp32"], out=out, doc=doc, budget_s=330, say=lambda _: None, runner=runner)
     assert ran == ["L1-1"]
     rows = {r["id"]: r for r in json.loads(out.read_text())["results"]}

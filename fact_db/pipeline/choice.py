@@ -18,8 +18,9 @@ module whatever Inductor does.
 Memory is part of the choice: by default no candidate may hold more memory between calls
 (composition's weights, a CUDA graph's pool, what a compiled module allocates once) than
 eager's own per-call peak (what the allocator reserves for one call from an emptied cache, in
-whole segments as a graph's pool is counted, and keeps cached between eager's calls); `max_held` names another bound in MiB, or None for none. Every
-candidate's held memory is reported either way. On DenseNet201 a CUDA graph of eager ops held
+whole segments as a graph's pool is counted, and keeps cached between eager's calls);
+`max_held` names another bound in MiB, or None for none. Every candidate's held memory is
+reported either way. On DenseNet201 a CUDA graph of eager ops held
 5,326 MiB, 26 times eager's peak, for 5%.
 """
 from __future__ import annotations

@@ -417,7 +417,8 @@ def run(problems: list[kb.Problem], kernelbench_dir, policies: list[str], *, out
     doing = "optimizing, checking and timing it" if doc.get("timed") else "planning it"
     # a row stopped by its budget runs again where this run's budget is larger; its old row goes
     ids = {p.id for p in problems}
-    doc["results"] = [r for r in doc["results"] if not (r["id"] in ids and out_of_budget(r, budget_s))]
+    doc["results"] = [r for r in doc["results"]
+                      if not (r["id"] in ids and r["policy"] in policies and out_of_budget(r, budget_s))]
     done = {(r["id"], r["policy"]) for r in doc["results"]}
     todo = [(p, pol) for p in problems for pol in policies if (p.id, pol) not in done]
     if len(todo) < len(problems) * len(policies):
