@@ -13,6 +13,10 @@ records cuDNN with PyTorch's default (TF32 on) and its error, so both are in the
     python benchmarks/conv_realize.py             # 10 shapes x 3 policies x 3 candidates
     python benchmarks/conv_realize.py --policies bf16 --only l2_1_bias_relu --candidates 4
     python benchmarks/conv_realize.py --policies fp32 --only resnet50_1x1_reduce --layout nhwc
+    python benchmarks/conv_realize.py --policies fp32 --shape n=16,c=64,k=128,input=1024x1024,filter=1x1,bias=0
+
+`--shape` times any geometry at its full size (KernelBench L1-87's above, whose candidates tied
+cuDNN there and won 3.6x at 128 x 128), each candidate's trial printed.
 """
 from __future__ import annotations
 
@@ -30,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 from _provenance import commit  # noqa: E402  (benchmarks/ is on sys.path)
 
 from fact_db.kernels.conv import tune as conv_tune  # noqa: E402
-from fact_db.kernels.conv.workload import ConvWorkload, canonical_chain  # noqa: E402
+from fact_db.kernels.conv.workload import ConvError, ConvWorkload, canonical_chain  # noqa: E402
 
 # (name, KernelBench problem it is drawn from, geometry and chain). Channels, filters and chains
 # are the problems'; batch and spatial sizes are cut to 2-5 GFLOP a convolution, so the float64
@@ -66,6 +70,30 @@ SHAPES = [
 POLICIES = {"fp32": "float32", "tf32x3": "float32", "tf32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
+SHAPE_KEYS = {"n": int, "c": int, "k": int, "groups": int, "input": tuple, "filter": tuple, "stride": tuple,
+              "padding": tuple, "dilation": tuple, "output_padding": tuple, "transposed": bool, "bias": bool}
+
+
+def parse_shape(text: str) -> dict:
+    """`n=16,c=64,k=128,input=1024x1024,filter=1x1[,stride=2x2,padding=..,dilation=..,groups=..,
+    transposed=1,bias=0]` -> ConvWorkload keyword arguments; ValueError naming a bad field."""
+    out = {}
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        key, eq, value = part.partition("=")
+        if not eq or key not in SHAPE_KEYS:
+            raise ValueError(f"--shape: '{part}' is not key=value with a key of {', '.join(SHAPE_KEYS)}")
+        kind = SHAPE_KEYS[key]
+        try:
+            out[key] = (tuple(int(v) for v in value.split("x")) if kind is tuple else
+                        value.strip().lower() in ("1", "true", "yes") if kind is bool else int(value))
+        except ValueError:
+            raise ValueError(f"--shape: {key}={value} is not {'sizes like 56x56' if kind is tuple else 'a number'}") from None
+    missing = [k for k in ("n", "c", "k", "input", "filter") if k not in out]
+    if missing:
+        raise ValueError(f"--shape needs {', '.join(missing)} (e.g. n=16,c=64,k=128,input=1024x1024,filter=1x1)")
+    return out
+
+
 def workloads(quick: bool, policies: list[str], layout: str = "nchw") -> list[tuple[str, str, ConvWorkload]]:
     out = []
     for name, problem, geo, chain in (SHAPES[:4] if quick else SHAPES):
@@ -98,6 +126,9 @@ def main() -> int:
     ap.add_argument("--candidates", type=int, default=None, help="candidates per workload (default 2 quick, 3)")
     ap.add_argument("--policies", default="fp32,tf32,bf16", help="comma-separated (default fp32,tf32,bf16)")
     ap.add_argument("--only", default="", help="comma-separated shape names (default: every shape, or --quick's)")
+    ap.add_argument("--shape", default="", help="time this geometry instead of the shapes above "
+                    "(n=16,c=64,k=128,input=1024x1024,filter=1x1[,stride=..,padding=..,dilation=..,groups=..,"
+                    "transposed=1,bias=0])")
     ap.add_argument("--layout", choices=("nchw", "nhwc"), default="nchw",
                     help="how the activation arrives: nchw (a model's input: the kernels' times include the "
                          "conversion to channels-last) or nhwc (from another fact-db convolution)")
@@ -107,8 +138,19 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     limit = args.candidates or (2 if args.quick else 3)
-    ws = workloads(args.quick, [p.strip() for p in args.policies.split(",") if p.strip()], args.layout)
-    if args.only:
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    bad = [p for p in policies if p not in POLICIES]
+    if bad:
+        ap.error(f"--policies: {', '.join(bad)} not among {', '.join(POLICIES)}")
+    ws = workloads(args.quick, policies, args.layout)
+    if args.shape:
+        try:
+            geo = parse_shape(args.shape)
+            ws = [("shape", args.shape, ConvWorkload(**geo, dtype=POLICIES[p], policy=p, layout=args.layout))
+                  for p in policies]
+        except (ValueError, ConvError) as e:
+            ap.error(str(e))
+    elif args.only:
         only = {x.strip() for x in args.only.split(",") if x.strip()}
         unknown = only - {name for name, *_ in SHAPES}
         if unknown:
@@ -148,8 +190,8 @@ def main() -> int:
         print(f"{w.describe()}: cuDNN {row['cudnn_ms']} ms (err {row['cudnn_err']}), best {row['kernel']} "
               f"{row['best_ms']} ms (err {row['err']}), {time.perf_counter() - t1:.0f} s", flush=True)
         for t in trials:
-            if t.status != "ok":
-                print(f"    {t.label}: {t.status} {t.error[:200]}", flush=True)
+            print(f"    {t.label}: {t.status} " + (f"{t.time_ms:.4g} ms, err {t.err:.2e}" if t.status == "ok"
+                                                    else t.error[:200]), flush=True)
     dev = torch.cuda.get_device_name()
     out = {"device": dev, "gpu": dev, "commit": commit(), "date": datetime.date.today().isoformat(),
            "torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),

@@ -980,3 +980,23 @@ def test_three_input_channels_run_padded_with_zeros_that_change_no_sum(dims, dty
     kernel = ConvKernel.__new__(ConvKernel)
     kernel.workload = w
     assert list(kernel.geometry(2))[1] == cp  # the kernel is launched for the padded channels
+
+
+def test_conv_realize_times_any_geometry_given_as_a_shape():
+    """benchmarks/conv_realize.py --shape: a full-size geometry (KernelBench L1-87's, where the
+    kernel tied cuDNN and won 3.6x at a smaller size) as ConvWorkload arguments; a bad field is
+    named."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    from conv_realize import parse_shape
+    geo = parse_shape("n=16,c=64,k=128,input=1024x1024,filter=1x1,bias=0")
+    w = ConvWorkload(**geo)
+    assert (w.n, w.c, w.k, w.input, w.filter, w.bias) == (16, 64, 128, (1024, 1024), (1, 1), False)
+    t = ConvWorkload(**parse_shape("n=2,c=32,k=16,input=8x8,filter=3x3,stride=2x2,padding=1x1,transposed=1"))
+    assert t.transposed and t.stride == (2, 2) and t.output == (15, 15)
+    for bad, words in (("n=2,c=3", "needs k, input, filter"), ("n=2,c=3,k=8,input=8x8,filter=3x3,size=4", "'size=4'"),
+                       ("n=two,c=3,k=8,input=8x8,filter=3", "n=two is not a number"),
+                       ("n=2,c=3,k=8,input=8by8,filter=3", "input=8by8 is not sizes like 56x56")):
+        with pytest.raises(ValueError, match=words):
+            parse_shape(bad)
