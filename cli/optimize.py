@@ -262,7 +262,8 @@ def bench(problems, policies, max_candidates, budget, gpus, peers, max_held, no_
         from fact_db.pipeline import scoreboard as sb
         from . import scoreboard
         scoreboard.run(kernelbench, level, problem_list, policies, budget_per_problem or sb.DEFAULT_BUDGET_S,
-                       max_memory or sb.DEFAULT_MEMORY_MB, max_candidates, gpus, db, results, resume, as_json)
+                       max_memory or sb.DEFAULT_MEMORY_MB, max_candidates, gpus, db, results, resume, as_json,
+                       budget_given=budget_per_problem is not None)
         return
     if level or problem_list or budget_per_problem or max_memory or resume:
         raise click.UsageError("--level, --problems, --budget-per-problem, --max-memory and --resume go with "

@@ -11,7 +11,7 @@ from .common import jdump
 
 
 def run(kernelbench, level, problems, policies, budget_s, memory_mb, max_candidates, gpus, db, out, resume,
-        as_json) -> None:
+        as_json, budget_given: bool = False) -> None:
     """Parse, call the scoreboard, print. In the sandbox's child: the one problem named, its
     row written to `out`."""
     from fact_db.core import paths
@@ -38,7 +38,8 @@ def run(kernelbench, level, problems, policies, budget_s, memory_mb, max_candida
     from datetime import date
     doc = scoreboard.run(probs, kernelbench, pols, out=target, doc=doc, budget_s=budget_s, memory_mb=memory_mb,
                          extra=extra, say=lambda s: click.echo(s, err=True),
-                         stamp={"commit": commit(), "date": date.today().isoformat()} if resume else None)
+                         stamp={"commit": commit(), "date": date.today().isoformat()} if resume else None,
+                         rerun_stopped=budget_given)
     for pol, levels in doc["levels"].items():
         for lv, s in levels.items():
             fp = s["fast_p"]["vs_eager"]

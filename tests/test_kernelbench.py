@@ -331,8 +331,10 @@ def test_a_run_writes_after_every_row_says_a_line_each_and_resumes(tmp_path):
 
 def test_a_resumed_run_with_a_larger_budget_runs_again_the_rows_their_budget_stopped(tmp_path):
     """KernelBench L1-68: stopped in its end-to-end verification by a 110 s budget (its kernel
-    8x cuDNN's speed), skipped by a resumed run given 330 s. A row stopped by a smaller budget
-    runs again, its old row replaced; one stopped by the same budget, or failed otherwise, stays."""
+    8x cuDNN's speed), skipped by a resumed run given 330 s. Where the resumed run is given a
+    budget (--budget-per-problem), a row a smaller one stopped runs again, its old row replaced;
+    one stopped by the same budget, or failed otherwise, stays; without one (the default budget),
+    nothing runs again."""
     root = _tree(tmp_path, {"level1/1_A.py": GOOD, "level1/2_B.py": GOOD, "level1/3_C.py": GOOD})
     probs = kb.problems(root)
     out = tmp_path / "kb.json"
@@ -346,10 +348,13 @@ def test_a_resumed_run_with_a_larger_budget_runs_again_the_rows_their_budget_sto
         ran.append(p.id)
         return _row(p.id, p.level, pol, speedup=8.0, vs_compile=8.0)
     scoreboard.run(probs, root, ["bf16"], out=out, doc=doc, budget_s=330, say=lambda _: None,
-                   runner=lambda p, pol: _row(p.id, p.level, pol))
+                   runner=lambda p, pol: _row(p.id, p.level, pol), rerun_stopped=True)
     assert sum(r["policy"] == "fp32" for r in doc["results"]) == 3  # another policy's stopped rows stay
     doc["results"] = [r for r in doc["results"] if r["policy"] == "fp32"]
     scoreboard.run(probs, root, ["fp32"], out=out, doc=doc, budget_s=330, say=lambda _: None, runner=runner)
+    assert ran == []  # no budget given for the resumed run: every row stays as it is
+    scoreboard.run(probs, root, ["fp32"], out=out, doc=doc, budget_s=330, say=lambda _: None, runner=runner,
+                   rerun_stopped=True)
     assert ran == ["L1-1"]
     rows = {r["id"]: r for r in json.loads(out.read_text())["results"]}
     assert len(rows) == 3 and rows["L1-1"]["status"] == "ok" and rows["L1-1"]["budget_s"] == 330

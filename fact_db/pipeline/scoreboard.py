@@ -408,17 +408,18 @@ def out_of_budget(row: dict, budget_s: float) -> bool:
 
 def run(problems: list[kb.Problem], kernelbench_dir, policies: list[str], *, out: Path, doc: dict,
         budget_s: float = DEFAULT_BUDGET_S, memory_mb: int = DEFAULT_MEMORY_MB, extra: list[str] | None = None,
-        say=print, runner=None, stamp: dict | None = None) -> dict:
+        say=print, runner=None, stamp: dict | None = None, rerun_stopped: bool = False) -> dict:
     """Every problem under every policy not already in `doc["results"]` (resume), each in its
     own child (`runner(problem, policy)` replaces it in tests); `doc` is written to `out`
     after each row, with its per-level summary; `say` gets one line per problem. `stamp`
     (this run's commit and date) goes into every row it adds: a resumed file's head names the
-    run that started it, and its rows may come from several."""
+    run that started it, and its rows may come from several. `rerun_stopped` (a budget given for
+    the resumed run): a row that a smaller budget stopped runs again."""
     doing = "optimizing, checking and timing it" if doc.get("timed") else "planning it"
-    # a row stopped by its budget runs again where this run's budget is larger; its old row goes
+    # a row stopped by its budget runs again where this run was given a larger one; its old row goes
     ids = {p.id for p in problems}
-    doc["results"] = [r for r in doc["results"]
-                      if not (r["id"] in ids and r["policy"] in policies and out_of_budget(r, budget_s))]
+    doc["results"] = [r for r in doc["results"] if not (rerun_stopped and r["id"] in ids and r["policy"] in policies
+                                                        and out_of_budget(r, budget_s))]
     done = {(r["id"], r["policy"]) for r in doc["results"]}
     todo = [(p, pol) for p in problems for pol in policies if (p.id, pol) not in done]
     if len(todo) < len(problems) * len(policies):
