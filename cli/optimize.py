@@ -233,7 +233,8 @@ def bench_row(problem: str, fast, wall_s: float) -> dict:
 @click.option("--max-memory", type=click.IntRange(256, None), default=None,
               help="--kernelbench: MiB of resident memory a problem's processes may use together (default 32768).")
 @click.option("--resume", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="--kernelbench: a scoreboard JSON written before; its problems are skipped, new rows added to it.")
+              help="--kernelbench: a scoreboard JSON written before; its problems are skipped, new rows added to it "
+                   "(with a larger --budget-per-problem, the rows a smaller budget stopped run again).")
 @handle_errors
 def bench(problems, policies, max_candidates, budget, gpus, peers, max_held, no_cuda_graph, no_split_weights, db,
           results, as_json, kernelbench, level, problem_list, budget_per_problem, max_memory, resume):
