@@ -446,6 +446,12 @@ def _fast(d) -> str:
     return " / ".join(DASH if d.get(p) is None else f"{d[p]:.2f}" for p in ("0", "1", "1.5", "2"))
 
 
+def _gpu_model(device: str, default: str) -> str:
+    """The GPU model in a device name (NVIDIA H100 80GB HBM3 -> H100), else `default`."""
+    m = re.search(r"\b([A-Z]\d{2,4}[A-Z]?)\b", device or "")
+    return m.group(1) if m else default
+
+
 def _kb_devices(doc, level, policy) -> dict:
     """{"gpu": ...} where a level's rows ran on more than one GPU model (parts on other hosts):
     each with its row count, as `H200 (28), H100 (11)`; {} where they ran on one."""
@@ -453,8 +459,7 @@ def _kb_devices(doc, level, policy) -> dict:
     count: dict = {}
     for r in doc.get("results") or []:
         if str(r.get("level")) == str(level) and r.get("policy") == policy and r.get("device"):
-            m = re.search(r"\b([A-Z]\d{2,4}[A-Z]?)\b", r["device"])  # NVIDIA H100 80GB HBM3 -> H100
-            gpu = m.group(1) if m else r["device"]
+            gpu = _gpu_model(r["device"], r["device"])
             count[gpu] = count.get(gpu, 0) + 1
     if len(count) < 2:
         return {}
@@ -508,8 +513,8 @@ def rows_kernelbench_conv(doc, name):
                 (p["runs"] if p["runs"].startswith("conv") else "cuDNN" + (f" ({p['note'].split(':')[1].strip()[:90]})"
                                                                           if p["note"].startswith("cuDNN only") else ""))
                 for p in regions))
-        gpu = re.search(r"\b([A-Z]\d{2,4}[A-Z]?)\b", r.get("device") or "")  # NVIDIA H100 80GB HBM3 -> H100
-        yield {**base, "gpu": gpu.group(1) if gpu else base["gpu"], "date": r.get("date") or base["date"],
+        yield {**base, "gpu": _gpu_model(r.get("device"), base["gpu"]),
+               "date": r.get("date") or base["date"],
                "stamp": r.get("commit") or "", "id": r["id"],
                "number": int(r["id"].split("-")[1]), "short": r["name"].split("_", 1)[1][:48],
                "problem": r["id"], "policy": r["policy"], "eager_ms": r.get("eager_ms"),

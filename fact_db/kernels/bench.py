@@ -149,18 +149,24 @@ def time_round(many, fns: list, sets: list) -> tuple[list, dict]:
         return out, failed
 
 
+def _emptied(device) -> None:
+    """The allocator's cache emptied: dropped tensors collected, pending frees done."""
+    import gc
+
+    import torch
+    gc.collect()
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+
+
 def peak_mib(fn, device="cuda", reserved: bool = False) -> float:
     """Peak GPU memory one call of `fn()` allocates beyond what was allocated before it, in MiB.
     `reserved`: the peak the allocator reserved for it instead, from an emptied cache (whole
     segments, as a CUDA graph's pool is counted: held_mib), which eager PyTorch's caching
     allocator keeps between calls."""
-    import gc
-
     import torch
     if reserved:
-        gc.collect()
-        torch.cuda.synchronize(device)
-        torch.cuda.empty_cache()
+        _emptied(device)
     torch.cuda.synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)
     before = (torch.cuda.memory_reserved if reserved else torch.cuda.memory_allocated)(device)
@@ -175,14 +181,10 @@ def held_mib(fn, device="cuda") -> float:
     """GPU memory `fn()` leaves reserved once its outputs are dropped and the allocator's cache
     is emptied, in MiB: what a first call sets aside for later ones (a CUDA graph's private
     pool, buffers a compiled module allocates once), which no call's own peak shows."""
-    import gc
-
     import torch
 
     def reserved() -> int:
-        gc.collect()
-        torch.cuda.synchronize(device)
-        torch.cuda.empty_cache()
+        _emptied(device)
         return torch.cuda.memory_reserved(device)
     before = reserved()
     out = fn()

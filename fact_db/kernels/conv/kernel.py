@@ -244,8 +244,9 @@ def prepare_weight(w_kcrs, workload: ConvWorkload, cfg: ConvConfig):
     if workload.transposed:
         w = w.flip(list(range(2, w.dim()))).transpose(0, 1)
     wt = w.to(torch_dtype(workload.dtype)).movedim(1, -1).contiguous()
-    if channels(workload) > wt.shape[-1]:  # zero channels, as the activation gets (channels)
-        wt = torch.nn.functional.pad(wt, (0, channels(workload) - wt.shape[-1])).contiguous()
+    cp = channels(workload)
+    if cp > wt.shape[-1]:  # zero channels, as the activation gets (channels)
+        wt = torch.nn.functional.pad(wt, (0, cp - wt.shape[-1])).contiguous()
     if cfg.schedule == "gemm":  # conv_gemm_sm90's B and its lo parts: [hi(w); lo(w)], K x C each
         flat = wt.reshape(wt.shape[0], -1)
         return torch.stack([tf32_hi(flat), tf32_lo(flat)]).contiguous()
@@ -314,9 +315,9 @@ class ConvKernel:
         if tuple(x.shape[1:]) != wl.x_shape()[1:] or x.dtype != dt:
             raise ConvError(f"conv kernel takes {wl.dtype} (N, {wl.c}, {', '.join(map(str, wl.input))}), got "
                             f"{x.dtype} {tuple(x.shape)}")
-        n = x.shape[0]
-        if channels(wl) > wl.c:  # N, *spatial, C packed with zero channels added, in one pass (channels)
-            xn = torch.nn.functional.pad(x.movedim(1, -1), (0, channels(wl) - wl.c))
+        n, cp = x.shape[0], channels(wl)
+        if cp > wl.c:  # N, *spatial, C packed with zero channels added, in one pass (channels)
+            xn = torch.nn.functional.pad(x.movedim(1, -1), (0, cp - wl.c))
         else:
             xn = to_channels_last(x).movedim(1, -1)  # N, *spatial, C packed
         if xn.data_ptr() % 16:  # a view at an odd offset: TMA (and split3's float4 pass) need 16-byte bases
