@@ -377,3 +377,63 @@ def test_where_a_cuda_graph_is_returned_torch_compiles_cuda_graph_mode_is_timed_
            "eager_ms": 6.5, "compile_ms": 5.0, "factdb_ms": 2.0, "speedup": 3.25, "speedup_vs_compile": 2.5,
            "speedup_vs_compile_cudagraphs": 1.4, "did": {"returned": "composed, CUDA graph"}, "wall_s": 1.0}
     assert "2.50x torch.compile, 1.40x its reduce-overhead mode)" in scoreboard.line(row)
+
+
+def test_the_composed_module_under_torch_compile_replayed_as_a_cuda_graph_is_a_candidate():
+    """A launch-bound model (a small-batch CNN: KernelBench L3-20's graph of eager ops timed 2.17
+    against eager's 6.67 ms) gains from one launch a call; Inductor's fusion gains besides, so
+    the composed module under torch.compile is a candidate replayed as a CUDA graph too, on the
+    GPU, sharing that compiled module. It must beat the compiled module op by op by the
+    graph's own margin; off the GPU it is not offered."""
+    from fact_db.composition.module import _Graphed
+    from fact_db.pipeline.choice import candidates
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
+    fast = _Fast(torch.fx.symbolic_trace(model))
+    fast.cuda_graph = True
+    names = lambda cands: [c.name for c in cands]  # noqa: E731
+    graphed = "composed + torch.compile, CUDA graph"
+    assert graphed not in names(candidates(fast, model, "fp32", peers=("compile",), on_gpu=False))
+    on_gpu = {c.name: c for c in candidates(fast, model, "fp32", peers=("compile",), on_gpu=True)}
+    assert list(on_gpu)[-1] == graphed
+    g = on_gpu[graphed]
+    assert isinstance(g.compiled, _Graphed) and g.compiled.fn is on_gpu["composed + torch.compile"].compiled
+    fast.cuda_graph = False  # the user turned graphs off: none is offered
+    assert graphed not in names(candidates(fast, model, "fp32", peers=("compile",), on_gpu=True))
+    # its margin is the compiled module's and the graph's: within it, the compiled module op by op keeps it
+    for graph_ms, chosen in ((0.97, "composed + torch.compile"), (0.5, graphed)):
+        spec = {"eager": (3.0, 0), "composed": (2.0, 0), "composed__torch.compile": (1.0, 0),
+                "composed__torch.compile_cg": (graph_ms, 1.0)}
+        assert pick(_cands(**spec), "bf16").chosen == chosen
+
+
+def test_a_chosen_compiled_graph_is_held_by_the_module_and_runs_as_is_off_the_gpu(tmp_path):
+    """use() wraps the compiled module in its CUDA graph (captured on the first call on the GPU;
+    on the CPU, or inside the caller's own capture or compile, the compiled module runs as is);
+    choosing anything but the composed graph lets the composed graph's captures go; the
+    artifact brings the same choice back."""
+    from fact_db.composition.artifact import _restore_choice
+    from fact_db.composition.compose import ComposeError
+    from fact_db.composition.module import ComposedModule, _Graphed, compiled_target, signature
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU()).eval()
+    x = torch.randn(4, 8)
+    fast = ComposedModule(torch.fx.symbolic_trace(model), model, policy="fp32", optimized_for=signature((x,)),
+                          cuda_graph=True)
+    fast._graphs["stale"] = type("G", (), {"held_bytes": 2**20})()  # a capture of the composed graph
+    assert fast.held_mib() == 1.0 and fast.held_mib(graphs=False) == 0.0
+    name = "composed + torch.compile, CUDA graph"
+    with pytest.raises(ComposeError, match="runs a torch.compile'd module"):
+        fast.use(name)
+    fast.use(name, compiled_target(fast.gm, "default", fullgraph=True))
+    assert isinstance(fast._chosen, _Graphed) and not fast._graphs and fast.compile_mode == "default"
+    with torch.no_grad():
+        torch.testing.assert_close(fast(x), model(x))
+    assert fast._chosen.graph is None and not fast._chosen.note  # nothing captured off the GPU
+    assert fast.held_mib() == 0.0
+    fast._chosen.held_bytes = 3 * 2**20  # what a capture's pool and input copies would hold
+    assert fast.held_mib() == 3.0 and fast.held_mib(graphs=False) == 0.0
+    kept = fast._chosen
+    fast.use(name, kept)  # an already graphed module is kept, not wrapped again
+    assert fast._chosen is kept
+    note = _restore_choice(fast, name)
+    assert note.startswith(f"runs {name}, as optimize chose: compiled again in"), note
+    assert isinstance(fast._chosen, _Graphed) and fast._chosen is not kept

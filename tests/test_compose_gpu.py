@@ -191,3 +191,54 @@ def test_eagers_reserved_peak_is_the_pool_a_graph_of_the_same_ops_holds():
     g.replay()
     assert torch.equal(out, f(x))
     assert pool <= 1.1 * reserved + 2, (pool, reserved, allocated)
+
+
+def test_the_compiled_composed_module_replays_one_cuda_graph_equal_to_its_calls(artifact, loaded):
+    """The choice "composed + torch.compile, CUDA graph": Inductor's kernels and fact-db's
+    captured once, replayed per call, bitwise equal to the compiled module called directly;
+    its pool and input copies are held memory; the composed graph's own captures let go."""
+    from fact_db.composition.module import _Graphed, compiled_target, run_at_policy
+    manifest = json.loads((artifact / "manifest.json").read_text())
+    compiled = compiled_target(loaded.gm, "default", fullgraph=True)
+    loaded.use("composed + torch.compile, CUDA graph", compiled)
+    try:
+        assert isinstance(loaded._chosen, _Graphed) and not loaded._graphs
+        x, x2 = _inputs(manifest), _inputs(manifest)
+        with torch.no_grad():
+            y = loaded(*x)
+            kept = y.clone()
+            assert loaded._chosen.graph is not None and not loaded._chosen.note, loaded._chosen.note
+            assert torch.equal(y, run_at_policy(compiled, manifest["policy"], x))
+            y2 = loaded(*x2)
+            assert torch.equal(y2, run_at_policy(compiled, manifest["policy"], x2))
+        assert torch.equal(y, kept) and not torch.equal(y, y2)
+        held = (loaded.held_mib() - loaded.held_mib(graphs=False)) * 2**20
+        assert held >= sum(t.numel() * t.element_size() for t in x) + y.numel() * y.element_size()
+    finally:
+        loaded.use("composed")
+
+
+class _Chain(torch.nn.Module):
+    """Launch-bound: forty small element-wise ops and norms no rule covers."""
+
+    def forward(self, x):
+        for i in range(10):
+            x = torch.nn.functional.layer_norm(torch.sigmoid(x * 1.5 + i) - x.mean(dim=-1, keepdim=True), x.shape[-1:])
+        return x
+
+
+def test_optimize_offers_the_compiled_composed_module_as_a_cuda_graph(tmp_path):
+    """On the GPU the choice offers the composed module under torch.compile replayed as one CUDA
+    graph: verified end to end, timed in the rounds, its compile and capture time and held pool
+    recorded; whichever wins, the returned module is right."""
+    from fact_db.pipeline import optimize
+    model, x = _Chain().cuda(), torch.rand(4, 64, device="cuda")
+    fast = optimize(model, (x,), policy="fp32", peers=("compile",), progress=False, bench=False, save=False,
+                    max_held=None)
+    ch = fast.report.choice
+    g = ch.candidate("composed + torch.compile, CUDA graph")
+    assert g is not None and g.verified and g.ms and len(g.rounds_ms) == 3, g
+    base = ch.candidate("composed + torch.compile")
+    assert g.compile_s > base.compile_s > 0 and g.held_mib > 0
+    with torch.no_grad():
+        torch.testing.assert_close(fast(x), model(x), rtol=1e-5, atol=1e-5)

@@ -174,12 +174,15 @@ class ComposedModule(torch.nn.Module):
         self.choice, self.compile_mode = choice, CHOICES[choice] or None
         # A plain attribute, not a submodule: it wraps gm or the fallback, which are already
         # this module's own (a submodule would list their parameters twice).
+        if CHOICES[choice] and choice.endswith(GRAPHED) and not isinstance(compiled, _Graphed):
+            compiled = _Graphed(compiled, self, own=False)  # captured on its first call
         object.__setattr__(self, "_chosen", compiled if CHOICES[choice] else None)
         self.prefer_eager = choice == "eager"
+        if choice != "composed" + GRAPHED:
+            self._graphs.clear()  # the composed graph's captures, not chosen: their pools are let go
         if choice == "composed" or not choice.startswith("composed"):
             self.cuda_graph = False
-            self._graphs.clear()
-        elif choice == "composed, CUDA graph":
+        elif choice == "composed" + GRAPHED:
             self.cuda_graph = True
 
     def held_mib(self, graphs: bool = True) -> float:
@@ -191,7 +194,8 @@ class ComposedModule(torch.nn.Module):
         mods = [self.gm] + [t for t, _ in self._variants.values() if isinstance(t, torch.fx.GraphModule)]
         made = {b.untyped_storage().data_ptr(): b.untyped_storage().nbytes()  # variants share buffers
                 for m in mods for name, b in m.named_buffers() if name.rsplit(".", 1)[-1].startswith("_factdb_")}
-        return (sum(made.values()) + (sum(g.held_bytes for g in self._graphs.values()) if graphs else 0)) / 2**20
+        pools = list(self._graphs.values()) + ([self._chosen] if isinstance(self._chosen, _Graphed) else [])
+        return (sum(made.values()) + (sum(g.held_bytes for g in pools) if graphs else 0)) / 2**20
 
     def extra_repr(self) -> str:
         replaced = sum(1 for _, impl in self.regions if impl.kind != "eager")
@@ -204,12 +208,17 @@ class ComposedModule(torch.nn.Module):
 
 
 # What a composed module can run for the signature it was optimized for, and the
-# torch.compile mode of each compiled one ("default": torch.compile's default mode).
+# torch.compile mode of each compiled one ("default": torch.compile's default mode). A choice
+# ending in GRAPHED replays what it names as one CUDA graph (_Graphed): the composed graph op
+# by op, or the composed graph as Inductor compiled it (Inductor's fused kernels and fact-db's
+# in one replay, for a model whose time is the host launching kernels).
+GRAPHED = ", CUDA graph"
 CHOICES = {
-    "eager": "", "composed": "", "composed, CUDA graph": "",
+    "eager": "", "composed": "", "composed" + GRAPHED: "",
     "torch.compile": "default", "torch.compile max-autotune-no-cudagraphs": "max-autotune-no-cudagraphs",
     "composed + torch.compile": "default",
     "composed + torch.compile max-autotune-no-cudagraphs": "max-autotune-no-cudagraphs",
+    "composed + torch.compile" + GRAPHED: "default",
 }
 
 
@@ -236,16 +245,18 @@ def _can_graph(args, kwargs) -> bool:
 
 
 class _Graphed:
-    """The composed graph captured once as a CUDA graph for one input signature, replayed per
-    call: one launch instead of one per op, for blocks whose time is the host launching
-    kernels. Inputs are copied into the graph's own buffers and outputs copied out, so a
-    call neither keeps its caller's tensors nor hands out memory the next call overwrites.
-    The first call checks one replay against the graph run op by op (bitwise); any fault or
-    difference turns graphs off for the module, with `graph_note` saying why."""
+    """`fn` (the composed graph, or the composed graph under torch.compile) captured once as a
+    CUDA graph for one input signature, replayed per call: one launch instead of one per op,
+    for blocks whose time is the host launching kernels. Inputs are copied into the graph's own
+    buffers and outputs copied out, so a call neither keeps its caller's tensors nor hands out
+    memory the next call overwrites. The first call checks one replay against `fn` run as it
+    is (bitwise); any fault or difference turns the graph off, with the reason: in the owner's
+    `graph_note` for its own graphs (`own`: every signature's), in `note` for a chosen one."""
 
-    def __init__(self, gm, owner):
-        self.gm, self.owner, self.graph = gm, owner, None
+    def __init__(self, fn, owner, own: bool = True):
+        self.fn, self.owner, self.own, self.graph = fn, owner, own, None
         self.held_bytes = 0  # what the graph keeps between calls: its input copies and its memory pool
+        self.note = ""       # why this graph is off ("" while it runs)
 
     def _capture(self, args, kwargs):
         from torch.utils._pytree import tree_map
@@ -255,7 +266,7 @@ class _Graphed:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):  # warm-up: lazy inits, cuBLAS workspaces, kernel attributes
-                self.gm(*self.static_in[0], **self.static_in[1])
+                self.fn(*self.static_in[0], **self.static_in[1])
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
         # The capture allocates from a private pool that stays reserved for the graph's
@@ -267,12 +278,14 @@ class _Graphed:
         torch.cuda.empty_cache()
         reserved = torch.cuda.memory_reserved()
         with torch.cuda.graph(self.graph):
-            self.static_out = self.gm(*self.static_in[0], **self.static_in[1])
+            self.static_out = self.fn(*self.static_in[0], **self.static_in[1])
         torch.cuda.synchronize()
         self.held_bytes = (torch.cuda.memory_reserved() - reserved) + _nbytes(self.static_in)
 
     def __call__(self, *args, **kwargs):
         from torch.utils._pytree import tree_flatten, tree_map
+        if self.note or not _can_graph(args, kwargs):  # off, or inside a capture or compile of the caller's
+            return self.fn(*args, **kwargs)
         first = self.graph is None
         try:
             if first:
@@ -283,18 +296,21 @@ class _Graphed:
             self.graph.replay()
             out = tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, self.static_out)
             if first:
-                eager = self.gm(*args, **kwargs)
-                same = all(torch.equal(a, b) for a, b in zip(tree_flatten(out)[0], tree_flatten(eager)[0])
+                direct = self.fn(*args, **kwargs)
+                same = all(torch.equal(a, b) for a, b in zip(tree_flatten(out)[0], tree_flatten(direct)[0])
                            if isinstance(a, torch.Tensor))
                 if not same:
-                    raise RuntimeError("a replay differs from the graph run op by op")
+                    raise RuntimeError("a replay differs from the same call run directly")
             return out
-        except Exception as e:  # noqa: BLE001  (graphs are an optimization: any fault falls back to the graph as is)
-            self.owner.graph_note = f"CUDA graph off: {first_line(e, None, typed=True)}"
-            self.owner._graphs.clear()
-            self.graph = None
-            warnings.warn(f"fact-db: {self.owner.name}: {self.owner.graph_note}", stacklevel=3)
-            return self.gm(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001  (graphs are an optimization: any fault falls back to fn as is)
+            self.note = f"CUDA graph off: {first_line(e, None, typed=True)}"
+            self.graph, self.held_bytes = None, 0
+            self.static_in = self.static_out = None
+            if self.own:
+                self.owner.graph_note = self.note
+                self.owner._graphs.clear()
+            warnings.warn(f"fact-db: {self.owner.name}: {self.note}", stacklevel=3)
+            return self.fn(*args, **kwargs)
 
 
 def run_at_policy(fn, policy: str, args, kwargs=None):

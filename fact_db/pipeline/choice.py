@@ -8,8 +8,10 @@ on the memory it holds between calls (DESIGN.md, "fact-db and torch.compile").
     'returns composed + torch.compile: 1.66x over eager bf16 (1.350 against 2.240 ms); compiling it took ...'
 
 The candidates: eager PyTorch at the policy; torch.compile of the model; the composed module
-op by op, and replayed as a CUDA graph; the composed module under torch.compile; each compiled
-one in max-autotune-no-cudagraphs mode too where the peers include `max-autotune`. Every
+op by op, and replayed as a CUDA graph; the composed module under torch.compile, and that
+compiled module replayed as a CUDA graph (Inductor's fused kernels and fact-db's in one launch:
+what a launch-bound model, a small-batch CNN, needs); each compiled one in
+max-autotune-no-cudagraphs mode too where the peers include `max-autotune`. Every
 candidate is verified end to end under the policy before it can be chosen (eager is what the
 others are verified against), then timed on the same input sets. A candidate that fails to
 compile or to verify is out, with the reason; eager is always in, so the user gets a verified
@@ -38,8 +40,8 @@ from fact_db.pipeline.results import OptimizeError
 # op by op, then 13.41 against 12.45 in the benchmark after); a compiled one beats what it
 # compiles by 2% (a compile on every load).
 MARGINS = {"composed": 0.02, "composed, CUDA graph": 0.05, "composed + torch.compile": 0.04,
-           "composed + torch.compile max-autotune-no-cudagraphs": 0.04, "torch.compile": 0.02,
-           "torch.compile max-autotune-no-cudagraphs": 0.02}
+           "composed + torch.compile max-autotune-no-cudagraphs": 0.04, "composed + torch.compile, CUDA graph": 0.07,
+           "torch.compile": 0.02, "torch.compile max-autotune-no-cudagraphs": 0.02}
 # Each candidate is timed this many times, in interleaved rounds, and keeps the median: timed
 # once each in turn, the first (eager, right after verification) ran at cold clocks. KernelBench
 # L3-9 (ResNet18) timed eager at 3.47 ms in the choice and 1.56 ms in the benchmark after, so a
@@ -52,8 +54,8 @@ ROUNDS = 3
 # On equal scores, the earlier wins: the composed module (what optimize built), then eager.
 # (Equal times are not equal scores: eager has no margin to make up.)
 ORDER = ("composed", "composed, CUDA graph", "composed + torch.compile",
-         "composed + torch.compile max-autotune-no-cudagraphs", "eager", "torch.compile",
-         "torch.compile max-autotune-no-cudagraphs")
+         "composed + torch.compile max-autotune-no-cudagraphs", "composed + torch.compile, CUDA graph", "eager",
+         "torch.compile", "torch.compile max-autotune-no-cudagraphs")
 MODES = {"compile": "default", "max-autotune": "max-autotune-no-cudagraphs"}
 # Recurrent ops that Inductor decomposes into one cell per time step and layer: the composed
 # graph holds them as single ATen ops (KernelBench L3-35's six-layer LSTM over 512 steps), so
@@ -218,7 +220,7 @@ def _runner(name: str, fn, policy: str):
 
 def candidates(fast, model_p, policy: str, *, peers=(), composed_ok: bool = True, on_gpu: bool = False) -> list:
     """The candidates for composed module `fast` (see the module docstring), not yet run."""
-    from fact_db.composition.module import compiled_target
+    from fact_db.composition.module import GRAPHED, _Graphed, compiled_target
     out = [Candidate("eager", verified=True, run=_runner("eager", model_p, policy))]
     modes = [(f"torch.compile{'' if m == 'default' else ' ' + m}", m) for p, m in MODES.items() if p in peers]
     for name, mode in modes:
@@ -239,6 +241,12 @@ def candidates(fast, model_p, policy: str, *, peers=(), composed_ok: bool = True
             else:
                 c.compiled = compiled_target(fast.gm, mode, fullgraph=True)
                 c.run = _runner(c.name, c.compiled, policy)
+            out.append(c)
+        base = next((c for c in out if c.name == "composed + torch.compile" and c.compiled is not None), None)
+        if base is not None and getattr(fast, "cuda_graph", False) and on_gpu:
+            # the same compiled module, captured on its first call (after base's compiled it)
+            c = Candidate(base.name + GRAPHED, compiled=_Graphed(base.compiled, fast, own=False))
+            c.run = _runner(c.name, c.compiled, policy)
             out.append(c)
     return out
 
@@ -277,7 +285,7 @@ def choose(fast, model_p, policy: str, draw, verify, *, peers=(), timer=None, ma
 
     import torch
 
-    from fact_db.composition.module import cast_floats, policy_dtype
+    from fact_db.composition.module import _Graphed, cast_floats, policy_dtype
     from fact_db.kernels.bench import gpu_clocks, held_mib, peak_mib, time_round, timer_of_many
     dt = policy_dtype(policy)
     sets = [draw(2 * i + 1)[0] for i in range(3)]
@@ -301,6 +309,10 @@ def choose(fast, model_p, policy: str, draw, verify, *, peers=(), timer=None, ma
     for c in cands:
         if c.run is None:  # left out, with the reason (candidates)
             continue
+        of = next((b for b in cands if isinstance(c.compiled, _Graphed) and b.compiled is c.compiled.fn), None)
+        if of is not None and not of.verified:  # a graph of a compiled module that failed: out with it
+            c.why = f"{of.name} {of.why}"
+            continue
         try:
             t0 = time.perf_counter()
             first = (lambda c=c: c.run(*sets[0]))
@@ -312,6 +324,11 @@ def choose(fast, model_p, policy: str, draw, verify, *, peers=(), timer=None, ma
                 torch.cuda.synchronize()
             if c.compiled is not None or c.name == "composed, CUDA graph":
                 c.compile_s = time.perf_counter() - t0
+            if of is not None:  # compiling the module, then capturing it
+                c.compile_s += of.compile_s or 0.0
+                if c.compiled.note:
+                    c.verified, c.why = False, c.compiled.note
+                    continue
         except Exception as e:  # noqa: BLE001  (Inductor failing, or a capture: that candidate is out, said why)
             c.verified, c.why = False, f"failed to {'compile' if c.compiled is not None else 'run'}: " \
                                        f"{first_line(e, 200, typed=True)}"

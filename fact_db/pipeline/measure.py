@@ -101,7 +101,7 @@ def measure(module, model_p, fast, policy: str, draw, ref_model, *, peers=PEERS,
 
     from fact_db.kernels.agreement import tree_err
     from fact_db.kernels.bench import gpu_clocks, held_mib, peak_mib, time_round, timer_of_many
-    from fact_db.composition.module import cast_floats, policy_dtype
+    from fact_db.composition.module import GRAPHED, cast_floats, policy_dtype
     from fact_db.kernels.verify import for_reference
     sets = [draw(2 * i)[0] for i in range(3)]
     dt = policy_dtype(policy)
@@ -134,7 +134,7 @@ def measure(module, model_p, fast, policy: str, draw, ref_model, *, peers=PEERS,
             raise OptimizeError(f"unknown peer '{peer}': use compile, max-autotune or reduce-overhead")
     # Like with like: where the returned module replays a CUDA graph, torch.compile's CUDA-graph
     # mode is timed too, whichever peers were asked for.
-    like = ("reduce-overhead",) if returned == "composed, CUDA graph" and "reduce-overhead" not in peers else ()
+    like = ("reduce-overhead",) if returned.endswith(GRAPHED) and "reduce-overhead" not in peers else ()
     for peer in (*peers, *like):
         label = "torch.compile" + (f" {MODES[peer]}" if MODES[peer] else "")
         runs.append((label, ("compile", MODES[peer]), sets_p))
