@@ -47,7 +47,8 @@ def main(argv=None) -> int:
                       **{k: row.get(k) for k in ("eager_ms", "compile_ms", "factdb_ms")}}
     doc = scoreboard.merge([doc])  # the stamped parts' row counts, without the rows moved out
     doc["to_rerun"] = list(rerun.values())
-    doc["raw"] = list(dict.fromkeys([*(doc.get("raw") or []), *args.raw]))
+    # every part's raw list (a merged part brings its own), first mention kept
+    doc["raw"] = list(dict.fromkeys([*(r for d in docs for r in d.get("raw") or []), *args.raw]))
     scoreboard.write(doc, args.out)
     for pol, levels in doc["levels"].items():
         for lv, s in levels.items():

@@ -283,7 +283,7 @@ def test_resumed_parts_list_each_run_once_and_rows_move_to_to_rerun(tmp_path):
     parts = scoreboard.merge([merged, other])["parts"]
     assert [(p["commit"], p.get("gpu"), p["rows"]) for p in parts] == [("abc", None, 1), ("def", "h200", 2), ("fed", "h100", 1)]
     pm, ps = tmp_path / "merged.json", tmp_path / "shard.json"
-    scoreboard.write(merged, pm)
+    scoreboard.write({**merged, "raw": ["raw/old.json"]}, pm)  # a merged file lists its raw parts
     scoreboard.write(shard, ps)
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernelbench_merge.py"), str(pm), str(ps), "--out",
                         str(tmp_path / "all.json"), "--rerun", "L2-1=its stage failed on a bug fixed since",
@@ -293,7 +293,12 @@ def test_resumed_parts_list_each_run_once_and_rows_move_to_to_rerun(tmp_path):
     assert [x["id"] for x in out["results"]] == ["L1-1", "L1-2"]
     assert [(e["id"], e["why_rerun"]) for e in out["to_rerun"]] == [("L1-3", "a fixed fault"),
                                                                    ("L2-1", "its stage failed on a bug fixed since")]
-    assert out["raw"] == ["raw/shard.json"] and "2" not in out["levels"]["fp32"]
+    assert out["raw"] == ["raw/old.json", "raw/shard.json"] and "2" not in out["levels"]["fp32"]
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernelbench_merge.py"), str(ps), str(pm), "--out",
+                        str(tmp_path / "new-first.json"), "--raw", "raw/shard.json"], capture_output=True, text=True,
+                       timeout=120)  # the new part first (its rows win): the merged file's raw list is kept
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "new-first.json").read_text())["raw"] == ["raw/old.json", "raw/shard.json"]
     assert [(p["commit"], p["rows"]) for p in out["parts"]] == [("abc", 1), ("def", 1)], "a row moved out is not counted"
     bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernelbench_merge.py"), str(pm), "--out",
                           str(tmp_path / "x.json"), "--rerun", "L9-9=no such row"], capture_output=True, text=True,
