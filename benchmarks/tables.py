@@ -321,7 +321,7 @@ def rows_e2e(doc, name):
         # composed module was not returned (older runs)
         returned = r.get("returned") or ""
         if returned:
-            returned_eager = returned.startswith("eager")
+            returned_eager = returned.split(" (")[0] == "eager"  # not "eager, CUDA graph": a module of its own
             tag = "" if returned in ("composed", "composed, CUDA graph") else f" ({returned} returned)"
         else:
             returned_eager = any("not returned" in (v.get("name") or "") for v in r.get("variants") or [])

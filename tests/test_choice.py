@@ -394,11 +394,17 @@ def test_the_composed_module_under_torch_compile_replayed_as_a_cuda_graph_is_a_c
     graphed = "composed + torch.compile, CUDA graph"
     assert graphed not in names(candidates(fast, model, "fp32", peers=("compile",), on_gpu=False))
     on_gpu = {c.name: c for c in candidates(fast, model, "fp32", peers=("compile",), on_gpu=True)}
-    assert list(on_gpu)[-1] == graphed
+    assert list(on_gpu)[-1] == graphed and list(on_gpu)[1] == "eager, CUDA graph"
+    assert isinstance(on_gpu["eager, CUDA graph"].compiled, _Graphed) and on_gpu["eager, CUDA graph"].compiled.fn is model
     g = on_gpu[graphed]
     assert isinstance(g.compiled, _Graphed) and g.compiled.fn is on_gpu["composed + torch.compile"].compiled
     fast.cuda_graph = False  # the user turned graphs off: none is offered
-    assert graphed not in names(candidates(fast, model, "fp32", peers=("compile",), on_gpu=True))
+    assert not {graphed, "eager, CUDA graph"} & set(names(candidates(fast, model, "fp32", peers=("compile",),
+                                                                       on_gpu=True)))
+    # where the composed module failed verification, eager's ops replayed are still a candidate
+    fast.cuda_graph = True
+    assert names(candidates(fast, model, "fp32", peers=("compile",), on_gpu=True, composed_ok=False)) == \
+        ["eager", "eager, CUDA graph", "torch.compile"]
     # its margin is the compiled module's and the graph's: within it, the compiled module op by op keeps it
     for graph_ms, chosen in ((0.97, "composed + torch.compile"), (0.5, graphed)):
         spec = {"eager": (3.0, 0), "composed": (2.0, 0), "composed__torch.compile": (1.0, 0),
@@ -437,3 +443,10 @@ def test_a_chosen_compiled_graph_is_held_by_the_module_and_runs_as_is_off_the_gp
     note = _restore_choice(fast, name)
     assert note.startswith(f"runs {name}, as optimize chose: compiled again in"), note
     assert isinstance(fast._chosen, _Graphed) and fast._chosen is not kept
+    # eager's own ops replayed: the model itself in the graph, no compiled module needed
+    assert _restore_choice(fast, "eager, CUDA graph") == "runs eager, CUDA graph, as optimize chose"
+    assert fast._chosen.fn is model and not fast.prefer_eager and fast.compile_mode is None
+    with torch.no_grad():
+        torch.testing.assert_close(fast(x), model(x))
+    fast.use("eager")
+    assert fast._chosen is None and fast.prefer_eager

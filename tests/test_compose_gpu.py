@@ -234,8 +234,8 @@ class _Chain(torch.nn.Module):
 
 
 def test_optimize_offers_the_compiled_composed_module_as_a_cuda_graph(tmp_path):
-    """On the GPU the choice offers the composed module under torch.compile replayed as one CUDA
-    graph: verified end to end, timed in the rounds, its compile and capture time and held pool
+    """On the GPU the choice offers eager's ops and the composed module under torch.compile, each
+    replayed as one CUDA graph: verified end to end, timed in the rounds, its compile and capture time and held pool
     recorded; whichever wins, the returned module is right."""
     from fact_db.pipeline import optimize
     model, x = _Chain().cuda(), torch.rand(4, 64, device="cuda")
@@ -246,5 +246,7 @@ def test_optimize_offers_the_compiled_composed_module_as_a_cuda_graph(tmp_path):
     assert g is not None and g.verified and g.ms and len(g.rounds_ms) == 3, g
     base = ch.candidate("composed + torch.compile")
     assert g.compile_s > base.compile_s > 0 and g.held_mib > 0
+    e = ch.candidate("eager, CUDA graph")  # eager's own ops replayed: verified, its pool held
+    assert e is not None and e.verified and e.ms and e.held_mib > 0, e
     with torch.no_grad():
         torch.testing.assert_close(fast(x), model(x), rtol=1e-5, atol=1e-5)

@@ -249,6 +249,8 @@ def test_parts_run_apart_merge_into_one_scoreboard_with_the_summary_recomputed(t
     assert (fixed["speedup"], fixed["factdb_ms"], round(fixed["factdb_timed_ms"], 3)) == (1.0, 1.0, round(1 / 0.54, 3))
     composed = {**_row("L3-38", 3, speedup=0.92), "did": {"returned": "composed"}}  # another module: its own time
     assert scoreboard.merge([{**a, "results": [composed]}])["results"][0]["speedup"] == 0.92
+    graphed = {**_row("L3-20", 3, speedup=2.5), "did": {"returned": "eager, CUDA graph"}}  # eager's ops, replayed
+    assert scoreboard.merge([{**a, "results": [graphed]}])["results"][0]["speedup"] == 2.5
     pa, pb = tmp_path / "a.json", tmp_path / "b.json"
     scoreboard.write(a, pa)
     scoreboard.write(b, pb)

@@ -161,9 +161,10 @@ class ComposedModule(torch.nn.Module):
             return run_at_policy(self._target(args, kwargs), self.policy, args, kwargs)
 
     def use(self, choice: str, compiled=None) -> None:
-        """Run `choice` (one of CHOICES) for the signature it was optimized for: eager PyTorch,
-        torch.compile of the model or of the composed graph (`compiled`: that torch.compile'd
-        module, see compiled_target), or the composed graph op by op or as a CUDA graph.
+        """Run `choice` (one of CHOICES) for the signature it was optimized for: eager PyTorch
+        (op by op, or replayed as a CUDA graph), torch.compile of the model or of the composed
+        graph (`compiled`: that torch.compile'd module, see compiled_target; or its _Graphed,
+        already captured), or the composed graph op by op or as a CUDA graph.
 
             >>> fast.use("composed + torch.compile", compiled_target(fast.gm, None, fullgraph=True))
         """
@@ -174,9 +175,13 @@ class ComposedModule(torch.nn.Module):
         self.choice, self.compile_mode = choice, CHOICES[choice] or None
         # A plain attribute, not a submodule: it wraps gm or the fallback, which are already
         # this module's own (a submodule would list their parameters twice).
-        if CHOICES[choice] and choice.endswith(GRAPHED) and not isinstance(compiled, _Graphed):
+        if choice == "eager" + GRAPHED:  # the model's own ops, replayed: bitwise what eager computes
+            compiled = compiled if isinstance(compiled, _Graphed) else _Graphed(self.fallback, self, own=False)
+        elif CHOICES[choice] and choice.endswith(GRAPHED) and not isinstance(compiled, _Graphed):
             compiled = _Graphed(compiled, self, own=False)  # captured on its first call
-        object.__setattr__(self, "_chosen", compiled if CHOICES[choice] else None)
+        elif not CHOICES[choice]:
+            compiled = None
+        object.__setattr__(self, "_chosen", compiled)
         self.prefer_eager = choice == "eager"
         if choice != "composed" + GRAPHED:
             self._graphs.clear()  # the composed graph's captures, not chosen: their pools are let go
@@ -209,12 +214,13 @@ class ComposedModule(torch.nn.Module):
 
 # What a composed module can run for the signature it was optimized for, and the
 # torch.compile mode of each compiled one ("default": torch.compile's default mode). A choice
-# ending in GRAPHED replays what it names as one CUDA graph (_Graphed): the composed graph op
-# by op, or the composed graph as Inductor compiled it (Inductor's fused kernels and fact-db's
-# in one replay, for a model whose time is the host launching kernels).
+# ending in GRAPHED replays what it names as one CUDA graph (_Graphed), for a model whose time
+# is the host launching kernels: eager's own ops (bitwise eager's result, where no kernel
+# verified: a training-mode CNN at bf16), the composed graph op by op, or the composed graph as
+# Inductor compiled it (Inductor's fused kernels and fact-db's in one replay).
 GRAPHED = ", CUDA graph"
 CHOICES = {
-    "eager": "", "composed": "", "composed" + GRAPHED: "",
+    "eager": "", "eager" + GRAPHED: "", "composed": "", "composed" + GRAPHED: "",
     "torch.compile": "default", "torch.compile max-autotune-no-cudagraphs": "max-autotune-no-cudagraphs",
     "composed + torch.compile": "default",
     "composed + torch.compile max-autotune-no-cudagraphs": "max-autotune-no-cudagraphs",

@@ -7,8 +7,9 @@ on the memory it holds between calls (DESIGN.md, "fact-db and torch.compile").
     >>> choice.note
     'returns composed + torch.compile: 1.66x over eager bf16 (1.350 against 2.240 ms); compiling it took ...'
 
-The candidates: eager PyTorch at the policy; torch.compile of the model; the composed module
-op by op, and replayed as a CUDA graph; the composed module under torch.compile, and that
+The candidates: eager PyTorch at the policy, op by op and replayed as a CUDA graph (on the GPU:
+what a launch-bound model gains where no kernel verifies); torch.compile of the model; the
+composed module op by op, and replayed as a CUDA graph; the composed module under torch.compile, and that
 compiled module replayed as a CUDA graph (Inductor's fused kernels and fact-db's in one launch:
 what a launch-bound model, a small-batch CNN, needs); each compiled one in
 max-autotune-no-cudagraphs mode too where the peers include `max-autotune`. Every
@@ -39,7 +40,7 @@ from fact_db.pipeline.results import OptimizeError
 # (it copies inputs in and outputs out: the minGPT block at fp32 timed 12.73 against 12.79 ms
 # op by op, then 13.41 against 12.45 in the benchmark after); a compiled one beats what it
 # compiles by 2% (a compile on every load).
-MARGINS = {"composed": 0.02, "composed, CUDA graph": 0.05, "composed + torch.compile": 0.04,
+MARGINS = {"eager, CUDA graph": 0.03, "composed": 0.02, "composed, CUDA graph": 0.05, "composed + torch.compile": 0.04,
            "composed + torch.compile max-autotune-no-cudagraphs": 0.04, "composed + torch.compile, CUDA graph": 0.07,
            "torch.compile": 0.02, "torch.compile max-autotune-no-cudagraphs": 0.02}
 # Each candidate is timed this many times, in interleaved rounds, and keeps the median: timed
@@ -55,7 +56,7 @@ ROUNDS = 3
 # (Equal times are not equal scores: eager has no margin to make up.)
 ORDER = ("composed", "composed, CUDA graph", "composed + torch.compile",
          "composed + torch.compile max-autotune-no-cudagraphs", "composed + torch.compile, CUDA graph", "eager",
-         "torch.compile", "torch.compile max-autotune-no-cudagraphs")
+         "eager, CUDA graph", "torch.compile", "torch.compile max-autotune-no-cudagraphs")
 MODES = {"compile": "default", "max-autotune": "max-autotune-no-cudagraphs"}
 # Recurrent ops that Inductor decomposes into one cell per time step and layer: the composed
 # graph holds them as single ATen ops (KernelBench L3-35's six-layer LSTM over 512 steps), so
@@ -194,7 +195,8 @@ def _note(best: Candidate, candidates: list, policy: str) -> str:
         text += f": {eager.ms / best.ms:.2f}x over eager {policy} ({best.ms:.3f} against {eager.ms:.3f} ms)"
     elif best is eager:
         text += f" ({best.ms:.3f} ms): no other candidate verified, timed faster and held memory within the bound"
-    if best.compile_s is not None and best.name in MARGINS and best.name != "composed, CUDA graph":
+    from fact_db.composition.module import CHOICES
+    if best.compile_s is not None and CHOICES.get(best.name):
         text += f"; compiling it took {best.compile_s:.1f} s (again on each load, from Inductor's caches)"
     if best.held_mib:
         text += f"; holds {best.held_mib:.1f} MiB between calls"
@@ -222,6 +224,12 @@ def candidates(fast, model_p, policy: str, *, peers=(), composed_ok: bool = True
     """The candidates for composed module `fast` (see the module docstring), not yet run."""
     from fact_db.composition.module import GRAPHED, _Graphed, compiled_target
     out = [Candidate("eager", verified=True, run=_runner("eager", model_p, policy))]
+    if getattr(fast, "cuda_graph", False) and on_gpu:
+        # eager's own ops replayed: one launch a call, bitwise eager's result (checked on the
+        # first call), whether or not the composed module verified
+        c = Candidate("eager" + GRAPHED, compiled=_Graphed(model_p, fast, own=False))
+        c.run = _runner(c.name, c.compiled, policy)
+        out.append(c)
     modes = [(f"torch.compile{'' if m == 'default' else ' ' + m}", m) for p, m in MODES.items() if p in peers]
     for name, mode in modes:
         c = Candidate(name)
@@ -326,9 +334,9 @@ def choose(fast, model_p, policy: str, draw, verify, *, peers=(), timer=None, ma
                 c.compile_s = time.perf_counter() - t0
             if of is not None:  # compiling the module, then capturing it
                 c.compile_s += of.compile_s or 0.0
-                if c.compiled.note:
-                    c.verified, c.why = False, c.compiled.note
-                    continue
+            if getattr(c.compiled, "note", ""):  # a CUDA graph that could not capture or replay
+                c.verified, c.why = False, c.compiled.note
+                continue
         except Exception as e:  # noqa: BLE001  (Inductor failing, or a capture: that candidate is out, said why)
             c.verified, c.why = False, f"failed to {'compile' if c.compiled is not None else 'run'}: " \
                                        f"{first_line(e, 200, typed=True)}"

@@ -283,7 +283,7 @@ def eager_time(row: dict) -> dict:
     runs, L3-10's 1.9x apart in blocks), which is neither a speedup nor a loss; that time stays
     in `factdb_timed_ms`. Returns the row, changed in place."""
     returned = str((row.get("did") or {}).get("returned", ""))
-    if returned.startswith("eager") and row.get("eager_ms") and row.get("factdb_ms") \
+    if returned.split(" (")[0] == "eager" and row.get("eager_ms") and row.get("factdb_ms") \
             and row["factdb_ms"] != row["eager_ms"]:
         row["factdb_timed_ms"], row["factdb_ms"] = row["factdb_ms"], row["eager_ms"]
         row["speedup"] = 1.0
