@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict
+from pathlib import Path
 
 import pytest
 import torch
@@ -370,7 +371,16 @@ def test_why_not_says_which_convolutions_stay_with_cudnn():
     # three input channels (a network's first convolution): padded, not refused
     assert why_not(ConvWorkload(1, 3, 64, (8, 8), (3, 3))) == ""
     assert why_not(ConvWorkload(1, 3, 64, (8, 8), (3, 3), dtype="bfloat16", policy="bf16")) == ""
-    assert "transposed" in why_not(ConvWorkload(1, 16, 16, (8, 8), (3, 3), stride=(2, 2), transposed=True))
+    # a strided transposed convolution runs as phases (phases.py), but not with a residual, nor a
+    # chain where its stride leaves pixels no tap reaches
+    assert why_not(ConvWorkload(1, 16, 16, (8, 8), (3, 3), stride=(2, 2), transposed=True)) == ""
+    res = canonical_chain([{"op": "add", "kind": "full"}])
+    assert "residual" in why_not(ConvWorkload(1, 16, 16, (8, 8), (3, 3), stride=(2, 2), transposed=True, chain=res))
+    relu = canonical_chain([{"op": "relu"}])
+    assert why_not(ConvWorkload(1, 16, 16, (8,), (3,), stride=(2,), transposed=True, chain=relu)) == ""
+    sparse = ConvWorkload(1, 16, 16, (8,), (3,), stride=(2,), dilation=(2,), transposed=True, chain=relu)
+    assert "no filter tap reaches" in why_not(sparse)
+    assert why_not(ConvWorkload(1, 16, 16, (8,), (3,), stride=(2,), dilation=(2,), transposed=True)) == ""
     assert why_not(ConvWorkload(1, 16, 16, (8, 8), (3, 3), padding=(1, 1), transposed=True)) == ""
     assert why_not(ConvWorkload(1, 16, 16, (8, 8), (3, 3))) == ""
 
@@ -1000,3 +1010,99 @@ def test_conv_realize_times_any_geometry_given_as_a_shape():
                        ("n=2,c=3,k=8,input=8by8,filter=3", "input=8by8 is not sizes like 56x56")):
         with pytest.raises(ValueError, match=words):
             parse_shape(bad)
+
+
+# ------------------------------------------------------------------------------------------
+# Strided transposed convolutions as phases (fact_db/kernels/conv/phases.py)
+
+PHASED = [  # (input, filter, stride, padding, dilation, output_padding)
+    ((7,), (3,), (2,), (1,), (1,), (1,)),             # a decoder's upsampling, 1-D
+    ((9,), (5,), (3,), (2,), (1,), (0,)),             # stride 3, taps 2 or 1 a phase
+    ((131,), (3,), (2,), (1,), (2,), (0,)),           # KernelBench L1-79: gcd(d, s) = 2, odd phases bias only
+    ((6, 5), (3, 3), (5, 5), (1, 1), (2, 2), (0, 0)),  # L1-81: stride 5 > filter, phases without a tap
+    ((5, 6), (4, 3), (2, 3), (3, 0), (1, 1), (1, 2)),  # padding beyond the filter, output padding
+    ((4, 5), (3, 7), (1, 1), (1, 3), (1, 1), (0, 0)),  # stride 1 (L1-78): one phase, the forward padding
+    ((3, 4, 5), (3, 3, 3), (2, 2, 2), (1, 1, 1), (1, 1, 1), (0, 0, 0)),  # L1-73
+    ((3, 4, 4), (3, 3, 3), (2, 2, 2), (1, 1, 1), (2, 2, 2), (0, 0, 0)),  # L1-77
+    ((2, 3, 3), (5, 5, 5), (2, 2, 2), (2, 2, 2), (1, 1, 1), (1, 0, 1)),  # L2-78, output padding
+]
+
+
+def _phased(geo, **kw) -> ConvWorkload:
+    i, f, s, p, d, op = geo
+    return ConvWorkload(2, 4, 8, i, f, stride=s, padding=p, dilation=d, output_padding=op, transposed=True, **kw)
+
+
+@pytest.mark.parametrize("geo", PHASED)
+def test_a_strided_transposed_convolution_is_its_phases_forward_convolutions(geo):
+    """Each output phase of a transposed convolution is a stride-1 forward convolution of the
+    input with every s/gcd(d, s)-th tap, flipped: the phases, copied into every s-th output
+    pixel (the bias alone where no tap reaches), equal ConvTranspose in float64."""
+    from fact_db.kernels.conv import phases
+    w = _phased(geo)
+    x, wt, b = torch.randn(2, 4, *w.input, dtype=torch.float64), torch.randn(4, 8, *w.filter, dtype=torch.float64), \
+        torch.randn(8, dtype=torch.float64)
+    ct = (F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d)[w.spatial - 1]
+    ref = ct(x, wt, b, w.stride, w.padding, w.output_padding, 1, w.dilation)
+    assert ref.shape == (2, 8, *w.output)
+    torch.testing.assert_close(phases.reference(x, wt, w, b), ref, rtol=1e-12, atol=1e-12)
+    p = phases.plan(w)
+    assert phases.phased(w) == (w.stride != (1,) * w.spatial or any(w.output_padding))
+    # every output pixel is one phase's or an empty one's, once; a phase reads every s/gcd(d, s)-th tap
+    covered = torch.zeros(w.output, dtype=torch.int32)
+    for ph in p.phases:
+        covered[phases.pixels(ph.dst, p.stride)[2:]] += 1
+        assert all(1 <= j <= -(-f * math.gcd(d, s) // s) for j, f, s, d in zip(ph.filter, w.filter, w.stride,
+                                                                                 w.dilation))
+    for spans in p.empty:
+        covered[phases.pixels(spans, p.stride)[2:]] += 1
+    assert bool((covered == 1).all())
+    assert sum(math.prod(ph.filter) for ph in p.phases) == math.prod(w.filter)  # every tap in one phase
+
+
+def _emulated(w: ConvWorkload, cfg: ConvConfig):
+    """ConvKernel with its launch replaced by PyTorch's forward convolution of what it is
+    given: the geometry array and the weight pointer, read back from the prepared weight."""
+    import ctypes
+
+    from fact_db.kernels.conv.kernel import channels
+    k = ConvKernel.__new__(ConvKernel)
+    k.workload, k.config, k.path = w, cfg, Path("emulated")
+    seen = {}
+
+    def run(xn, w_ptr, ptrs, r, y, geo):
+        g = list(geo)
+        n, c, kk, sp = g[0], g[1], g[2], w.spatial
+        assert (n, c, kk) == (xn.shape[0], channels(w), w.k)
+        inp, flt, out, stride, pad, dil = (tuple(g[3 + 3 * j: 3 + 3 * j + sp]) for j in range(6))
+        assert inp == w.input and tuple(y.shape[2:]) == out
+        split = 3 if cfg.split3 else 1
+        held = seen["wp"]
+        off = (w_ptr - held.data_ptr()) // held.element_size()
+        wv = held.reshape(-1)[off: off + kk * math.prod(flt) * c * split].reshape(kk, *flt, c * split)
+        wv = wv[..., :c] + wv[..., c:2 * c] if split == 3 else wv  # split3's [hi, lo, hi]: hi + lo is the weight
+        conv = (F.conv1d, F.conv2d, F.conv3d)[sp - 1]
+        z = conv(xn.movedim(-1, 1).double(), wv.movedim(-1, 1).double(), None, stride, pad, dil)
+        if w.bias:
+            z += seen["bias"].double().reshape(1, -1, *([1] * sp))
+        y.copy_(z)
+    k._run = run
+    return k, seen
+
+
+@pytest.mark.parametrize("geo", PHASED)
+@pytest.mark.parametrize("cfg", [ConvConfig(64, 64, 32), ConvConfig(64, 64, 32, split3=True, promote=1)])
+def test_the_kernel_launches_each_phase_with_its_geometry_and_weight(geo, cfg):
+    """ConvKernel runs a strided transposed convolution as its phases: one launch each, with the
+    phase's geometry (stride 1, its taps, padding, output) and its part of the prepared weight
+    (prepare_weight lays the phases' forward weights one after another); emulated here with
+    PyTorch's convolution of exactly what each launch is given, the result is ConvTranspose."""
+    w = _phased(geo)
+    inp = w.make_inputs("randn", device="cpu")
+    k, seen = _emulated(w, cfg)
+    seen["wp"] = prepare_weight(inp["w"], w, cfg)
+    seen["bias"] = inp["bias"]
+    got = k(inp["x"], seen["wp"], inp["bias"])
+    assert is_channels_last(got) and got.shape == (2, 8, *w.output)
+    ref = w.reference({**inp})
+    torch.testing.assert_close(got.double(), ref.double(), rtol=1e-5, atol=1e-5)

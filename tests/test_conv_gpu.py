@@ -71,6 +71,16 @@ CASES = [
                   policy="fp32"), ConvConfig(128, 128, 32, split3=True, promote=1, schedule="coop")),
     (ConvWorkload(4, 3, 128, (32, 32), (3, 3), padding=(1, 1), chain=CHAIN, dtype="bfloat16", policy="bf16"),
      ConvConfig(128, 128, 64)),
+    # strided transposed convolutions, run as phases (phases.py): a decoder's 2-D upsampling with
+    # an output padding and the chain, a 3-D one on the cooperative kernel (KernelBench L1-73's
+    # geometry, smaller), a 1-D one whose dilation leaves every other pixel to the bias alone
+    (ConvWorkload(2, 64, 32, (15, 17), (3, 3), stride=(2, 2), padding=(1, 1), output_padding=(1, 1),
+                  transposed=True, chain=CHAIN, dtype="float32", policy="fp32"),
+     ConvConfig(128, 64, 32, split3=True, promote=1)),
+    (ConvWorkload(2, 32, 32, (8, 16, 16), (3, 3, 3), stride=(2, 2, 2), padding=(1, 1, 1), transposed=True,
+                  dtype="float32", policy="fp32"), ConvConfig(128, 128, 32, split3=True, promote=1, schedule="coop")),
+    (ConvWorkload(4, 32, 64, (300,), (3,), stride=(2,), padding=(1,), dilation=(2,), transposed=True,
+                  dtype="bfloat16", policy="bf16"), ConvConfig(128, 64, 64)),
 ]
 
 

@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from fact_db.kernels.abi import launch_status, raw_stream, torch_dtype
+from fact_db.kernels.conv import phases
 from fact_db.kernels.conv.workload import ELEMENT, ConvError, ConvWorkload
 from fact_db.kernels.ops import factdb_op
 
@@ -162,10 +163,12 @@ def channels(w: ConvWorkload) -> int:
 
 def why_not(w: ConvWorkload) -> str:
     """"" where the template can compute `w`, else why cuDNN keeps it."""
-    if w.transposed and (any(x != 1 for x in w.stride) or any(w.output_padding)
-                         or any(d * (f - 1) < p for d, f, p in zip(w.dilation, w.filter, w.padding))):
-        return ("a transposed convolution with a stride, an output padding or a padding beyond its filter: the sm90 "
-                "dgrad kernel is not templated yet, cuDNN runs it")
+    if phases.phased(w) and w.residual:
+        return ("a transposed convolution with a stride (run as phases) and a residual in its epilogue: the "
+                "residual's pixels are not the phases' own, cuDNN runs it")
+    if phases.phased(w) and w.steps and w.groups == 1 and phases.plan(w).empty:
+        return (f"a transposed convolution whose stride {w.stride} leaves output pixels no filter tap reaches (filter "
+                f"{w.filter}, dilation {w.dilation}), with an element-wise chain on them: cuDNN runs it")
     if w.groups != 1:
         return f"groups={w.groups}: CUTLASS's sm90 implicit GEMM has no grouped or depthwise kernel, cuDNN runs it"
     a = alignment(w.dtype)
@@ -227,7 +230,8 @@ def tf32_lo(t):
 
 def forward_padding(w: ConvWorkload) -> tuple:
     """The padding the kernel runs with: the workload's; for a stride-1 transposed convolution,
-    that of the forward convolution it equals (dilation x (filter - 1) - padding)."""
+    that of the forward convolution it equals (dilation x (filter - 1) - padding). (A strided
+    one runs as phases, each with its own: phases.plan.)"""
     if not w.transposed:
         return w.padding
     return tuple(d * (f - 1) - p for d, f, p in zip(w.dilation, w.filter, w.padding))
@@ -238,11 +242,21 @@ def prepare_weight(w_kcrs, workload: ConvWorkload, cfg: ConvConfig):
     workload's dtype; for split3 [hi(w), lo(w), hi(w)] along C (each part TF32 already: see the
     template); for the pointwise GEMM (schedule "gemm") [hi(w); lo(w)], two K x C matrices. A
     stride-1 transposed convolution's weight (C x K x R...) becomes the forward one it equals:
-    flipped in space, C and K swapped."""
+    flipped in space, C and K swapped; a strided one's, each phase's forward weight so made
+    (phases.weight), flattened one after another (16-byte aligned each: C and K are)."""
     import torch
     w = w_kcrs.detach()
+    if phases.phased(workload):
+        return torch.cat([_prepared(phases.weight(w, ph), workload, cfg).reshape(-1)
+                          for ph in phases.plan(workload).phases])
     if workload.transposed:
         w = w.flip(list(range(2, w.dim()))).transpose(0, 1)
+    return _prepared(w, workload, cfg)
+
+
+def _prepared(w, workload: ConvWorkload, cfg: ConvConfig):
+    """Forward weight `w` (K x C x R...) as prepare_weight makes it."""
+    import torch
     wt = w.to(torch_dtype(workload.dtype)).movedim(1, -1).contiguous()
     cp = channels(workload)
     if cp > wt.shape[-1]:  # zero channels, as the activation gets (channels)
@@ -300,12 +314,18 @@ class ConvKernel:
         self._ws.restype = ctypes.c_size_t
         self._op = None
 
-    def geometry(self, n: int):
+    def geometry(self, n: int, phase=None):
+        """The launch's geometry: the workload's forward convolution, or one of its phases'
+        (phases.Phase: stride 1, its taps, padding and output)."""
         w = self.workload
         c = channels(w)
         pad = lambda v: list(v) + [1] * (3 - len(v))  # noqa: E731
-        g = [n, c, w.k, *pad(w.input), *pad(w.filter), *pad(w.output), *pad(w.stride),
-             *(list(forward_padding(w)) + [0] * (3 - w.spatial)), *pad(w.dilation)]
+        if phase is None:
+            fwd = (w.filter, w.output, w.stride, forward_padding(w), w.dilation)
+        else:
+            fwd = (phase.filter, phase.output, (1,) * w.spatial, phase.padding, phase.dilation)
+        g = [n, c, w.k, *pad(w.input), *pad(fwd[0]), *pad(fwd[1]), *pad(fwd[2]),
+             *(list(fwd[3]) + [0] * (3 - w.spatial)), *pad(fwd[4])]
         return (ctypes.c_int64 * GEOMETRY_LEN)(*g)
 
     def __call__(self, x, w, bias=None, vecs=(), residual=None, out=None):
@@ -342,18 +362,45 @@ class ConvKernel:
                 r = r.clone(memory_format=torch.preserve_format)
         y = torch.empty((n, *wl.output, k), dtype=dt, device=x.device).movedim(-1, 1)
         ptrs = (ctypes.c_void_p * max(1, len(vec_list)))(*[v.data_ptr() for v in vec_list])
-        geo = self.geometry(n)
-        size = self._ws(ctypes.addressof(geo))
-        ws = torch.empty(max(1, size), dtype=torch.uint8, device=x.device)
-        rc = self._launch(xn.data_ptr(), w.data_ptr(), ctypes.addressof(ptrs), r.data_ptr() if r is not None else None,
-                          y.data_ptr(), ctypes.addressof(geo), ws.data_ptr(), raw_stream(x.device))
-        if rc != 0:
-            raise ConvError(f"conv kernel {self.path.parent.name} refused or failed the launch: {launch_status(rc)} "
-                            f"({wl.describe()})")
+        if phases.phased(wl):
+            self._phases(xn, w, ptrs, y, vec_list)
+        else:
+            self._run(xn, w.data_ptr(), ptrs, r, y, self.geometry(n))
         if out is not None:
             out.copy_(y)
             return out
         return y
+
+    def _run(self, xn, w_ptr: int, ptrs, r, y, geo) -> None:
+        """One launch: activation `xn` (N, *spatial, C packed), weight at `w_ptr`, into `y`."""
+        import torch
+        size = self._ws(ctypes.addressof(geo))
+        ws = torch.empty(max(1, size), dtype=torch.uint8, device=xn.device)
+        rc = self._launch(xn.data_ptr(), w_ptr, ctypes.addressof(ptrs), r.data_ptr() if r is not None else None,
+                          y.data_ptr(), ctypes.addressof(geo), ws.data_ptr(), raw_stream(xn.device))
+        if rc != 0:
+            raise ConvError(f"conv kernel {self.path.parent.name} refused or failed the launch: {launch_status(rc)} "
+                            f"({self.workload.describe()})")
+
+    def _phases(self, xn, w, ptrs, y, vec_list) -> None:
+        """A strided transposed convolution (phases.py): each phase's forward convolution into
+        a buffer, its pixels copied into every s-th pixel of `y`; the pixels no tap reaches get
+        the bias (why_not keeps a chain off them)."""
+        import torch
+        wl, n = self.workload, xn.shape[0]
+        p = phases.plan(wl)
+        if p.empty:
+            if wl.bias:
+                y.copy_(vec_list[0].reshape(1, -1, *([1] * wl.spatial)).expand_as(y))
+            else:
+                y.zero_()
+        split = 3 if self.config.split3 else 1
+        at, size = w.data_ptr(), w.element_size()
+        for ph in p.phases:
+            z = torch.empty((n, *ph.output, wl.k), dtype=y.dtype, device=y.device).movedim(-1, 1)
+            self._run(xn, at, ptrs, None, z, self.geometry(n, ph))
+            at += wl.k * math.prod(ph.filter) * channels(wl) * split * size
+            y[phases.pixels(ph.dst, p.stride)] = z[phases.pixels(ph.src)]
 
     @property
     def op_name(self) -> str:
