@@ -5,9 +5,10 @@ implicit-GEMM template; cuDNN (eager at the policy) always among the candidates.
     >>> w, note = workload(region, graph, "bf16")     # a ConvWorkload from a conv region
     >>> out = realize(w, region, Context(registry=reg))
 
-Strided transposed, grouped and depthwise convolutions, and channel counts TMA cannot address
-(kernel.why_not), are keyed and timed like the others with cuDNN as their only candidate, so
-the registry remembers that the library serves them.
+Grouped and depthwise convolutions, output channel counts TMA cannot address, and the few
+strided transposed ones the phases cannot take (kernel.why_not), are keyed and timed like the
+others with cuDNN as their only candidate, so the registry remembers that the library serves
+them.
 """
 from __future__ import annotations
 
