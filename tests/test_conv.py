@@ -1106,3 +1106,15 @@ def test_the_kernel_launches_each_phase_with_its_geometry_and_weight(geo, cfg):
     assert is_channels_last(got) and got.shape == (2, 8, *w.output)
     ref = w.reference({**inp})
     torch.testing.assert_close(got.double(), ref.double(), rtol=1e-5, atol=1e-5)
+
+
+def test_a_strided_transposed_kernel_with_a_residual_is_refused_not_launched():
+    """why_not keeps a residual off the phases; a kernel built for one anyway (a hand-made case:
+    the GPU test's first phased case carried the residual chain and read a null pointer) is
+    refused at the call with the reason."""
+    res = canonical_chain([{"op": "add", "kind": "full"}])
+    w = _phased(PHASED[0], chain=res)
+    inp = w.make_inputs("randn", device="cpu")
+    k, seen = _emulated(w, ConvConfig(64, 64, 32))
+    with pytest.raises(ConvError, match="residual"):
+        k(inp["x"], prepare_weight(inp["w"], w, ConvConfig(64, 64, 32)), inp["bias"], residual=inp["r"])

@@ -335,6 +335,8 @@ class ConvKernel:
         if tuple(x.shape[1:]) != wl.x_shape()[1:] or x.dtype != dt:
             raise ConvError(f"conv kernel takes {wl.dtype} (N, {wl.c}, {', '.join(map(str, wl.input))}), got "
                             f"{x.dtype} {tuple(x.shape)}")
+        if phases.phased(wl) and wl.residual:  # never built so (why_not): refused, not launched without it
+            raise ConvError(f"{why_not(wl)} ({wl.describe()})")
         n, cp = x.shape[0], channels(wl)
         if cp > wl.c:  # N, *spatial, C packed with zero channels added, in one pass (channels)
             xn = torch.nn.functional.pad(x.movedim(1, -1), (0, cp - wl.c))
