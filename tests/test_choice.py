@@ -395,7 +395,8 @@ def test_the_composed_module_under_torch_compile_replayed_as_a_cuda_graph_is_a_c
     assert graphed not in names(candidates(fast, model, "fp32", peers=("compile",), on_gpu=False))
     on_gpu = {c.name: c for c in candidates(fast, model, "fp32", peers=("compile",), on_gpu=True)}
     assert list(on_gpu)[-1] == graphed and list(on_gpu)[1] == "eager, CUDA graph"
-    assert isinstance(on_gpu["eager, CUDA graph"].compiled, _Graphed) and on_gpu["eager, CUDA graph"].compiled.fn is model
+    eager_graph = on_gpu["eager, CUDA graph"].compiled
+    assert isinstance(eager_graph, _Graphed) and eager_graph.fn is model
     g = on_gpu[graphed]
     assert isinstance(g.compiled, _Graphed) and g.compiled.fn is on_gpu["composed + torch.compile"].compiled
     fast.cuda_graph = False  # the user turned graphs off: none is offered

@@ -258,7 +258,7 @@ def _clear_cublas_workspaces() -> None:
 
 
 class _Graphed:
-    """`fn` (the composed graph, or the composed graph under torch.compile) captured once as a
+    """`fn` (eager's model, the composed graph, or it under torch.compile) captured once as a
     CUDA graph for one input signature, replayed per call: one launch instead of one per op,
     for blocks whose time is the host launching kernels. Inputs are copied into the graph's own
     buffers and outputs copied out, so a call neither keeps its caller's tensors nor hands out
