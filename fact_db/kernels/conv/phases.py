@@ -22,6 +22,7 @@ check of the plan against ConvTranspose); kernel.ConvKernel runs it with the sm9
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from dataclasses import dataclass
@@ -92,8 +93,10 @@ def phased(w: ConvWorkload) -> bool:
                              or any(d * (f - 1) < p for d, f, p in zip(w.dilation, w.filter, w.padding)))
 
 
+@functools.lru_cache(maxsize=256)
 def plan(w: ConvWorkload) -> Plan:
-    """The phases of transposed convolution `w` (every combination of its dims' phases)."""
+    """The phases of transposed convolution `w` (every combination of its dims' phases); made
+    once per workload (a kernel call reads it on every call)."""
     dims = [_dim(i, f, s, p, d, o) for i, f, s, p, d, o in
             zip(w.input, w.filter, w.stride, w.padding, w.dilation, w.output)]
     phases = tuple(Phase(*(tuple(part[n] for part in combo) for n in range(7)))
