@@ -191,6 +191,17 @@ def test_eagers_reserved_peak_is_the_pool_a_graph_of_the_same_ops_holds():
     g.replay()
     assert torch.equal(out, f(x))
     assert pool <= 1.1 * reserved + 2, (pool, reserved, allocated)
+    # a GEMM's cuBLAS workspace is counted on both sides: eager keeps one between calls (cleared
+    # first, its call allocates it), a graph's pool holds its own (cleared around the capture)
+    from fact_db.composition.module import _Graphed
+    lin, xs = torch.nn.Linear(512, 512).cuda(), torch.rand(64, 512, device="cuda")
+    with torch.no_grad():
+        lin(xs)
+        eager_peak = peak_mib(lambda: lin(xs), reserved=True)
+        g = _Graphed(lin, type("Owner", (), {"name": "linear"})(), own=False)
+        out = g(xs)
+    assert not g.note and torch.equal(out, lin(xs))
+    assert g.held_bytes / 2**20 <= 1.1 * eager_peak + 2, (g.held_bytes / 2**20, eager_peak)
     # a live tensor pinning a cached segment hides the call's reservation: the allocated peak is the floor
     big = torch.empty(2**30, dtype=torch.uint8, device="cuda")
     del big

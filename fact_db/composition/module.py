@@ -23,6 +23,7 @@ import torch
 from fact_db.composition.compose import ComposeError
 from fact_db.core.errors import first_line
 from fact_db.core.policy import policy_mode, torch_dtype
+from fact_db.kernels.bench import clear_cublas_workspaces
 
 
 def signature(args, kwargs=None) -> tuple:
@@ -250,13 +251,6 @@ def _can_graph(args, kwargs) -> bool:
     return bool(leaves) and all(x.is_cuda for x in leaves)
 
 
-def _clear_cublas_workspaces() -> None:
-    """Drop cuBLAS's cached workspaces (the next GEMM allocates its own): around a capture."""
-    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
-    if clear is not None:  # a CUDA build of torch
-        clear()
-
-
 class _Graphed:
     """`fn` (eager's model, the composed graph, or it under torch.compile) captured once as a
     CUDA graph for one input signature, replayed per call: one launch instead of one per op,
@@ -295,12 +289,12 @@ class _Graphed:
         # the next graph too, and freed under it when the first graph goes (KernelBench L3-11,
         # VGG16 at bf16: an illegal memory access after the choice let two graphs go). Cleared
         # before and after, as Inductor's CUDA-graph trees do: each graph's workspace is its own.
-        _clear_cublas_workspaces()
+        clear_cublas_workspaces()
         try:
             with torch.cuda.graph(self.graph):
                 self.static_out = self.fn(*self.static_in[0], **self.static_in[1])
         finally:
-            _clear_cublas_workspaces()
+            clear_cublas_workspaces()
         torch.cuda.synchronize()
         self.held_bytes = (torch.cuda.memory_reserved() - reserved) + _nbytes(self.static_in)
 

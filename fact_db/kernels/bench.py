@@ -159,13 +159,25 @@ def _emptied(device) -> None:
     torch.cuda.empty_cache()
 
 
+def clear_cublas_workspaces() -> None:
+    """Drop cuBLAS's cached workspaces, one per handle and stream (the next GEMM on a stream
+    allocates its own): around a CUDA graph's capture, and before eager's reserved peak."""
+    import torch
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:  # a CUDA build of torch
+        clear()
+
+
 def peak_mib(fn, device="cuda", reserved: bool = False) -> float:
     """Peak GPU memory one call of `fn()` allocates beyond what was allocated before it, in MiB.
     `reserved`: the peak the allocator reserved for it instead, from an emptied cache (whole
     segments, as a CUDA graph's pool is counted: held_mib), which eager PyTorch's caching
-    allocator keeps between calls; never less than the allocated peak."""
+    allocator keeps between calls; never less than the allocated peak. cuBLAS's workspace (32
+    MiB a stream on Hopper) is cleared first, so a call that runs a GEMM counts the one it keeps
+    between calls, as a CUDA graph's pool holds its own (composition/module.py: _Graphed)."""
     import torch
     if reserved:
+        clear_cublas_workspaces()
         _emptied(device)
     torch.cuda.synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)
