@@ -196,12 +196,15 @@ def peak_mib(fn, device="cuda", reserved: bool = False) -> float:
 def held_mib(fn, device="cuda") -> float:
     """GPU memory `fn()` leaves reserved once its outputs are dropped and the allocator's cache
     is emptied, in MiB: what a first call sets aside for later ones (a CUDA graph's private
-    pool, buffers a compiled module allocates once), which no call's own peak shows."""
+    pool, buffers a compiled module allocates once, the cuBLAS workspace a GEMM keeps: cleared
+    first, as for eager's reserved peak, so whichever candidate is measured first or after a
+    capture counts the same), which no call's own peak shows."""
     import torch
 
     def reserved() -> int:
         _emptied(device)
         return torch.cuda.memory_reserved(device)
+    clear_cublas_workspaces()
     before = reserved()
     out = fn()
     del out
