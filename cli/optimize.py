@@ -76,7 +76,7 @@ def _common(fn):
                           "peak), a number of MiB, or none."),
         click.option("--no-bench", is_flag=True, help="Verify but do not time the variants end to end."),
         click.option("--no-cuda-graph", is_flag=True,
-                     help="Run the composed graph op by op instead of replaying it as a CUDA graph."),
+                     help="No CUDA graph among the candidates: eager and the composed graph run op by op."),
         click.option("--no-split-weights", is_flag=True,
                      help="Split weights into their TF32 parts per call instead of holding the parts "
                           "(fp32/tf32x3 presplit kernels): less memory held, slower calls."),
@@ -213,7 +213,7 @@ def bench_row(problem: str, fast, wall_s: float) -> dict:
 @click.option("--peers", default="compile,max-autotune", show_default=True, help="torch.compile variants to time.")
 @click.option("--max-held", default="eager", show_default=True,
               help="Most memory a returned module may hold between calls: eager, none, or MiB.")
-@click.option("--no-cuda-graph", is_flag=True, help="Run composed graphs op by op, not as CUDA graphs.")
+@click.option("--no-cuda-graph", is_flag=True, help="No CUDA graph among the candidates (op by op only).")
 @click.option("--no-split-weights", is_flag=True, help="Split weights into their TF32 parts per call, not once.")
 @click.option("--db", default=None, help="Registry URL.")
 @click.option("--out", "--results", "results", type=click.Path(dir_okay=False), default=None,
