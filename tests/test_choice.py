@@ -451,3 +451,13 @@ def test_a_chosen_compiled_graph_is_held_by_the_module_and_runs_as_is_off_the_gp
         torch.testing.assert_close(fast(x), model(x))
     fast.use("eager")
     assert fast._chosen is None and fast.prefer_eager
+
+
+def test_the_note_names_a_compile_only_for_a_compiled_choice():
+    """A returned compiled graph took a compile (again on each load) and a capture; eager's ops
+    replayed took a capture alone: the note says compiling only for the first."""
+    for name, compiled in (("composed + torch.compile, CUDA graph", True), ("eager, CUDA graph", False)):
+        cands = [Candidate("eager", ms=3.0, verified=True), Candidate(name, ms=1.0, verified=True, compile_s=2.5)]
+        note = pick(cands, "bf16").note
+        assert note.startswith(f"returns {name}: 3.00x over eager bf16")
+        assert ("compiling it took 2.5 s" in note) == compiled, note
