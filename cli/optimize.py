@@ -256,15 +256,17 @@ def bench(problems, policies, max_candidates, budget, gpus, peers, max_held, no_
       factdb bench --policy bf16 --peers compile --results /tmp/e2e.json
       factdb bench --kernelbench ~/KernelBench --problems benchmarks/kernelbench_gpu_set.txt --policy fp32
       factdb bench --kernelbench ~/KernelBench --level 1 --resume benchmarks/results/h100-2026-12-01-kernelbench-fp32.json
+      factdb bench --kernelbench ~/KernelBench --problems L3-9,L3-20 --max-held none   # CUDA graphs past eager's peak
     """
     if kernelbench:
         if problems:
             raise click.UsageError("give problem files or --kernelbench DIR (with --problems), not both")
         from fact_db.pipeline import scoreboard as sb
         from . import scoreboard
+        _max_held(max_held)  # a bad bound is answered here, before any child runs
         scoreboard.run(kernelbench, level, problem_list, policies, budget_per_problem or sb.DEFAULT_BUDGET_S,
                        max_memory or sb.DEFAULT_MEMORY_MB, max_candidates, gpus, db, results, resume, as_json,
-                       budget_given=budget_per_problem is not None)
+                       budget_given=budget_per_problem is not None, max_held=max_held)
         return
     if level or problem_list or budget_per_problem or max_memory or resume:
         raise click.UsageError("--level, --problems, --budget-per-problem, --max-memory and --resume go with "

@@ -11,9 +11,10 @@ from .common import jdump
 
 
 def run(kernelbench, level, problems, policies, budget_s, memory_mb, max_candidates, gpus, db, out, resume,
-        as_json, budget_given: bool = False) -> None:
+        as_json, budget_given: bool = False, max_held: str = "eager") -> None:
     """Parse, call the scoreboard, print. In the sandbox's child: the one problem named, its
-    row written to `out`."""
+    row written to `out`. `max_held`: --max-held as given ("eager", "none" or MiB), for every
+    problem's optimize; the scoreboard's head records it, and a resumed run must give the same."""
     from fact_db.core import paths
     from fact_db.discovery import sandbox
     from fact_db.pipeline import kernelbench as kb
@@ -21,18 +22,23 @@ def run(kernelbench, level, problems, policies, budget_s, memory_mb, max_candida
     probs = kb.problems(kernelbench, kb.levels_of(level), kb.selection(problems))
     pols = list(policies) or ["fp32"]
     if sandbox.in_child():
-        _child(probs, pols, kernelbench, budget_s, max_candidates, gpus, db, out)
+        _child(probs, pols, kernelbench, budget_s, max_candidates, gpus, db, out, max_held)
         return
     sys.path.insert(0, str(paths.ROOT / "benchmarks"))
     from _provenance import commit, machine
     doc = scoreboard.load(Path(resume)) if resume else scoreboard.new_doc(
         kernelbench, pols, budget_s=budget_s, memory_mb=memory_mb, max_candidates=max_candidates, commit=commit(),
-        machine=machine())
+        machine=machine(), max_held=max_held)
+    ran = doc.get("max_held", "eager")
+    if ran != max_held:
+        raise click.UsageError(f"--resume {resume}: that scoreboard ran with --max-held {ran}, this run gives "
+                               f"{max_held}; give the same, or start another scoreboard")
     target = Path(out) if out else Path(resume) if resume else scoreboard.default_out(paths.ROOT, doc.get("gpu"), pols)
     if not doc.get("timed"):
         click.echo("no CUDA GPU here: the scoreboard runs the plan of each problem and cannot time or check "
                    "anything (fast_p needs a GPU)", err=True)
-    extra = ["--max-candidates", str(max_candidates), *(["--gpus", gpus] if gpus else []), *(["--db", db] if db else [])]
+    extra = ["--max-candidates", str(max_candidates), *(["--gpus", gpus] if gpus else []), *(["--db", db] if db else []),
+             *(["--max-held", max_held] if max_held != "eager" else [])]
     click.echo(f"{len(probs)} problem(s) x {len(pols)} polic{'y' if len(pols) == 1 else 'ies'}, each in its own "
                f"process: at most {budget_s:g} s and {memory_mb} MiB; results in {target}", err=True)
     from datetime import date
@@ -57,7 +63,7 @@ def _fp(d: dict) -> str:
     return " ".join(f"p={p}: {v:.2f}" for p, v in d.items() if v is not None)
 
 
-def _child(probs, pols, kernelbench, budget_s, max_candidates, gpus, db, out) -> None:
+def _child(probs, pols, kernelbench, budget_s, max_candidates, gpus, db, out, max_held="eager") -> None:
     """The scoreboard's child: one problem, one policy, its row written to `out` as a
     document with one result."""
     import json
@@ -65,6 +71,7 @@ def _child(probs, pols, kernelbench, budget_s, max_candidates, gpus, db, out) ->
     from fact_db.discovery import sandbox
     from fact_db.pipeline import scoreboard
     from .common import gpu_list, open_registry
+    from .optimize import _max_held
     if len(probs) != 1 or len(pols) != 1 or not out:
         raise click.UsageError("the scoreboard's child runs one problem under one policy into --out")
     with sandbox.guarded(probs[0].id):
@@ -72,7 +79,8 @@ def _child(probs, pols, kernelbench, budget_s, max_candidates, gpus, db, out) ->
         try:
             # progress on: the stage lines on stderr tell the parent where a stopped child was
             row = scoreboard.run_problem(probs[0], pols[0], budget_s=budget_s, registry=reg,
-                                         max_candidates=max_candidates, gpus=gpu_list(gpus), progress=True)
+                                         max_candidates=max_candidates, gpus=gpu_list(gpus), progress=True,
+                                         max_held=_max_held(max_held))
         finally:
             if reg is not None:
                 reg.close()

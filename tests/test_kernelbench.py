@@ -589,3 +589,36 @@ def test_coverage_says_why_each_fp32_convolution_ran_cudnn():
     won = dict(row, did={"per_region": [{"rule": "conv", "how": "tuned", "runs": "conv_sm90 split3", "note": ""}],
                          "returned": "eager"})
     assert cov.classify(won, plan, 1.05)[0] == "kernel lost"
+
+
+def test_the_held_memory_bound_goes_to_every_problem_and_parts_must_share_it(tmp_path):
+    """`factdb bench --kernelbench DIR --max-held none|MIB`: each problem's optimize gets the
+    bound (KernelBench's CNNs: CUDA graphs 2-3x faster than eager, held out by eager's peak by
+    default), the scoreboard's head records it, and parts or a resumed run with another bound
+    are refused rather than mixed."""
+    import tempfile
+
+    from click.testing import CliRunner
+
+    from fact_db.cli.main import cli
+    from test_compose import standin_realizer
+    linear = GOOD.replace("super().__init__()", "super().__init__()\n        self.fc = nn.Linear(128, 64)").replace(
+        "def forward(self, a, b):\n        return torch.matmul(a, b)", "def forward(self, a, b):\n        return self.fc(a)")
+    root = _tree(Path(tempfile.mkdtemp()), {"level1/1_Linear.py": linear})
+    (mm,) = kb.problems(root)
+    held = {**ON_CPU, "realizer": standin_realizer(lo=True)}  # the composed module holds the weight's lo parts
+    timer = {"timer": lambda fn, xs: 0.5 if fn.__name__ == "composed" else 1.0}
+    row = scoreboard.run_problem(mm, "fp32", device="cpu", hooks={**held, **timer}, max_held=0.0)
+    composed = next(c for c in row["did"]["choice"] if c["name"] == "composed")
+    assert not composed["chosen"] and "over the bound of 0.0 MiB" in composed["why"]
+    row = scoreboard.run_problem(mm, "fp32", device="cpu", hooks={**held, **timer}, max_held=None)
+    assert next(c for c in row["did"]["choice"] if c["name"] == "composed")["chosen"]
+    a = {"results": [], "max_candidates": 4, "peers": ["compile"], "timed": True}
+    with pytest.raises(kb.KernelBenchError, match=r"the parts differ in max_held \('eager' and 'none'\)"):
+        scoreboard.merge([a, {**a, "max_held": "none"}])
+    out = tmp_path / "kb.json"
+    scoreboard.write({**a, "results": [{**_row("L1-1", 1), "policy": "fp32"}]}, out)
+    r = CliRunner().invoke(cli, ["bench", "--kernelbench", str(root), "--resume", str(out), "--max-held", "none"])
+    assert r.exit_code == 2 and "ran with --max-held eager, this run gives none" in r.output, r.output
+    r = CliRunner().invoke(cli, ["bench", "--kernelbench", str(root), "--max-held", "lots"])
+    assert r.exit_code == 2 and "'lots' is not a bound" in r.output, r.output
