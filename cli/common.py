@@ -191,3 +191,17 @@ def consult_rules(problem, policy, offline, as_json, registry=None):
         return None
     from fact_db.discovery.rules import load_rules
     return load_rules(extra=[Path(f) for f in info["rule_files"]])
+
+
+def max_held_of(spec: str):
+    """--max-held: 'eager' (eager's per-call peak), 'none' (no bound), or MiB."""
+    if spec in ("eager", "none"):
+        return None if spec == "none" else spec
+    try:
+        value = float(spec)
+    except ValueError:
+        value = -1.0
+    if value < 0:
+        raise click.BadParameter(f"'{spec}' is not a bound: use eager (eager's per-call peak), none, or a number of "
+                                 "MiB >= 0", param_hint="--max-held")
+    return value

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from .common import cli, handle_errors, jdump, no_gpu, problem_sandbox
-from .common import POLICIES, consult_rules, gpu_list, open_registry
+from .common import POLICIES, consult_rules, gpu_list, max_held_of, open_registry
 
 PEERS = ("compile", "max-autotune")
 MORE_PEERS = ("reduce-overhead",)  # torch.compile's CUDA-graph mode, asked for by name
@@ -25,20 +25,6 @@ def _peers(spec: str) -> tuple:
         raise click.BadParameter(f"unknown peer {', '.join(bad)}: use compile, max-autotune, reduce-overhead, "
                                  "a comma-separated list of them, or none", param_hint="--peers")
     return out
-
-
-def _max_held(spec: str):
-    """--max-held: 'eager' (eager's per-call peak), 'none' (no bound), or MiB."""
-    if spec in ("eager", "none"):
-        return None if spec == "none" else spec
-    try:
-        value = float(spec)
-    except ValueError:
-        value = -1.0
-    if value < 0:
-        raise click.BadParameter(f"'{spec}' is not a bound: use eager (eager's per-call peak), none, or a number of "
-                                 "MiB >= 0", param_hint="--max-held")
-    return value
 
 
 def _f(x, fmt="{:.3f}") -> str:
@@ -128,7 +114,7 @@ def optimize(problem, policy, max_candidates, budget, gpus, peers, max_held, no_
 
     from fact_db.pipeline import optimize_problem, plan_problem
     from fact_db.composition.report import markdown, report_dict
-    held = _max_held(max_held)
+    held = max_held_of(max_held)
     reg = open_registry(db, not no_registry)
     try:
         rules = consult_rules(problem, policy, offline, as_json, reg) if use_llm else None
@@ -263,7 +249,7 @@ def bench(problems, policies, max_candidates, budget, gpus, peers, max_held, no_
             raise click.UsageError("give problem files or --kernelbench DIR (with --problems), not both")
         from fact_db.pipeline import scoreboard as sb
         from . import scoreboard
-        _max_held(max_held)  # a bad bound is answered here, before any child runs
+        max_held_of(max_held)  # a bad bound is answered here, before any child runs
         scoreboard.run(kernelbench, level, problem_list, policies, budget_per_problem or sb.DEFAULT_BUDGET_S,
                        max_memory or sb.DEFAULT_MEMORY_MB, max_candidates, gpus, db, results, resume, as_json,
                        budget_given=budget_per_problem is not None, max_held=max_held)
@@ -279,7 +265,7 @@ def bench(problems, policies, max_candidates, budget, gpus, peers, max_held, no_
     from fact_db.core import paths
     from fact_db.core.environment import device_info, toolchain_info
     from fact_db.pipeline import optimize_problem
-    held = _max_held(max_held)
+    held = max_held_of(max_held)
     if not torch.cuda.is_available():
         raise click.ClickException("no CUDA GPU is visible: `factdb bench` times models on an H100/H200; "
                                    "`factdb optimize PROBLEM` prints the plan without one")

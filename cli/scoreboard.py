@@ -70,8 +70,7 @@ def _child(probs, pols, kernelbench, budget_s, max_candidates, gpus, db, out, ma
 
     from fact_db.discovery import sandbox
     from fact_db.pipeline import scoreboard
-    from .common import gpu_list, open_registry
-    from .optimize import _max_held
+    from .common import gpu_list, max_held_of, open_registry
     if len(probs) != 1 or len(pols) != 1 or not out:
         raise click.UsageError("the scoreboard's child runs one problem under one policy into --out")
     with sandbox.guarded(probs[0].id):
@@ -80,7 +79,7 @@ def _child(probs, pols, kernelbench, budget_s, max_candidates, gpus, db, out, ma
             # progress on: the stage lines on stderr tell the parent where a stopped child was
             row = scoreboard.run_problem(probs[0], pols[0], budget_s=budget_s, registry=reg,
                                          max_candidates=max_candidates, gpus=gpu_list(gpus), progress=True,
-                                         max_held=_max_held(max_held))
+                                         max_held=max_held_of(max_held))
         finally:
             if reg is not None:
                 reg.close()
