@@ -202,6 +202,9 @@ def test_eagers_reserved_peak_is_the_pool_a_graph_of_the_same_ops_holds():
         out = g(xs)
     assert not g.note and torch.equal(out, lin(xs))
     assert g.held_bytes / 2**20 <= 1.1 * eager_peak + 2, (g.held_bytes / 2**20, eager_peak)
+    # and not less: the workspace eager's call left is gone before the pool is measured (read
+    # with it still cached, the pool of KernelBench L3-9 at fp32 counted -8.9 MiB)
+    assert g.held_bytes / 2**20 >= 0.9 * eager_peak - 2, (g.held_bytes / 2**20, eager_peak)
     # a live tensor pinning a cached segment hides the call's reservation: the allocated peak is the floor
     big = torch.empty(2**30, dtype=torch.uint8, device="cuda")
     del big

@@ -276,20 +276,22 @@ class _Graphed:
                 self.fn(*self.static_in[0], **self.static_in[1])
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
-        # The capture allocates from a private pool that stays reserved for the graph's
-        # replays: every intermediate of the graph, held between calls. (torch.cuda.graph
-        # empties the allocator's cache before capturing; emptied here first, the difference
-        # in reserved memory is the pool.)
-        torch.cuda.synchronize()
-        gc.collect()
-        torch.cuda.empty_cache()
-        reserved = torch.cuda.memory_reserved()
         # cuBLAS keeps one workspace per handle and stream, and every capture runs on the same
         # capture stream: a workspace first allocated inside one graph's pool would be baked into
         # the next graph too, and freed under it when the first graph goes (KernelBench L3-11,
         # VGG16 at bf16: an illegal memory access after the choice let two graphs go). Cleared
         # before and after, as Inductor's CUDA-graph trees do: each graph's workspace is its own.
+        # The capture allocates from a private pool that stays reserved for the graph's
+        # replays: every intermediate of the graph, held between calls. (torch.cuda.graph
+        # empties the allocator's cache before capturing; emptied here first, after the
+        # workspaces went, the difference in reserved memory is the pool. Read before clearing
+        # them, a workspace eager had left was subtracted from it: KernelBench L3-9 at fp32
+        # counted -8.9 MiB for a 56 MiB pool.)
         clear_cublas_workspaces()
+        torch.cuda.synchronize()
+        gc.collect()
+        torch.cuda.empty_cache()
+        reserved = torch.cuda.memory_reserved()
         try:
             with torch.cuda.graph(self.graph):
                 self.static_out = self.fn(*self.static_in[0], **self.static_in[1])
