@@ -60,6 +60,9 @@ def _common(fn):
         click.option("--max-held", default="eager", show_default=True,
                      help="Most memory the returned module may hold between calls: eager (eager's per-call "
                           "peak), a number of MiB, or none."),
+        click.option("--strict-allclose", is_flag=True,
+                     help="Every candidate must pass KernelBench's allclose against eager on each trial, as "
+                          "KernelBench's check does: an output closer to float64 than eager's is not exempted."),
         click.option("--no-bench", is_flag=True, help="Verify but do not time the variants end to end."),
         click.option("--no-cuda-graph", is_flag=True,
                      help="No CUDA graph among the candidates: eager and the composed graph run op by op."),
@@ -87,7 +90,7 @@ def _common(fn):
                    "dropout off); a problem file builds it in training mode.")
 @handle_errors
 @problem_sandbox(when=no_gpu)  # the plan builds the model here; with a GPU it is built on it, in this process
-def optimize(problem, policy, max_candidates, budget, gpus, peers, max_held, no_bench, no_cuda_graph,
+def optimize(problem, policy, max_candidates, budget, gpus, peers, max_held, strict_allclose, no_bench, no_cuda_graph,
              no_split_weights, force, db, no_registry, out, as_json, use_llm, offline, eval_mode):
     """Discover, realize and compose PROBLEM into a faster model; verify it end to end,
     time it against eager PyTorch and torch.compile, save it as an artifact and report.
@@ -132,7 +135,8 @@ def optimize(problem, policy, max_candidates, budget, gpus, peers, max_held, no_
         fast = optimize_problem(problem, policy=policy, registry=reg, max_candidates=max_candidates, budget=budget,
                                 gpus=gpu_list(gpus), out=out, bench=not no_bench, peers=_peers(peers), force=force,
                                 progress=not as_json, cuda_graph=not no_cuda_graph, rules=rules,
-                                split_weights=not no_split_weights, max_held=held, eval_mode=eval_mode)
+                                split_weights=not no_split_weights, max_held=held, eval_mode=eval_mode,
+                                strict_allclose=strict_allclose)
     finally:
         if reg is not None:
             reg.close()
@@ -199,6 +203,8 @@ def bench_row(problem: str, fast, wall_s: float) -> dict:
 @click.option("--peers", default="compile,max-autotune", show_default=True, help="torch.compile variants to time.")
 @click.option("--max-held", default="eager", show_default=True,
               help="Most memory a returned module may hold between calls: eager, none, or MiB.")
+@click.option("--strict-allclose", is_flag=True,
+              help="KernelBench's allclose against eager with no exemption for every candidate (see optimize).")
 @click.option("--no-cuda-graph", is_flag=True, help="No CUDA graph among the candidates (op by op only).")
 @click.option("--no-split-weights", is_flag=True, help="Split weights into their TF32 parts per call, not once.")
 @click.option("--db", default=None, help="Registry URL.")
@@ -222,8 +228,9 @@ def bench_row(problem: str, fast, wall_s: float) -> dict:
               help="--kernelbench: a scoreboard JSON written before; its problems are skipped, new rows added to it "
                    "(with a larger --budget-per-problem, the rows a smaller budget stopped run again).")
 @handle_errors
-def bench(problems, policies, max_candidates, budget, gpus, peers, max_held, no_cuda_graph, no_split_weights, db,
-          results, as_json, kernelbench, level, problem_list, budget_per_problem, max_memory, resume):
+def bench(problems, policies, max_candidates, budget, gpus, peers, max_held, strict_allclose, no_cuda_graph,
+          no_split_weights, db, results, as_json, kernelbench, level, problem_list, budget_per_problem, max_memory,
+          resume):
     """Run `optimize` over benchmark problems (default: every file in benchmarks/problems/)
     under each policy, and write one results JSON: a row per problem and policy with
     fact-db, eager, torch.compile and max-autotune times, errors and peak memory, plus the
@@ -243,6 +250,7 @@ def bench(problems, policies, max_candidates, budget, gpus, peers, max_held, no_
       factdb bench --kernelbench ~/KernelBench --problems benchmarks/kernelbench_gpu_set.txt --policy fp32
       factdb bench --kernelbench ~/KernelBench --level 1 --resume benchmarks/results/h100-2026-12-01-kernelbench-fp32.json
       factdb bench --kernelbench ~/KernelBench --problems L3-9,L3-20 --max-held none   # CUDA graphs past eager's peak
+      factdb bench --kernelbench ~/KernelBench --level 2 --policy bf16 --strict-allclose
     """
     if kernelbench:
         if problems:
@@ -252,7 +260,7 @@ def bench(problems, policies, max_candidates, budget, gpus, peers, max_held, no_
         max_held_of(max_held)  # a bad bound is answered here, before any child runs
         scoreboard.run(kernelbench, level, problem_list, policies, budget_per_problem or sb.DEFAULT_BUDGET_S,
                        max_memory or sb.DEFAULT_MEMORY_MB, max_candidates, gpus, db, results, resume, as_json,
-                       budget_given=budget_per_problem is not None, max_held=max_held)
+                       budget_given=budget_per_problem is not None, max_held=max_held, strict=strict_allclose)
         return
     if level or problem_list or budget_per_problem or max_memory or resume:
         raise click.UsageError("--level, --problems, --budget-per-problem, --max-memory and --resume go with "
@@ -297,7 +305,7 @@ def bench(problems, policies, max_candidates, budget, gpus, peers, max_held, no_
                     fast = optimize_problem(prob, policy=pol, registry=reg, max_candidates=max_candidates,
                                             budget=budget, gpus=gpu_list(gpus), peers=_peers(peers),
                                             cuda_graph=not no_cuda_graph, split_weights=not no_split_weights,
-                                            max_held=held)
+                                            max_held=held, strict_allclose=strict_allclose)
                     rows.append(bench_row(Path(prob).stem, fast, time.perf_counter() - t0))
                     r = rows[-1]
                     click.echo(f"   fact-db {_f(r['factdb_ms'])} ms ({r['returned']}), {_f(r['speedup'], '{:.2f}')}x "

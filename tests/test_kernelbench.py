@@ -622,3 +622,38 @@ def test_the_held_memory_bound_goes_to_every_problem_and_parts_must_share_it(tmp
     assert r.exit_code == 2 and "ran with --max-held eager, this run gives none" in r.output, r.output
     r = CliRunner().invoke(cli, ["bench", "--kernelbench", str(root), "--max-held", "lots"])
     assert r.exit_code == 2 and "'lots' is not a bound" in r.output, r.output
+
+
+def test_strict_allclose_goes_to_every_problem_and_parts_must_share_it(tmp_path, monkeypatch):
+    """`factdb bench --kernelbench DIR --strict-allclose`: each problem's optimize verifies with
+    KernelBench's allclose unexempted, the head records it, and parts or a resumed run verified
+    the other way are refused rather than mixed."""
+    import tempfile
+
+    from click.testing import CliRunner
+
+    from fact_db.cli.main import cli
+    from fact_db.pipeline import run as run_mod
+    root = _tree(Path(tempfile.mkdtemp()), {"level1/1_Matmul.py": GOOD})
+    (mm,) = kb.problems(root)
+    seen = []
+    real = run_mod.optimize
+
+    def spy(*a, **kw):
+        seen.append(kw.get("strict_allclose"))
+        return real(*a, **kw)
+    monkeypatch.setattr(run_mod, "optimize", spy)
+    for strict in (False, True):
+        row = scoreboard.run_problem(mm, "fp32", device="cpu", hooks=ON_CPU, strict_allclose=strict)
+        assert row["status"] == "ok", row["reason"]
+    assert seen == [False, True]
+    head = dict(kernelbench_dir=root, policies=["fp32"], budget_s=60, memory_mb=1024, max_candidates=4, commit="x")
+    assert scoreboard.is_strict(scoreboard.new_doc(**head, strict=True))
+    assert not scoreboard.is_strict(scoreboard.new_doc(**head)) and "allclose" not in scoreboard.new_doc(**head)
+    a = {"results": [], "max_candidates": 4, "peers": ["compile"], "timed": True}
+    with pytest.raises(kb.KernelBenchError, match="the parts differ in --strict-allclose"):
+        scoreboard.merge([a, {**a, "allclose": "strict"}])
+    out = tmp_path / "kb.json"
+    scoreboard.write({**a, "results": [{**_row("L1-1", 1), "policy": "fp32"}]}, out)
+    r = CliRunner().invoke(cli, ["bench", "--kernelbench", str(root), "--resume", str(out), "--strict-allclose"])
+    assert r.exit_code == 2 and "ran without --strict-allclose" in r.output, r.output

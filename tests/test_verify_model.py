@@ -119,3 +119,34 @@ def test_on_zero_mean_trials_the_float64_bound_decides_not_kernelbenchs_allclose
     assert all(not t.allclose and "zero-mean trial" in t.rounding for t in v.trials)
     like = verify_model(composed, eager, reference, draw("like"), "fp32", out_dtype="float32")
     assert not like.ok and "KernelBench's allclose at 0.0001 against eager fails" in like.reason
+
+
+def test_strict_takes_no_exemption_on_the_problems_inputs_as_kernelbenchs_check():
+    """`strict` (optimize's strict_allclose, --strict-allclose): KernelBench's own check compares
+    with eager and nothing else, so a model closer to float64 than eager, which the default takes
+    as eager's own error or the format's rounding, fails on a trial drawn like the problem's
+    inputs (KernelBench L2-3, -17, -19, -21, -31 at bf16: returned so, INCORRECT by its check)."""
+    for eager in (lambda x: _nudged(x, 2), lambda x: _nudged(x, 4)):  # rounding, then eager's own error
+        assert verify_model(lambda x: _bf16(x), eager, reference, _draw, "bf16", out_dtype="bfloat16").ok
+        v = verify_model(lambda x: _bf16(x), eager, reference, _draw, "bf16", out_dtype="bfloat16", strict=True)
+        assert not v.ok and v.trials[-1].dist == "like"
+        assert "KernelBench's allclose at 0.01" in v.reason and "the strict check does not exempt" in v.reason
+    # models that agree within the tolerance pass strict as they do without it
+    assert verify_model(lambda x: _bf16(x), lambda x: _bf16(x), reference, _draw, "bf16", out_dtype="bfloat16",
+                        strict=True).ok
+
+
+def test_strict_still_lets_the_float64_bound_decide_on_zero_mean_trials():
+    """Zero-mean trials are not KernelBench's inputs: strict leaves that exemption as it is."""
+    def noisy(scale, seed):
+        def f(x):
+            g = torch.Generator().manual_seed(seed)
+            return x * 1.0 + torch.randn(x.shape, generator=g) * scale
+        return f
+
+    def draw(t):
+        g = torch.Generator().manual_seed(t)
+        return (torch.randn(4096, generator=g) * 100,), "randn"
+    v = verify_model(noisy(1.5e-4, 2), noisy(1e-4, 1), reference, draw, "fp32", out_dtype="float32", strict=True)
+    assert v.ok, v.reason
+    assert all("zero-mean trial" in t.rounding for t in v.trials)

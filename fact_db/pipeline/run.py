@@ -145,7 +145,7 @@ def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max
              bench: bool = True, peers=PEERS, trials: int = 5, make_inputs=None, name: str | None = None,
              progress: bool = True, force: bool = False, save: bool = True, realizer=None, timer=None,
              cuda_graph: bool = True, rules=None, region_kernels=None, split_weights: bool = True,
-             max_held="eager", build=None):
+             max_held="eager", build=None, strict_allclose: bool = False):
     """Optimize `module` for `example_inputs` under `policy`; returns the fastest verified way
     to run it (pipeline/choice.py: eager, torch.compile of the model, the composed module, or
     the composed module under torch.compile; compiled candidates where `peers` include
@@ -169,6 +169,10 @@ def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max
     of those weights, counted in the report's held memory); False splits them per call.
     `max_held`: the most memory the returned module may hold between calls, in MiB: "eager"
     (default) for eager's own per-call peak, a number, or None for no bound.
+    `strict_allclose`: every candidate (the composed module, torch.compile, ...) must pass
+    KernelBench's allclose against eager on each trial drawn like the problem's inputs, with no
+    exemption for an output closer to float64 than eager's (kernels/verify.py: verify_model),
+    as KernelBench's own check judges; off, such an output passes (more accurate than eager).
     `build(device)`: a fresh model built as the problem builds it (optimize_problem passes
     one), from which the float64 reference and the half-policy model are made; without it
     they are deep copies (reference.py, recast.py).
@@ -245,11 +249,11 @@ def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max
         where = "verify"
         with stage("verify", report, progress):
             verdict, ref_model, notes = verify_end_to_end(module, model_p, fast, policy, draw, inputs, trials=trials,
-                                                          build=build, graph=disc.graph)
+                                                          build=build, graph=disc.graph, strict=strict_allclose)
 
             def verify(fn):  # each candidate of the choice, against the same reference, as the composed module
                 return verify_end_to_end(module, model_p, fast, policy, draw, inputs, trials=trials, build=build,
-                                         graph=disc.graph, ref=ref_model, candidate=fn)[0]
+                                         graph=disc.graph, ref=ref_model, candidate=fn, strict=strict_allclose)[0]
             report.verification = verdict
             report.notes += notes
             if getattr(fast, "graph_note", ""):

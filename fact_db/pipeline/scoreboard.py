@@ -111,7 +111,7 @@ def _did(report, fast=None) -> dict:
 
 def run_problem(problem: kb.Problem, policy: str, *, budget_s: float = DEFAULT_BUDGET_S, registry=None,
                 max_candidates: int = 12, gpus=None, progress: bool = False, device: str | None = None,
-                hooks: dict | None = None, max_held="eager") -> dict:
+                hooks: dict | None = None, max_held="eager", strict_allclose: bool = False) -> dict:
     """One problem in this process (the scoreboard's child): its row. With a GPU: the model is
     built as KernelBench builds it (seeded, on the GPU), optimized by fact-db under `policy`
     with a tuning budget of TUNING_SHARE of `budget_s`, checked by KernelBench's check against
@@ -119,7 +119,8 @@ def run_problem(problem: kb.Problem, policy: str, *, budget_s: float = DEFAULT_B
     torch.compile, fact-db: fact-db's report, one process). Without one: the plan. A stage
     that fails is the row's `reason`, not an exception. `device` and `hooks` (optimize's
     `realizer`, `timer`, `peers`) run the GPU path elsewhere (tests on the CPU); `max_held` is
-    optimize's bound on held memory.
+    optimize's bound on held memory, `strict_allclose` its verification with KernelBench's
+    allclose unexempted (run.optimize).
 
     >>> run_problem(kernelbench.problems(DIR, only=["L1-19"])[0], "fp32")["correct"]
     True
@@ -154,7 +155,8 @@ def run_problem(problem: kb.Problem, policy: str, *, budget_s: float = DEFAULT_B
         stage = "optimizing it"
         fast = optimize(model, inputs, policy=policy, registry=registry, max_candidates=max_candidates,
                         budget=budget_s * TUNING_SHARE / 60, gpus=gpus, make_inputs=make_inputs, name=problem.name,
-                        progress=progress, save=False, max_held=max_held, **{"peers": PEERS, **(hooks or {})})
+                        progress=progress, save=False, max_held=max_held, strict_allclose=strict_allclose,
+                        **{"peers": PEERS, **(hooks or {})})
         rep = fast.report
         row["did"] = _did(rep, fast)
         v = {x.name: x.ms for x in rep.variants}
@@ -238,10 +240,11 @@ def summary(rows: list[dict]) -> dict:
 
 
 def new_doc(kernelbench_dir, policies: list[str], *, budget_s: float, memory_mb: int, max_candidates: int,
-            commit: str, machine: dict | None = None, max_held: str = "eager") -> dict:
+            commit: str, machine: dict | None = None, max_held: str = "eager", strict: bool = False) -> dict:
     """The head of a scoreboard JSON: device, date, commit (this repository's and the
     KernelBench clone's), the host (`machine`), toolchain, the settings (`max_held` where it is
-    not eager's peak, the default) and KernelBench's check; rows go in `results`."""
+    not eager's peak, the default; `allclose: "strict"` under --strict-allclose) and KernelBench's
+    check; rows go in `results`."""
     import torch
 
     from fact_db.core.environment import device_info, toolchain_info
@@ -256,7 +259,13 @@ def new_doc(kernelbench_dir, policies: list[str], *, budget_s: float, memory_mb:
             "check": {"trials": kb.CORRECT_TRIALS, "seed": kb.SEED, "tolerance": kb.TOLERANCE,
                       "source": "KernelBench src/kernelbench/eval.py: run_and_check_correctness"},
             "fast_p": {"p": list(kb.P_VALUES), "source": "KernelBench src/kernelbench/score.py: fastp"},
-            "timed": gpu, **({"max_held": max_held} if max_held != "eager" else {}), "results": []}
+            "timed": gpu, **({"max_held": max_held} if max_held != "eager" else {}),
+            **({"allclose": "strict"} if strict else {}), "results": []}
+
+
+def is_strict(doc: dict) -> bool:
+    """Whether a scoreboard ran with --strict-allclose (its head says so; older ones did not)."""
+    return doc.get("allclose") == "strict"
 
 
 def default_out(root: Path, gpu: str | None, policies: list[str]) -> Path:
@@ -297,8 +306,9 @@ def merge(docs: list[dict]) -> dict:
     several sessions): the first part's head, every part's rows (a problem and policy that two
     parts ran keeps the first part's row), each part's device, date, commit and row count in
     `parts`, and the per-level summary recomputed. KernelBenchError where the parts ran with
-    other candidates, peers, held-memory bounds or KernelBench commits, or one timed and another
-    did not (the budget may differ: each row says its own, `budget_s`)."""
+    other candidates, peers, held-memory bounds, allclose checks (--strict-allclose) or KernelBench
+    commits, or one timed and another did not (the budget may differ: each row says its own,
+    `budget_s`)."""
     if not docs:
         raise kb.KernelBenchError("no scoreboard to merge")
     same = ("max_candidates", "peers", "timed")
@@ -306,6 +316,9 @@ def merge(docs: list[dict]) -> dict:
         if d.get("max_held", "eager") != docs[0].get("max_held", "eager"):
             raise kb.KernelBenchError(f"the parts differ in max_held ({docs[0].get('max_held', 'eager')!r} and "
                                       f"{d.get('max_held', 'eager')!r}): merge only parts run with the same bound")
+        if is_strict(d) != is_strict(docs[0]):
+            raise kb.KernelBenchError("the parts differ in --strict-allclose (one ran with it, one without): merge "
+                                      "only parts verified the same way")
         for k in same:
             if d.get(k) != docs[0].get(k):
                 raise kb.KernelBenchError(f"the parts differ in {k} ({docs[0].get(k)!r} and {d.get(k)!r}): merge "

@@ -59,13 +59,14 @@ def state_check(state, eager, composed, inputs, tol: float, out_dtype: str) -> t
 
 
 def verify_end_to_end(module, model_p, fast, policy: str, draw, inputs, *, build=None, graph=None, trials: int = 5,
-                      free=None, ref=None, candidate=None):
+                      free=None, ref=None, candidate=None, strict: bool = False):
     """verify_model on `fast` against the reference, eager at `policy` being `model_p`;
     returns (ModelVerdict, the Reference used, notes). `build(device)` builds the model as
     its problem does; `graph` is discovery's; `free(device)` (tests) replaces the GPU's
     free-memory probe. `ref` (a Reference this returned before) is used again instead of
     building one; `candidate(*x)` is verified in place of `fast` (optimize's choice checks
-    each of its candidates so, against the reference the composed module was checked with)."""
+    each of its candidates so, against the reference the composed module was checked with).
+    `strict`: KernelBench's allclose with no exemption on the problem's inputs (verify_model)."""
     import torch
 
     from fact_db.composition.module import run_at_policy
@@ -100,7 +101,7 @@ def verify_end_to_end(module, model_p, fast, policy: str, draw, inputs, *, build
             return not_verifiable(reason)
         verdict = verify_model(
             state.fresh(composed), state.fresh(eager), fresh_ref, draw, policy,
-            trials=trials, out_dtype=out_dtype, reference_is_eager=ref.kind == "eager",
+            trials=trials, out_dtype=out_dtype, reference_is_eager=ref.kind == "eager", strict=strict,
             eager_tf32=state.fresh(lambda *x: eager_at(module, "tf32", x)) if policy == "tf32x3" else None)
         state.restore()
     except StateError as e:
