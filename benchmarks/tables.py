@@ -151,7 +151,8 @@ TABLES: dict[str, dict] = {
                     ("answered (no traceback, internal error or time-out)", "{answered}"),
                     ("with a region", "{with_regions}"), ("correct (KernelBench's check)", "{correct}"),
                     ("fast_p vs eager, p = 0 / 1 / 1.5 / 2", "{fast_eager}"),
-                    ("fast_p vs torch.compile, p = 0 / 1 / 1.5 / 2", "{fast_compile}"), *_WHERE_CPU],
+                    ("fast_p vs torch.compile, p = 0 / 1 / 1.5 / 2", "{fast_compile}"),
+                    ("geometric mean of the correct rows: vs eager / vs torch.compile", "{geomean}"), *_WHERE_CPU],
     },
     "kernelbench-conv-l1": {
         "about": "KernelBench's level 1 convolutions, problem by problem, from the GPU scoreboards: times, what "
@@ -446,6 +447,17 @@ def _fast(d) -> str:
     return " / ".join(DASH if d.get(p) is None else f"{d[p]:.2f}" for p in ("0", "1", "1.5", "2"))
 
 
+def _geomean(g) -> str:
+    """A level's geometric means (scoreboard.summary): `1.80x / 0.97x`, with the mean against
+    torch.compile without the rows whose torch.compile fact-db refused where there are any."""
+    if not g or g.get("vs_eager") is None:
+        return DASH if g else "not in this file's summary (merge it again)"
+    out = f"{g['vs_eager']:.2f}x / {g['vs_compile']:.2f}x" if g.get("vs_compile") else f"{g['vs_eager']:.2f}x / {DASH}"
+    if g.get("compile_refused") and g.get("vs_compile_verified"):
+        out += f" ({g['vs_compile_verified']:.2f}x without the {g['compile_refused']} whose torch.compile failed verification)"
+    return out
+
+
 def _gpu_model(device: str, default: str) -> str:
     """The GPU model in a device name (NVIDIA H100 80GB HBM3 -> H100), else `default`."""
     m = re.search(r"\b([A-Z]\d{2,4}[A-Z]?)\b", device or "")
@@ -480,7 +492,8 @@ def rows_kernelbench(doc, name):
                        "answered": f"{s['problems'] - s['failed']}" + (f" ({rerun} more to rerun)" if rerun else ""),
                        "with_regions": s["with_regions"],
                        "correct": s["correct"] if timed else "– (no GPU)", "timed": timed,
-                       "fast_eager": _fast(s["fast_p"]["vs_eager"]), "fast_compile": _fast(s["fast_p"]["vs_compile"])}
+                       "fast_eager": _fast(s["fast_p"]["vs_eager"]), "fast_compile": _fast(s["fast_p"]["vs_compile"]),
+                       "geomean": _geomean(s.get("geomean")) if timed else "not timed (no GPU)"}
         return
     groups: dict[tuple, list] = {}
     for r in doc["results"]:
@@ -490,7 +503,7 @@ def rows_kernelbench(doc, name):
         yield {**base, "level": level, "policy": pol, "problems": len(rs),
                "answered": f"{len(ok)} (plan, at most {max(r['seconds'] for r in rs):.0f} s)",
                "with_regions": sum(1 for r in rs if r.get("regions")), "correct": "– (no GPU)", "timed": False,
-               "fast_eager": _fast(None), "fast_compile": _fast(None)}
+               "fast_eager": _fast(None), "fast_compile": _fast(None), "geomean": "not timed (no GPU)"}
 
 
 def rows_kernelbench_conv(doc, name):

@@ -55,7 +55,11 @@ def run(kernelbench, level, problems, policies, budget_s, memory_mb, max_candida
         for lv, s in levels.items():
             fp = s["fast_p"]["vs_eager"]
             fc = s["fast_p"]["vs_compile"]
-            what = (f"fast_p vs eager {_fp(fp)}, vs torch.compile {_fp(fc)}" if fp is not None else
+            g = s.get("geomean") or {}
+            mean = (f"; geometric mean of the {g['rows']} correct: {g['vs_eager']:.2f}x eager"
+                    + (f", {g['vs_compile']:.2f}x torch.compile" if g.get("vs_compile") else "")
+                    if g.get("vs_eager") else "")
+            what = (f"fast_p vs eager {_fp(fp)}, vs torch.compile {_fp(fc)}{mean}" if fp is not None else
                     "not timed (no GPU)")
             click.echo(f"level {lv} {pol}: {s['problems']} problem(s), {s['correct']} correct, {s['failed']} failed; "
                        f"{what}", err=True)

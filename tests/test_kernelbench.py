@@ -220,6 +220,23 @@ def test_the_summary_gives_fast_p_per_level_against_eager_and_torch_compile():
     assert s["bf16"]["1"]["plan_only"] == 1 and s["bf16"]["1"]["fast_p"]["vs_eager"] is None
 
 
+def test_the_summary_gives_the_geometric_mean_over_correct_rows_and_without_a_refused_compile():
+    """Issue targets are geometric means: over the rows correct by KernelBench's check (an
+    incorrect row's speed says nothing), and against torch.compile also without the rows whose
+    torch.compile fact-db's verification refused (their ratio compares with a module that does
+    not pass the check: KernelBench L2-73's 0.30x)."""
+    refused = {"choice": [{"name": "eager", "verified": True}, {"name": "torch.compile", "verified": False}]}
+    rows = [_row("L2-1", 2, speedup=1.6, vs_compile=0.9), _row("L2-2", 2, speedup=1.1, vs_compile=1.2),
+            _row("L2-3", 2, correct=False, speedup=3.0, vs_compile=3.0),
+            {**_row("L2-4", 2, speedup=1.0, vs_compile=0.3), "did": refused}]
+    g = scoreboard.summary(rows)["fp32"]["2"]["geomean"]
+    assert g["rows"] == 3 and g["compile_refused"] == 1
+    assert g["vs_eager"] == pytest.approx((1.6 * 1.1 * 1.0) ** (1 / 3))
+    assert g["vs_compile"] == pytest.approx((0.9 * 1.2 * 0.3) ** (1 / 3))
+    assert g["vs_compile_verified"] == pytest.approx((0.9 * 1.2) ** 0.5)
+    assert scoreboard.summary([_row("L2-3", 2, correct=False, speedup=3.0)])["fp32"]["2"]["geomean"]["vs_eager"] is None
+
+
 @pytest.mark.subprocess
 def test_parts_run_apart_merge_into_one_scoreboard_with_the_summary_recomputed(tmp_path):
     head = {"budget_per_problem_s": 120.0, "max_candidates": 4, "peers": ["compile"], "timed": True,

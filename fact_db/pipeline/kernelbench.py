@@ -12,6 +12,7 @@ Importing this module does not import torch (the check imports it when it runs).
 """
 from __future__ import annotations
 
+import math
 import re
 import subprocess
 from dataclasses import dataclass
@@ -156,6 +157,25 @@ def fast_p(rows: list[dict], p: float, speedup: str = "speedup") -> float | None
     if not rows:
         return None
     return sum(1 for r in rows if r.get("correct") and (r.get(speedup) or 0.0) > p) / len(rows)
+
+
+def geomean(rows: list[dict], speedup: str = "speedup") -> float | None:
+    """The geometric mean of `speedup` over the rows that are correct by KernelBench's check and
+    timed (the figure issue targets state; fast_p counts the others as failures, this leaves them
+    out, and the summary gives their number beside it). None for no such row."""
+    xs = [r[speedup] for r in rows if r.get("correct") and r.get(speedup)]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+
+
+def compile_failed_verification(row: dict) -> bool:
+    """Whether fact-db's verification refused the row's `torch.compile` of the model (the
+    choice's candidate): then the row's ratio over torch.compile compares with a module that
+    does not pass the same check (bf16 GroupNorm, training-mode BatchNorm: KernelBench L2-11,
+    L2-73), and the summary gives the geometric mean without those rows too."""
+    for c in (row.get("did") or {}).get("choice") or []:
+        if c.get("name") == "torch.compile":
+            return c.get("verified") is False
+    return False
 
 
 def check(reference, candidate, get_inputs, precision: str = "float32", *, trials: int = CORRECT_TRIALS,

@@ -221,8 +221,11 @@ def line(row: dict) -> str:
 
 
 def summary(rows: list[dict]) -> dict:
-    """Per policy, per level: problems, correct, timed, and fast_p (kernelbench.P_VALUES)
-    against eager and against torch.compile; fast_p is None where nothing could be timed."""
+    """Per policy, per level: problems, correct, timed, fast_p (kernelbench.P_VALUES) against
+    eager and against torch.compile, and the geometric mean over the correct timed rows against
+    each (`vs_compile_verified`: without the rows whose torch.compile fact-db's verification
+    refused; `compile_refused` counts them); fast_p and the means are None where nothing could
+    be timed."""
     out: dict = {}
     for pol in sorted({r["policy"] for r in rows}):
         for level in sorted({r["level"] for r in rows if r["policy"] == pol}):
@@ -235,6 +238,12 @@ def summary(rows: list[dict]) -> dict:
             s["fast_p"] = {base: ({f"{p:g}": kb.fast_p(mine, p, key) for p in kb.P_VALUES}
                                   if timed else None)
                            for base, key in (("vs_eager", "speedup"), ("vs_compile", "speedup_vs_compile"))}
+            refused = [r for r in mine if kb.compile_failed_verification(r)]
+            s["geomean"] = {"rows": sum(1 for r in timed if r.get("correct")),
+                            "vs_eager": kb.geomean(mine), "vs_compile": kb.geomean(mine, "speedup_vs_compile"),
+                            "vs_compile_verified": kb.geomean([r for r in mine if r not in refused],
+                                                              "speedup_vs_compile"),
+                            "compile_refused": len(refused)}
             out.setdefault(pol, {})[str(level)] = s
     return out
 
