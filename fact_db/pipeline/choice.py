@@ -295,7 +295,7 @@ def choose(fast, model_p, policy: str, draw, verify, *, peers=(), timer=None, ma
     import torch
 
     from fact_db.composition.module import _Graphed, cast_floats, policy_dtype
-    from fact_db.kernels.bench import gpu_clocks, held_mib, peak_mib, time_round, timer_of_many
+    from fact_db.kernels.bench import another_round, gpu_clocks, held_mib, peak_mib, time_round, timer_of_many
     dt = policy_dtype(policy)
     sets = [draw(2 * i + 1)[0] for i in range(3)]
     sets = [cast_floats(x, dt) for x in sets] if dt else sets
@@ -355,7 +355,11 @@ def choose(fast, model_p, policy: str, draw, verify, *, peers=(), timer=None, ma
                 continue
         timed.append(c)
     rounds: dict = {c.name: [] for c in timed}
-    for _ in range(ROUNDS):  # each round times every candidate, each in a block of its runs (time_round)
+    done = 0
+    # each round times every candidate, each in a block of its runs (time_round); more rounds where
+    # one's rounds spread (bench.another_round)
+    while another_round([rounds[c.name] for c in timed if not c.why], done, ROUNDS):
+        done += 1
         live = [c for c in timed if not c.why]  # why: its timing failed in an earlier round
         times, failed = time_round(many, [c.run for c in live], sets)
         clock = gpu_clocks()  # None off a GPU

@@ -100,7 +100,7 @@ def measure(module, model_p, fast, policy: str, draw, ref_model, *, peers=PEERS,
     import torch
 
     from fact_db.kernels.agreement import tree_err
-    from fact_db.kernels.bench import gpu_clocks, held_mib, peak_mib, time_round, timer_of_many
+    from fact_db.kernels.bench import another_round, gpu_clocks, held_mib, peak_mib, time_round, timer_of_many
     from fact_db.composition.module import GRAPHED, cast_floats, policy_dtype
     from fact_db.kernels.verify import for_reference
     sets = [draw(2 * i)[0] for i in range(3)]
@@ -236,7 +236,17 @@ def measure(module, model_p, fast, policy: str, draw, ref_model, *, peers=PEERS,
     groups: dict = {}  # the variants timed in rounds, by the input sets they take (the policy's, or fp32's)
     for v, fn, xs in later:
         groups.setdefault(id(xs), (xs, []))[1].append((v, fn))
-    for _ in range(BENCH_ROUNDS):  # each round times every variant, each in a block of its runs (time_round)
+    done = 0
+
+    def spread():  # each live variant's round times so far
+        return [[getattr(t, "median_ms", t) for t in timings[id(v)]] for v, _, _ in later if id(v) not in failed]
+    # each round times every variant, each in a block of its runs (time_round); more rounds where
+    # one's rounds spread (bench.another_round)
+    while another_round(spread(), done, BENCH_ROUNDS):
+        done += 1
+        if bar is not None and done > BENCH_ROUNDS:
+            bar.total += len(later)
+            bar.refresh()
         for xs, members in groups.values():
             live = [(v, fn) for v, fn in members if id(v) not in failed]
             times, bad = time_round(many, [fn for _, fn in live], xs)
