@@ -287,7 +287,8 @@ def bench(problems, policies, max_candidates, budget, gpus, peers, max_held, str
     from _provenance import commit
     rows = []
     doc = {"device": info["name"], "gpu": info["gpu"], "date": date.today().isoformat(), "commit": commit(),
-           "toolchain": toolchain_info(), "max_candidates": max_candidates, "budget_min": budget, "results": rows}
+           "toolchain": toolchain_info(), "max_candidates": max_candidates, "budget_min": budget,
+           **({"allclose": "strict"} if strict_allclose else {}), "results": rows}
 
     def write():  # after every row, atomically: a run cut short keeps the rows it finished
         out.parent.mkdir(parents=True, exist_ok=True)
