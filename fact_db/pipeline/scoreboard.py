@@ -238,12 +238,11 @@ def summary(rows: list[dict]) -> dict:
             s["fast_p"] = {base: ({f"{p:g}": kb.fast_p(mine, p, key) for p in kb.P_VALUES}
                                   if timed else None)
                            for base, key in (("vs_eager", "speedup"), ("vs_compile", "speedup_vs_compile"))}
-            refused = [r for r in mine if kb.compile_failed_verification(r)]
+            verified = [r for r in mine if not kb.compile_failed_verification(r)]
             s["geomean"] = {"rows": sum(1 for r in timed if r.get("correct")),
                             "vs_eager": kb.geomean(mine), "vs_compile": kb.geomean(mine, "speedup_vs_compile"),
-                            "vs_compile_verified": kb.geomean([r for r in mine if r not in refused],
-                                                              "speedup_vs_compile"),
-                            "compile_refused": len(refused)}
+                            "vs_compile_verified": kb.geomean(verified, "speedup_vs_compile"),
+                            "compile_refused": len(mine) - len(verified)}
             out.setdefault(pol, {})[str(level)] = s
     return out
 
