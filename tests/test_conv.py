@@ -392,7 +392,7 @@ def test_candidates_respect_the_register_budget_and_the_policy():
     assert len(set(cands)) == len(cands)
     # a promoted coop warpgroup keeps a second copy of its accumulators in 232 registers
     fp32_cands = candidates(ConvWorkload(8, 64, 256, (56, 56), (3, 3), padding=(1, 1)), limit=40)
-    assert all(per_warpgroup(c) <= MAX_TILE_AREA // 2 for c in fp32_cands if c.schedule == "coop")
+    assert all(per_warpgroup(c) <= MAX_TILE_AREA // 2 for c in fp32_cands if c.schedule != "ws")
     assert any(c.schedule == "coop" for c in fp32_cands)
     fp32 = ConvWorkload(8, 64, 128, (56, 56), (3, 3), padding=(1, 1))
     assert all(c.split3 and c.tile_k == 32 for c in candidates(fp32))
@@ -402,20 +402,29 @@ def test_candidates_respect_the_register_budget_and_the_policy():
     assert candidates(ConvWorkload(8, 64, 64, (56, 56), (3, 3), groups=4)) == []
 
 
-def test_both_schedules_are_timed_even_on_a_small_budget():
-    """The cost model cannot tell what a second consumer warpgroup buys on a geometry: the
-    candidates alternate between the cooperative kernel and CUTLASS's, best tile of each first."""
+def test_every_schedule_is_timed_even_on_a_small_budget():
+    """The cost model cannot tell what a second consumer warpgroup, or a CTA that keeps its SM,
+    buys on a geometry: the candidates alternate between the persistent kernel, the cooperative
+    one and CUTLASS's, best tile of each first; the persistent one only where its tiles are more
+    than a wave of SMs (with fewer it is the cooperative kernel)."""
     w = ConvWorkload(128, 64, 128, (128, 128), (3, 3), dtype="bfloat16", policy="bf16")
     cands = candidates(w, limit=8)
-    assert [c.schedule for c in cands[:4]] == ["coop", "ws", "coop", "ws"]
-    assert (cands[0].tile_m, cands[0].tile_n) == (256, 128) and cands[0].label == "256x128x64 c1x1 coop"
-    assert {c.schedule for c in candidates(w, limit=2)} == {"coop", "ws"}
+    assert [c.schedule for c in cands[:6]] == ["persistent", "coop", "ws"] * 2
+    assert (cands[0].tile_m, cands[0].tile_n) == (256, 128) and cands[0].label == "256x128x64 c1x1 persistent"
+    assert cands[1].label == "256x128x64 c1x1 coop"
+    assert [c.schedule for c in candidates(w, limit=3)] == ["persistent", "coop", "ws"]
+    # 2 x 30 x 30 pixels, 128 channels: 15 tiles of 256 x 128, under a wave of 132 SMs
+    one_wave = ConvWorkload(2, 64, 128, (32, 32), (3, 3), dtype="bfloat16", policy="bf16")
+    assert [c.schedule for c in candidates(one_wave, limit=4)] == ["coop", "ws", "coop", "ws"]
 
 
 def test_the_coop_schedule_renders_fact_dbs_kernel_and_ws_renders_cutlasss():
     w = ConvWorkload(8, 64, 128, (56, 56), (3, 3), dtype="bfloat16", policy="bf16")
     coop = render(w, ConvConfig(256, 128, 64, schedule="coop"))
-    assert "using Kernel = CoopConvKernel<ProblemShape, CollectiveMainloop, CollectiveEpilogue>;" in coop
+    assert "using Kernel = CoopConvKernel<ProblemShape, CollectiveMainloop, CollectiveEpilogue, false>;" in coop
+    persistent = render(w, ConvConfig(256, 128, 64, schedule="persistent"))
+    assert "using Kernel = CoopConvKernel<ProblemShape, CollectiveMainloop, CollectiveEpilogue, true>;" in persistent
+    assert "TmaWarpSpecializedCooperative" in persistent and "Shape<_2, _1, _1>" in persistent
     assert "TmaWarpSpecializedCooperative" in coop and "Shape<_2, _1, _1>" in coop
     ws = render(w, ConvConfig(128, 128, 64))
     assert "CoopConvKernel" not in ws and "cutlass::conv::kernel::ConvUniversal<" in ws
@@ -425,8 +434,8 @@ def test_the_coop_schedule_renders_fact_dbs_kernel_and_ws_renders_cutlasss():
     from fact_db.kernels.conv.kernel import params
     from fact_db.kernels import template
     bad = template.render("conv_sm90", {**params(w, ConvConfig(128, 128, 64)), "schedule": "pingpong"})
-    assert "#error \"conv_sm90.cu.j2: schedule must be ws or coop, got 'pingpong'\"" in bad
-    with pytest.raises(ConvError, match="schedule 'pingpong'.*ws.*coop"):
+    assert "#error \"conv_sm90.cu.j2: schedule must be ws, coop or persistent, got 'pingpong'\"" in bad
+    with pytest.raises(ConvError, match="schedule 'pingpong'.*ws.*coop.*persistent"):
         ConvConfig(128, 128, 64, schedule="pingpong")
 
 
@@ -460,13 +469,14 @@ def test_a_pointwise_fp32_convolution_leads_with_the_gemm_kernel():
     from fact_db.kernels.conv.tune import gemm_candidates
     w = ConvWorkload(32, 256, 64, (56, 56), (1, 1), policy="fp32")
     cands = candidates(w, limit=4)
-    assert [c.schedule for c in cands[:3]] == ["gemm"] * 3 and cands[3].schedule in ("coop", "ws")
+    assert [c.schedule for c in cands[:3]] == ["gemm"] * 3 and cands[3].schedule in ("persistent", "coop", "ws")
     assert all(c.template == GEMM_TEMPLATE and c.split3 and c.promote == 1 for c in cands[:3])
     assert len(candidates(w, limit=12)) == 5  # every GEMM config (four here) and one conv kernel
     # K = 64: no 128-wide tile over 64 channels; the cooperative kernel, then the ping-pong one
     assert [c.label for c in cands[:2]] == ["regsplit promote/1 128x64x32 c1x1 gemm",
                                             "regsplit promote/1 64x64x32 c1x1 gemm"]
-    assert [c.schedule for c in candidates(w, limit=2)] == ["gemm", "coop"]
+    # 32 x 56 x 56 pixels: many waves of tiles, so the conv kernels' best is the persistent one
+    assert [c.schedule for c in candidates(w, limit=2)] == ["gemm", "persistent"]
     wide = ConvWorkload(32, 64, 256, (56, 56), (1, 1), policy="tf32x3")
     got = gemm_candidates(wide)
     assert len(got) == 8

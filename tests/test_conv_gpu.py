@@ -2,8 +2,8 @@
 float64 with its epilogue chain (bias, scalars, per-channel tensors, a residual), 1-D, 2-D, 3-D
 and a stride-1 transposed convolution; the op works under torch.compile and in a CUDA graph;
 a composed three-convolution model equals eager with one layout conversion; the cooperative
-kernel (schedule `coop`) in five of the cases; the pointwise fp32 GEMM kernel (schedule `gemm`,
-conv_gemm_sm90) in four, two of them ping-pong. Skips without a GPU or nvcc. Last run on an
+kernel (schedule `coop`) in five of the cases, the persistent one in two; the pointwise fp32
+GEMM kernel (schedule `gemm`, conv_gemm_sm90) in four, two of them ping-pong. Skips without a GPU or nvcc. Last run on an
 H200, 2026-11-27: 13 passed, the unpromoted fp32 case failing as expected
 (benchmarks/results/raw/h200x2-2026-11-27-s7c2-conv-gpu-tests.log).
 
@@ -53,6 +53,13 @@ CASES = [
      ConvConfig(128, 128, 32, split3=True, promote=1, schedule="coop")),
     (ConvWorkload(4, 64, 64, (30, 30), (3, 3), stride=(2, 2), chain=CHAIN, dtype="float32", policy="tf32"),
      ConvConfig(256, 64, 32, schedule="coop")),
+    # the persistent kernel (the cooperative one, a CTA an SM): about two tiles a CTA on a 132-SM
+    # part, ragged M and N (16*63*63 pixels, K = 96), the residual loaded by its own warp, a 2 x 1
+    # cluster; the promoted fp32 split3 mainloop on it
+    (ConvWorkload(16, 64, 96, (65, 65), (3, 3), chain=CHAIN, dtype="bfloat16", policy="bf16"),
+     ConvConfig(256, 128, 64, 2, 1, schedule="persistent")),
+    (ConvWorkload(16, 64, 64, (64, 64), (3, 3), padding=(1, 1), chain=CHAIN, dtype="float32", policy="fp32"),
+     ConvConfig(128, 128, 32, split3=True, promote=1, schedule="persistent")),
     # the pointwise fp32 kernel (schedule `gemm`, conv_gemm_sm90): a 1x1 convolution as a GEMM with
     # A split in registers; ragged M and N (4*33*33 pixels, K = 96) with the whole chain and a
     # residual, a 3-D one at tf32x3, a 1-D one arriving channels-last, cooperative (tile_m 128) and

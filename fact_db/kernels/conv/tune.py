@@ -20,8 +20,9 @@ from fact_db.store.records import config_hash
 
 # A warpgroup holds its part of the accumulator tile in registers: 128 x 128 fp32 is 128 a thread,
 # the most that leaves room (64 x 128 where promotion keeps a second copy). CUTLASS's kernel ("ws")
-# has one consumer warpgroup, so its tile is that part; fact-db's cooperative kernel ("coop",
-# kernels_cpp/_sm90_conv_coop_kernel.j2) has two, splitting tile_m, so its tile is twice that.
+# has one consumer warpgroup, so its tile is that part; fact-db's cooperative kernel ("coop", and
+# "persistent", the same kernel with a CTA an SM: kernels_cpp/_sm90_conv_coop_kernel.j2) has two,
+# splitting tile_m, so its tile is twice that.
 MAX_TILE_AREA = 128 * 128
 TILES = ((128, 128), (128, 64), (64, 128), (64, 256), (64, 64))
 COOP_TILES = ((256, 128), (128, 256), (128, 128), (256, 64), (128, 64))
@@ -30,7 +31,7 @@ CLUSTERS = ((1, 1), (2, 1), (1, 2))
 
 def per_warpgroup(c: ConvConfig) -> int:
     """Accumulator elements one consumer warpgroup holds."""
-    return c.tile_m * c.tile_n // (2 if c.schedule == "coop" else 1)
+    return c.tile_m * c.tile_n // (1 if c.schedule == "ws" else 2)
 
 
 def uses_split(w: ConvWorkload) -> bool:
@@ -57,11 +58,16 @@ GEMM_TILE_K = (32, 16)
 PROMOTE = {"fp32": (1, 2), "tf32x3": (4,)}
 
 
+def _tiles(w: ConvWorkload, c: ConvConfig) -> int:
+    """Output tiles of `c` over `w`'s implicit GEMM (pixels x output channels)."""
+    return math.ceil(w.n * math.prod(w.output) / c.tile_m) * math.ceil(w.k / c.tile_n)
+
+
 def _score(w: ConvWorkload, c: ConvConfig) -> float:
     """Higher is better: the share of the last wave used, times the share of tile area that is
     not padding, times a mild preference for larger tiles (operand reuse)."""
     m, n = w.n * math.prod(w.output), w.k
-    tiles = math.ceil(m / c.tile_m) * math.ceil(n / c.tile_n)
+    tiles = _tiles(w, c)
     sms = DEVICES["h100"].sms  # the ranking only needs the size of a wave on an sm90 part
     waves = math.ceil(tiles / sms)
     fill = tiles / (waves * sms)
@@ -77,20 +83,22 @@ def _mostly_padding(tile_n: int, w: ConvWorkload) -> bool:
 def candidates(w: ConvWorkload, limit: int = 8) -> list[ConvConfig]:
     """At most `limit` configs, best-ranked first; none where the template cannot take `w`
     (kernel.why_not: transposed, grouped, misaligned channels). The schedules alternate (the
-    best coop, the best ws, the second coop, ...), so a small budget times both kernels: the
-    cost model cannot tell how much a second consumer warpgroup buys on a given geometry. A
-    pointwise convolution under fp32 or tf32x3 gets the GEMM kernel's configs (schedule "gemm",
-    at most GEMM_MAX), which read the activation once where split3 first writes it three times,
-    and the conv kernels' best config last."""
+    best persistent, the best coop, the best ws, the second persistent, ...), so a small budget
+    times each kernel: the cost model cannot tell how much a second consumer warpgroup, or a CTA
+    that keeps its SM from tile to tile, buys on a given geometry. The persistent kernel is
+    offered only where its best tile leaves more tiles than a wave of SMs (with one wave or less
+    it is the coop kernel). A pointwise convolution under fp32 or tf32x3 gets the GEMM kernel's
+    configs (schedule "gemm", at most GEMM_MAX), which read the activation once where split3
+    first writes it three times, and the conv kernels' best config last."""
     if why_not(w):
         return []
     split = uses_split(w)
     tile_k = 32 if w.dtype == "float32" else 64
     m = w.n * math.prod(w.output)
     ranked = {}
-    for schedule in ("coop", "ws"):  # coop first: its best tile leads the list
+    for schedule in ("persistent", "coop", "ws"):  # the two-warpgroup kernels' best tiles lead the list
         out = []
-        for tm, tn in (COOP_TILES if schedule == "coop" else TILES):
+        for tm, tn in (TILES if schedule == "ws" else COOP_TILES):
             if _mostly_padding(tn, w):
                 continue
             for cm, cn in CLUSTERS:
@@ -98,13 +106,15 @@ def candidates(w: ConvWorkload, limit: int = 8) -> list[ConvConfig]:
                     continue
                 for p in (PROMOTE.get(w.policy, (0,)) if split else (0,)):
                     c = ConvConfig(tm, tn, tile_k, cm, cn, "auto", split, p, schedule)
-                    # coop's consumers get 232 registers (setmaxnreg), ws's 255: a promoted coop
-                    # warpgroup (accumulators and their copy) holds at most 64 x 128
-                    if per_warpgroup(c) <= MAX_TILE_AREA // (2 if p and schedule == "coop" else 1):
+                    # the two-warpgroup kernels' consumers get 232 registers (setmaxnreg), ws's 255:
+                    # a promoted warpgroup there (accumulators and their copy) holds at most 64 x 128
+                    if per_warpgroup(c) <= MAX_TILE_AREA // (2 if p and schedule != "ws" else 1):
                         out.append(c)
         # ranked by the tile; among equal tiles the more often promoted first (the fp32 bound is tight)
         ranked[schedule] = sorted(out, key=lambda c: (-_score(w, c), c.promote))
-    merged = [c for pair in itertools.zip_longest(*ranked.values()) for c in pair if c is not None]
+    if not ranked["persistent"] or _tiles(w, ranked["persistent"][0]) <= DEVICES["h100"].sms:
+        ranked["persistent"] = []
+    merged = [c for row in itertools.zip_longest(*ranked.values()) for c in row if c is not None]
     gemm = gemm_candidates(w)
     if not gemm:
         return merged[:limit]
