@@ -3,10 +3,13 @@ or one per session) into one scoreboard JSON with its per-level summary recomput
 
     python benchmarks/kernelbench_merge.py part-0.json part-1.json --out benchmarks/results/h100-<date>-kernelbench-fp32.json
     python benchmarks/kernelbench_merge.py ... --rerun "L3-29=its compose bug is fixed" --raw raw/shard-2.json
+    python benchmarks/kernelbench_merge.py new-part.json merged.json --out merged.json --keep-finished
 
 A merged scoreboard keeps `to_rerun` (problems whose rows ended on faults fixed since): an
 entry is dropped once a part has its row, and `--rerun ID=WHY` moves a row there (the row as
-measured stays in the raw part named with `--raw`, whose paths the JSON lists).
+measured stays in the raw part named with `--raw`, whose paths the JSON lists). Newest part first:
+where its row failed (ran out of its budget) and an older part finished the problem, the merge
+says so, and `--keep-finished` keeps the finished row.
 """
 from __future__ import annotations
 
@@ -27,9 +30,16 @@ def main(argv=None) -> int:
     ap.add_argument("--rerun", action="append", default=[], metavar="ID=WHY",
                     help="move that problem's row to to_rerun, saying why it is run again")
     ap.add_argument("--raw", action="append", default=[], help="a raw part's path, added to the JSON's list")
+    ap.add_argument("--keep-finished", action="store_true",
+                    help="where a part's row failed (ran out of its budget, crashed) and a later part finished the "
+                         "same problem, keep the finished row (the failed one stays in its raw part)")
     args = ap.parse_args(argv)
     docs = [scoreboard.load(p) for p in args.parts]
-    doc = scoreboard.merge(docs)
+    for (pid, pol), row in scoreboard.hidden_finished(docs):
+        what = "kept: a later part's finished row" if args.keep_finished else \
+            "hides a later part's finished row (--keep-finished keeps that one)"
+        print(f"{pid} {pol}: the newest row failed ({(row.get('reason') or '')[:90]}); {what}", file=sys.stderr)
+    doc = scoreboard.merge(docs, keep_finished=args.keep_finished)
     rerun = {}
     for d in docs:  # every part's list, first mention kept
         for e in d.get("to_rerun") or []:

@@ -278,6 +278,39 @@ def test_parts_run_apart_merge_into_one_scoreboard_with_the_summary_recomputed(t
 
 
 @pytest.mark.subprocess
+def test_a_failed_newest_row_is_named_and_keep_finished_keeps_the_older_finished_one(tmp_path):
+    """Newest part first: a problem that ran out of its budget in the newest part would hide the
+    row an older part finished. The merge says so; --keep-finished keeps the finished row (and
+    a failed row with no finished twin stays)."""
+    head = {"budget_per_problem_s": 120.0, "max_candidates": 4, "peers": ["compile"], "timed": True,
+            "kernelbench": {"commit": "423217d"}, "policies": ["bf16"], "device": "NVIDIA H200", "gpu": "h200"}
+    timeout = {**_row("L2-13", 2, policy="bf16", correct=False, status="failed"),
+               "reason": "did not finish within 120 s (the per-problem budget)"}
+    new = {**head, "date": "2026-11-27", "commit": "def",
+           "results": [timeout, _row("L2-1", 2, policy="bf16", speedup=3.9),
+                       _row("L2-99", 2, policy="bf16", correct=False, status="failed")]}
+    old = {**head, "date": "2026-11-26", "commit": "abc",
+           "results": [_row("L2-13", 2, policy="bf16", speedup=1.7), _row("L2-1", 2, policy="bf16", speedup=2.9)]}
+    assert [key for key, _ in scoreboard.hidden_finished([new, old])] == [("L2-13", "bf16")]
+    assert scoreboard.hidden_finished([old, new]) == []  # the finished row is first: nothing hidden
+    plain = {r["id"]: r for r in scoreboard.merge([new, old])["results"]}
+    assert plain["L2-13"]["status"] == "failed" and plain["L2-1"]["speedup"] == 3.9
+    kept = {r["id"]: r for r in scoreboard.merge([new, old], keep_finished=True)["results"]}
+    assert kept["L2-13"]["speedup"] == 1.7 and kept["L2-1"]["speedup"] == 3.9  # newest still wins elsewhere
+    assert kept["L2-99"]["status"] == "failed"  # no finished twin: the failure stays
+    pn, po, out = tmp_path / "new.json", tmp_path / "old.json", tmp_path / "all.json"
+    scoreboard.write(new, pn)
+    scoreboard.write(old, po)
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "kernelbench_merge.py"), str(pn), str(po), "--out", str(out)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "L2-13 bf16: the newest row failed" in r.stderr and "--keep-finished" in r.stderr
+    assert {x["id"]: x["status"] for x in json.loads(out.read_text())["results"]}["L2-13"] == "failed"
+    r = subprocess.run(cmd + ["--keep-finished"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "kept: a later part's finished row" in r.stderr
+    assert {x["id"]: x.get("speedup") for x in json.loads(out.read_text())["results"]}["L2-13"] == 1.7
+
+
+@pytest.mark.subprocess
 def test_resumed_parts_list_each_run_once_and_rows_move_to_to_rerun(tmp_path):
     """A shard resumed from a merged file carries that file's head and parts: merged again,
     each part is listed once, and the rows the resumed runs added (stamped with their commit)

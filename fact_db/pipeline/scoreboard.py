@@ -309,10 +309,12 @@ def eager_time(row: dict) -> dict:
     return row
 
 
-def merge(docs: list[dict]) -> dict:
+def merge(docs: list[dict], keep_finished: bool = False) -> dict:
     """One scoreboard from parts run apart (shards on several GPUs of one host, or runs in
     several sessions): the first part's head, every part's rows (a problem and policy that two
-    parts ran keeps the first part's row), each part's device, date, commit and row count in
+    parts ran keeps the first part's row; with `keep_finished`, a later part's finished row
+    wins over a failed one: a run that ran out of its budget does not erase a row that
+    finished, see `hidden_finished`), each part's device, date, commit and row count in
     `parts`, and the per-level summary recomputed. KernelBenchError where the parts ran with
     other candidates, peers, held-memory bounds, allclose checks (--strict-allclose) or KernelBench
     commits, or one timed and another did not (the budget may differ: each row says its own,
@@ -338,6 +340,11 @@ def merge(docs: list[dict]) -> dict:
     out = {k: v for k, v in docs[0].items() if k not in ("results", "levels", "parts")}
     if known:  # a part from a copy without .git (commit unknown) merges with parts that know it
         out["kernelbench"] = {**(out.get("kernelbench") or {}), "commit": known.pop()}
+    if keep_finished:  # each failed row's later finished twin first, so the loop below keeps it
+        hidden = {key for key, _ in hidden_finished(docs)}
+        docs = [{**d, "results": [r for r in d["results"]
+                                  if not ((r["id"], r["policy"]) in hidden and r.get("status") == "failed")]}
+                for d in docs]
     seen, rows, parts = set(), [], []
     for d in docs:
         # a part resumed from a merged file carries that file's parts: each is listed once
@@ -360,6 +367,20 @@ def merge(docs: list[dict]) -> dict:
     out["parts"], out["results"] = parts, rows
     out["levels"] = summary(rows)
     return out
+
+
+def hidden_finished(docs: list[dict]) -> list[tuple[tuple[str, str], dict]]:
+    """((id, policy), the failed row) where merging `docs` in order would keep a failed row
+    (a time-out, a crash) over a later part's row that finished: merge(keep_finished=True)
+    keeps the finished one instead."""
+    first, finished = {}, set()
+    for d in docs:
+        for r in d["results"]:
+            key = (r["id"], r["policy"])
+            first.setdefault(key, r)
+            if r.get("status") != "failed":
+                finished.add(key)
+    return [(key, r) for key, r in first.items() if r.get("status") == "failed" and key in finished]
 
 
 def write(doc: dict, out: Path) -> None:
