@@ -13,6 +13,7 @@ records cuDNN with PyTorch's default (TF32 on) and its error, so both are in the
     python benchmarks/conv_realize.py             # 10 shapes x 3 policies x 3 candidates
     python benchmarks/conv_realize.py --policies bf16 --only l2_1_bias_relu --candidates 4
     python benchmarks/conv_realize.py --policies fp32 --only resnet50_1x1_reduce --layout nhwc
+    python benchmarks/conv_realize.py --policies bf16 --only l2_1_bias_relu --schedules pingpong,persistent,ws --candidates 6
     python benchmarks/conv_realize.py --policies fp32 --shape n=16,c=64,k=128,input=1024x1024,filter=1x1,bias=0
 
 `--shape` times any geometry at its full size (KernelBench L1-87's above, whose candidates tied
@@ -132,12 +133,21 @@ def main() -> int:
     ap.add_argument("--layout", choices=("nchw", "nhwc"), default="nchw",
                     help="how the activation arrives: nchw (a model's input: the kernels' times include the "
                          "conversion to channels-last) or nhwc (from another fact-db convolution)")
+    ap.add_argument("--schedules", default=",".join(conv_tune.SCHEDULES),
+                    help="the conv kernels offered, in the order the candidates alternate them (default "
+                         f"{','.join(conv_tune.SCHEDULES)}; the tuner's; also: pingpong)")
     ap.add_argument("--jobs", type=int, default=16, help="parallel nvcc processes")
     ap.add_argument("--in-process", action="store_true", help="time in this process instead of the worker")
     ap.add_argument("--compile-only", action="store_true", help="build every candidate, time nothing (no GPU needed)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     limit = args.candidates or (2 if args.quick else 3)
+    from fact_db.kernels.conv.kernel import SCHEDULES as KNOWN
+    schedules = tuple(x.strip() for x in args.schedules.split(",") if x.strip())
+    bad = [x for x in schedules if x not in KNOWN or x == "gemm"]
+    if bad or not schedules:
+        ap.error(f"--schedules: {', '.join(bad) or 'none given'}: give conv kernels among "
+                 f"{', '.join(k for k in KNOWN if k != 'gemm')}")
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     bad = [p for p in policies if p not in POLICIES]
     if bad:
@@ -157,7 +167,7 @@ def main() -> int:
             ap.error(f"--only: no shape {', '.join(sorted(unknown))} (have: {', '.join(n for n, *_ in SHAPES)})")
         ws = [x for x in ws if x[0] in only]
     t0 = time.perf_counter()
-    cands = {id(w): conv_tune.candidates(w, limit) for _, _, w in ws}
+    cands = {id(w): conv_tune.candidates(w, limit, schedules) for _, _, w in ws}
     from fact_db.kernels import build
     from fact_db.kernels.conv.kernel import source
     sources = list(dict.fromkeys(source(w, c) for _, _, w in ws

@@ -416,12 +416,24 @@ def test_every_schedule_is_timed_even_on_a_small_budget():
     # 2 x 30 x 30 pixels, 128 channels: 15 tiles of 256 x 128, under a wave of 132 SMs
     one_wave = ConvWorkload(2, 64, 128, (32, 32), (3, 3), dtype="bfloat16", policy="bf16")
     assert [c.schedule for c in candidates(one_wave, limit=4)] == ["coop", "ws", "coop", "ws"]
+    # the ping-pong kernel is offered when asked for (conv_realize --schedules): ws's tiles, a tile a
+    # warpgroup (64 x 128 at most where promoted), and, like persistent, only over more than a wave
+    pp = candidates(w, limit=8, schedules=("pingpong", "ws"))
+    assert [c.schedule for c in pp[:4]] == ["pingpong", "ws"] * 2 and pp[0].label == "128x128x64 c1x1 pingpong"
+    assert all(per_warpgroup(c) == c.tile_m * c.tile_n for c in pp)
+    fp32 = ConvWorkload(128, 64, 128, (128, 128), (3, 3))
+    assert all(c.tile_m * c.tile_n <= MAX_TILE_AREA // 2 for c in candidates(fp32, 20, ("pingpong",)))
+    assert [c.schedule for c in candidates(one_wave, limit=4, schedules=("pingpong", "ws"))] == ["ws"] * 4
+    assert "pingpong" not in {c.schedule for c in candidates(w, limit=20)}  # not offered by default yet
 
 
 def test_the_coop_schedule_renders_fact_dbs_kernel_and_ws_renders_cutlasss():
     w = ConvWorkload(8, 64, 128, (56, 56), (3, 3), dtype="bfloat16", policy="bf16")
     coop = render(w, ConvConfig(256, 128, 64, schedule="coop"))
     assert "using Kernel = CoopConvKernel<ProblemShape, CollectiveMainloop, CollectiveEpilogue, false>;" in coop
+    pingpong = render(w, ConvConfig(128, 128, 64, schedule="pingpong"))
+    assert "using Kernel = PingpongConvKernel<ProblemShape, CollectiveMainloop, CollectiveEpilogue>;" in pingpong
+    assert "using CollectiveMainloop = BuiltMainloop;" in pingpong and "TmaWarpSpecializedCooperative" not in pingpong
     persistent = render(w, ConvConfig(256, 128, 64, schedule="persistent"))
     assert "using Kernel = CoopConvKernel<ProblemShape, CollectiveMainloop, CollectiveEpilogue, true>;" in persistent
     assert "TmaWarpSpecializedCooperative" in persistent and "Shape<_2, _1, _1>" in persistent
@@ -433,10 +445,10 @@ def test_the_coop_schedule_renders_fact_dbs_kernel_and_ws_renders_cutlasss():
     assert "using CollectiveMainloop = PromotedMainloop<CoopMainloop, 1>;" in src
     from fact_db.kernels.conv.kernel import params
     from fact_db.kernels import template
-    bad = template.render("conv_sm90", {**params(w, ConvConfig(128, 128, 64)), "schedule": "pingpong"})
-    assert "#error \"conv_sm90.cu.j2: schedule must be ws, coop or persistent, got 'pingpong'\"" in bad
-    with pytest.raises(ConvError, match="schedule 'pingpong'.*ws.*coop.*persistent"):
-        ConvConfig(128, 128, 64, schedule="pingpong")
+    bad = template.render("conv_sm90", {**params(w, ConvConfig(128, 128, 64)), "schedule": "stream_k"})
+    assert "#error \"conv_sm90.cu.j2: schedule must be ws, coop, persistent or pingpong, got 'stream_k'\"" in bad
+    with pytest.raises(ConvError, match="schedule 'stream_k'.*ws.*coop.*persistent.*pingpong"):
+        ConvConfig(128, 128, 64, schedule="stream_k")
 
 
 def test_split3_candidates_promote_their_partial_sums_and_say_so():

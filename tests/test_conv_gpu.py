@@ -2,10 +2,11 @@
 float64 with its epilogue chain (bias, scalars, per-channel tensors, a residual), 1-D, 2-D, 3-D
 and a stride-1 transposed convolution; the op works under torch.compile and in a CUDA graph;
 a composed three-convolution model equals eager with one layout conversion; the cooperative
-kernel (schedule `coop`) in five of the cases, the persistent one in two; the pointwise fp32
-GEMM kernel (schedule `gemm`, conv_gemm_sm90) in four, two of them ping-pong. Skips without a GPU or nvcc. Last run on an
-H200, 2026-11-27: 13 passed, the unpromoted fp32 case failing as expected
-(benchmarks/results/raw/h200x2-2026-11-27-s7c2-conv-gpu-tests.log).
+kernel (schedule `coop`) in five of the cases, the persistent one in two, the ping-pong one in
+two (not yet run on a GPU); the pointwise fp32 GEMM kernel (schedule `gemm`, conv_gemm_sm90) in
+four, two of them ping-pong. Skips without a GPU or nvcc. Last run on an H200, 2026-11-27
+(thirteenth session, before the ping-pong cases): 25 passed, the unpromoted fp32 case failing as
+expected (benchmarks/results/raw/h200x4-2026-11-27-s13a-logs.txt).
 
     pytest tests/test_conv_gpu.py -x
 """
@@ -60,6 +61,13 @@ CASES = [
      ConvConfig(256, 128, 64, 2, 1, schedule="persistent")),
     (ConvWorkload(16, 64, 64, (64, 64), (3, 3), padding=(1, 1), chain=CHAIN, dtype="float32", policy="fp32"),
      ConvConfig(128, 128, 32, split3=True, promote=1, schedule="persistent")),
+    # the ping-pong kernel (two consumer warpgroups a tile each in turn, a CTA an SM): bf16 over
+    # several tiles a CTA with ragged edges, the residual and a 2 x 1 cluster; the promoted fp32
+    # split3 mainloop on it (64 x 128, as a promoted warpgroup holds at most)
+    (ConvWorkload(16, 64, 96, (65, 65), (3, 3), chain=CHAIN, dtype="bfloat16", policy="bf16"),
+     ConvConfig(128, 128, 64, 2, 1, schedule="pingpong")),
+    (ConvWorkload(16, 64, 64, (64, 64), (3, 3), padding=(1, 1), chain=CHAIN, dtype="float32", policy="fp32"),
+     ConvConfig(64, 128, 32, split3=True, promote=1, schedule="pingpong")),
     # the pointwise fp32 kernel (schedule `gemm`, conv_gemm_sm90): a 1x1 convolution as a GEMM with
     # A split in registers; ragged M and N (4*33*33 pixels, K = 96) with the whole chain and a
     # residual, a 3-D one at tf32x3, a 1-D one arriving channels-last, cooperative (tile_m 128) and

@@ -43,7 +43,7 @@ from fact_db.kernels.ops import factdb_op
 TEMPLATE = "conv_sm90"
 GEMM_TEMPLATE = "conv_gemm_sm90"  # a pointwise fp32 convolution as the GEMM it is (schedule "gemm")
 TEMPLATES = (TEMPLATE, GEMM_TEMPLATE)
-SCHEDULES = ("ws", "coop", "persistent", "gemm")  # conv_sm90.cu.j2's `schedule`, or "gemm": conv_gemm_sm90.cu.j2
+SCHEDULES = ("ws", "coop", "persistent", "pingpong", "gemm")  # conv_sm90.cu.j2's `schedule`, or "gemm": conv_gemm_sm90.cu.j2
 GEOMETRY_LEN = 21
 
 
@@ -60,14 +60,16 @@ class ConvConfig:
     split3: bool = False
     promote: int = 0  # k-tiles between promotions of the tensor cores' partial sums into fp32 registers; 0: none
     schedule: str = "ws"  # "ws": CUTLASS's one-consumer kernel; "coop": two consumer warpgroups (fact-db's kernel),
-    # a CTA a tile; "persistent": the same kernel with a CTA an SM, each taking tile after tile;
+    # a CTA a tile; "persistent": the same kernel with a CTA an SM, each taking tile after tile; "pingpong":
+    # a CTA an SM whose two consumer warpgroups take a tile each in turn (one's epilogue under the other's mainloop);
     # "gemm": a pointwise convolution as a GEMM with A split in registers (conv_gemm_sm90; split3 and promote needed)
 
     def __post_init__(self):
         if self.schedule not in SCHEDULES:
             raise ConvError(f"conv config: schedule '{self.schedule}' is not one of {', '.join(SCHEDULES)} "
                             "(ws: CUTLASS's one-consumer kernel, coop: two consumer warpgroups, persistent: coop "
-                            "with a CTA an SM, gemm: a pointwise convolution as a GEMM)")
+                            "with a CTA an SM, pingpong: two consumer warpgroups a tile each in turn, gemm: a "
+                            "pointwise convolution as a GEMM)")
         if self.schedule == "gemm" and (not self.split3 or self.promote < 1):
             raise ConvError(f"conv config: schedule gemm is the fp32-class pointwise kernel: it needs split3 and "
                             f"promote >= 1, got split3={self.split3} promote={self.promote}")

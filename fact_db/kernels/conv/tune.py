@@ -20,18 +20,23 @@ from fact_db.store.records import config_hash
 
 # A warpgroup holds its part of the accumulator tile in registers: 128 x 128 fp32 is 128 a thread,
 # the most that leaves room (64 x 128 where promotion keeps a second copy). CUTLASS's kernel ("ws")
-# has one consumer warpgroup, so its tile is that part; fact-db's cooperative kernel ("coop", and
-# "persistent", the same kernel with a CTA an SM: kernels_cpp/_sm90_conv_coop_kernel.j2) has two,
-# splitting tile_m, so its tile is twice that.
+# has one consumer warpgroup, so its tile is that part, as is the ping-pong kernel's ("pingpong": a
+# tile a warpgroup); fact-db's cooperative kernel ("coop", and "persistent", the same kernel with a
+# CTA an SM: kernels_cpp/_sm90_conv_kernels.j2) has two, splitting tile_m, so its tile is twice that.
 MAX_TILE_AREA = 128 * 128
 TILES = ((128, 128), (128, 64), (64, 128), (64, 256), (64, 64))
 COOP_TILES = ((256, 128), (128, 256), (128, 128), (256, 64), (128, 64))
 CLUSTERS = ((1, 1), (2, 1), (1, 2))
+COOPERATIVE = ("coop", "persistent")  # two consumer warpgroups on one tile
+# What the tuner offers by default, in the order the list alternates them. The ping-pong kernel
+# (built in the thirteenth session, compiled in CPU CI) joins once a GPU has run its tests and
+# timed it: `benchmarks/conv_realize.py --schedules` offers it meanwhile.
+SCHEDULES = ("persistent", "coop", "ws")
 
 
 def per_warpgroup(c: ConvConfig) -> int:
     """Accumulator elements one consumer warpgroup holds."""
-    return c.tile_m * c.tile_n // (1 if c.schedule == "ws" else 2)
+    return c.tile_m * c.tile_n // (2 if c.schedule in COOPERATIVE else 1)
 
 
 def uses_split(w: ConvWorkload) -> bool:
@@ -80,14 +85,15 @@ def _mostly_padding(tile_n: int, w: ConvWorkload) -> bool:
     return tile_n > 64 and tile_n >= 2 * w.k
 
 
-def candidates(w: ConvWorkload, limit: int = 8) -> list[ConvConfig]:
+def candidates(w: ConvWorkload, limit: int = 8, schedules: tuple = SCHEDULES) -> list[ConvConfig]:
     """At most `limit` configs, best-ranked first; none where the template cannot take `w`
     (kernel.why_not: transposed, grouped, misaligned channels). The schedules alternate (the
     best persistent, the best coop, the best ws, the second persistent, ...), so a small budget
     times each kernel: the cost model cannot tell how much a second consumer warpgroup, or a CTA
     that keeps its SM from tile to tile, buys on a given geometry. The persistent kernel is
     offered only where its best tile leaves more tiles than a wave of SMs (with one wave or less
-    it is the coop kernel). A pointwise convolution under fp32 or tf32x3 gets the GEMM kernel's
+    it is the coop kernel). `schedules`: the conv kernels offered, in that order (SCHEDULES;
+    "pingpong" takes ws's tiles). A pointwise convolution under fp32 or tf32x3 gets the GEMM kernel's
     configs (schedule "gemm", at most GEMM_MAX), which read the activation once where split3
     first writes it three times, and the conv kernels' best config last."""
     if why_not(w):
@@ -96,9 +102,9 @@ def candidates(w: ConvWorkload, limit: int = 8) -> list[ConvConfig]:
     tile_k = 32 if w.dtype == "float32" else 64
     m = w.n * math.prod(w.output)
     ranked = {}
-    for schedule in ("persistent", "coop", "ws"):  # the two-warpgroup kernels' best tiles lead the list
+    for schedule in schedules:
         out = []
-        for tm, tn in (TILES if schedule == "ws" else COOP_TILES):
+        for tm, tn in (COOP_TILES if schedule in COOPERATIVE else TILES):
             if _mostly_padding(tn, w):
                 continue
             for cm, cn in CLUSTERS:
@@ -112,8 +118,9 @@ def candidates(w: ConvWorkload, limit: int = 8) -> list[ConvConfig]:
                         out.append(c)
         # ranked by the tile; among equal tiles the more often promoted first (the fp32 bound is tight)
         ranked[schedule] = sorted(out, key=lambda c: (-_score(w, c), c.promote))
-    if not ranked["persistent"] or _tiles(w, ranked["persistent"][0]) <= DEVICES["h100"].sms:
-        ranked["persistent"] = []
+    for many in ("persistent", "pingpong"):  # one wave of tiles or less: coop's or ws's kernel with more setup
+        if ranked.get(many) and _tiles(w, ranked[many][0]) <= DEVICES["h100"].sms:
+            ranked[many] = []
     merged = [c for row in itertools.zip_longest(*ranked.values()) for c in row if c is not None]
     gemm = gemm_candidates(w)
     if not gemm:
