@@ -728,6 +728,14 @@ def test_measure_times_every_variant_in_the_same_rounds_and_keeps_each_rounds_me
     for i, name in enumerate(names):  # each round times them all, in the order they were run
         assert by[name].round_ms == [2.0 + i + len(names) * r for r in range(rounds)], name
         assert by[name].ms == sorted(by[name].round_ms)[rounds // 2]
+        # still spread after the last round: the note says how far, so a smaller gap reads as noise
+        lo, hi = by[name].round_ms[0], by[name].round_ms[-1]
+        assert f"rounds unsettled: {rounds} rounds spread {100 * (hi / lo - 1):.0f}%" in by[name].note, by[name].note
+    # KernelBench L2-36 at bf16: the returned torch.compile timed 0.88x of the same compiled peer
+    from fact_db.kernels.bench import rounds_unsettled
+    assert rounds_unsettled([0.405, 0.513, 0.5175, 0.5038, 0.4444]).startswith(
+        "rounds unsettled: 5 rounds spread 28% (0.405-0.5175 ms)")
+    assert rounds_unsettled([1.0, 1.02, 0.99]) == "" and rounds_unsettled([2.0]) == ""
     counts: dict = {}
     for fn in calls:
         counts[fn] = counts.get(fn, 0) + 1

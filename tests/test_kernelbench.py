@@ -619,6 +619,24 @@ def test_gpu_clocks_reads_nvidia_smi_falls_back_to_the_older_field_and_is_kept_i
     assert len(row["did"]["load_average"]) == 3
 
 
+def test_a_row_whose_rounds_did_not_settle_says_so():
+    """KernelBench L2-36 at bf16: fact-db returned torch.compile of the model and timed 0.88x of
+    the same compiled peer, over rounds that spread 28% after the fifth. The row names the
+    variants whose rounds never settled (bench.rounds_unsettled), and its line says so."""
+    from types import SimpleNamespace as NS
+    steady, shaky = [0.3943, 0.4054, 0.4434], [0.405, 0.513, 0.5175, 0.5038, 0.4444]
+    report = NS(regions=[], stages_s={}, verification=None, notes=[], choice=None,
+                variants=[NS(name="fact-db", round_ms=shaky, clocks=[]),
+                          NS(name="torch.compile", round_ms=steady, clocks=[])])
+    did = scoreboard._did(report)
+    assert list(did["unsettled"]) == ["fact-db"] and "spread 28%" in did["unsettled"]["fact-db"]
+    row = {**_row("L2-36", 2, policy="bf16", speedup=2.25, vs_compile=0.88), "did": {**did, "returned": "torch.compile"}}
+    assert scoreboard.line(row).endswith("returned torch.compile; rounds unsettled: fact-db; 1.0 s")
+    report.variants[0].round_ms = steady
+    assert "unsettled" not in scoreboard._did(report)
+    assert "unsettled" not in scoreboard.line({**row, "did": scoreboard._did(report)})
+
+
 def test_coverage_says_why_each_fp32_convolution_ran_cudnn():
     """kernelbench_coverage.classify: a conv row with per-region records names, per region, a
     geometry the family has no kernel for or fact-db's candidates losing to cuDNN; a row from

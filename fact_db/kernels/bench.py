@@ -143,6 +143,17 @@ ROUND_SPREAD = 1.15
 MAX_ROUNDS = 5
 
 
+def rounds_unsettled(rounds_ms) -> str:
+    """A note where a variant's rounds still spread past bench.ROUND_SPREAD after every round
+    the benchmark gives (a busy host, a drifting clock): how far, so that a reader takes a
+    difference between variants smaller than that for the noise it is; "" where they settled."""
+    r = [t for t in rounds_ms or [] if t and t > 0]
+    if len(r) < 2 or max(r) / min(r) <= ROUND_SPREAD:
+        return ""
+    return (f"rounds unsettled: {len(r)} rounds spread {100 * (max(r) / min(r) - 1):.0f}% "
+            f"({min(r):.4g}-{max(r):.4g} ms); a difference from another variant smaller than that is noise")
+
+
 def another_round(rounds: list, done: int, base: int) -> bool:
     """Whether to time one more round: `done` rounds of `base` run, or fewer than MAX_ROUNDS and
     some candidate's round times (`rounds`: a list of each one's) spread past ROUND_SPREAD."""

@@ -100,7 +100,8 @@ def measure(module, model_p, fast, policy: str, draw, ref_model, *, peers=PEERS,
     import torch
 
     from fact_db.kernels.agreement import tree_err
-    from fact_db.kernels.bench import another_round, gpu_clocks, held_mib, peak_mib, time_round, timer_of_many
+    from fact_db.kernels.bench import (another_round, gpu_clocks, held_mib, peak_mib, rounds_unsettled, time_round,
+                                       timer_of_many)
     from fact_db.composition.module import GRAPHED, cast_floats, policy_dtype
     from fact_db.kernels.verify import for_reference
     sets = [draw(2 * i)[0] for i in range(3)]
@@ -267,6 +268,8 @@ def measure(module, model_p, fast, policy: str, draw, ref_model, *, peers=PEERS,
                 finish(v, fn, xs, timings[id(v)])
             except Exception as e:  # noqa: BLE001
                 _add_note(v, first_line(e, typed=True))
+            if unsettled := rounds_unsettled(v.round_ms):  # still spread after the last round
+                _add_note(v, unsettled)
     if bar is not None:
         bar.close()
     return out

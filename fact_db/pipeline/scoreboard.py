@@ -103,6 +103,10 @@ def _did(report, fast=None) -> dict:
     rounds = {v.name: [round(t, 4) for t in v.round_ms] for v in report.variants or [] if v.round_ms}
     if rounds:  # each interleaved round's median: a steady gap between two variants, or one slow round
         out["rounds_ms"] = rounds
+    from fact_db.kernels.bench import rounds_unsettled
+    unsettled = {name: first_line(note, 200) for name, r in rounds.items() if (note := rounds_unsettled(r))}
+    if unsettled:  # rounds still spread after the last one: a gap smaller than that is noise
+        out["unsettled"] = unsettled
     if hasattr(os, "getloadavg"):  # the host's load when the row was made: other shards' compiles compete for it
         out["load_average"] = [round(x, 2) for x in os.getloadavg()]
     out["notes"] = [first_line(n, 240) for n in report.notes][:8]
@@ -215,9 +219,11 @@ def line(row: dict) -> str:
     sp += (f", {row['speedup_vs_compile_cudagraphs']:.2f}x its reduce-overhead mode)"
            if row.get("speedup_vs_compile_cudagraphs") else ")")
     verdict = "correct" if row["correct"] else f"INCORRECT ({row['reason']})"
+    shaky = [n for n in ("fact-db", "torch.compile") if n in (did.get("unsettled") or {})]
     return (head + f"{verdict}; eager {ms(row['eager_ms'])}, torch.compile {ms(row['compile_ms'])}, fact-db "
             f"{ms(row['factdb_ms'])}{sp}; {did.get('kernels', 0)}/{did.get('regions', 0)} region(s) on kernels, "
-            f"returned {did.get('returned', '?')}" + took)
+            f"returned {did.get('returned', '?')}" + (f"; rounds unsettled: {', '.join(shaky)}" if shaky else "")
+            + took)
 
 
 def summary(rows: list[dict]) -> dict:
