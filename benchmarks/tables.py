@@ -382,9 +382,11 @@ def rows_fmha_fp32tc(doc, name):
     checks: dict[str, list] = {}
     for c in doc.get("checks") or []:
         checks.setdefault(c["variant"], []).append(c)
-    sdpa = next((t["ms"] for t in doc["timings"] if t["name"] == "sdpa_fp32"), None)
+    # each shape's SDPA fp32 (timings without a shape are minGPT's, the first files')
+    sdpa_of = {t.get("shape", "mingpt"): t["ms"] for t in doc["timings"] if t["name"].startswith("sdpa_fp32")}
     for t in doc["timings"]:
         cs = checks.get(t["name"], [])
+        sdpa = sdpa_of.get(t.get("shape", "mingpt"))
         yield {**_base(doc, name), "name": t["name"], "ms": t["ms"],
                "vs_sdpa": sdpa / t["ms"] if sdpa else None,
                "worst": max((c["err"] / c["eager_fp32_err"] for c in cs), default=None),

@@ -1,6 +1,7 @@
-"""fmha_fp32tc_sm90 on a GPU: fp32-accurate attention on TF32 tensor cores against a float64
-reference (causal and not, ragged lengths, GQA, head dims 64/96/128 and a padded 80), and a
-kernel that ignored the causal mask would fail. Loads the .so with ctypes (FMHA_ABI).
+"""The fp32 attention families on a GPU, fmha_fp32tc_sm90 (mma.sync) and fmha_fp32wg_sm90
+(wgmma): fp32-accurate attention on TF32 tensor cores against a float64 reference (causal and
+not, ragged lengths, GQA, head dims 64/96/128 and a padded 80), and a kernel that ignored the
+causal mask would fail. Loads the .so with ctypes (FMHA_ABI).
 Skipped without an sm90 GPU or nvcc.
 """
 from __future__ import annotations
@@ -23,25 +24,30 @@ pytestmark = [
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 from fmha_fp32tc_check import eager, launcher, reference  # noqa: E402
 
-from fact_db.kernels.attention import fmha_fp32tc  # noqa: E402
+from fact_db.kernels.attention import fmha_fp32tc, fmha_fp32wg  # noqa: E402
 from fact_db.kernels.attention.workload import AttentionWorkload  # noqa: E402
 from fact_db.kernels.build import build  # noqa: E402
 
 CONFIGS = [  # both block_m, both block_n, each padded head dim, with and without promotion and presplit
-    {"head_dim": 64, "head_dim_v": 64, "block_m": 128, "block_n": 64, "presplit": 1, "promote_k": 32},
-    {"head_dim": 96, "head_dim_v": 96, "block_m": 64, "block_n": 64, "presplit": 1, "promote_k": 32},
-    {"head_dim": 96, "head_dim_v": 96, "block_m": 128, "block_n": 32, "promote_k": 0},
-    {"head_dim": 128, "head_dim_v": 128, "block_m": 64, "block_n": 32, "promote_k": 64},
+    (fmha_fp32tc, {"head_dim": 64, "head_dim_v": 64, "block_m": 128, "block_n": 64, "presplit": 1, "promote_k": 32}),
+    (fmha_fp32tc, {"head_dim": 96, "head_dim_v": 96, "block_m": 64, "block_n": 64, "presplit": 1, "promote_k": 32}),
+    (fmha_fp32tc, {"head_dim": 96, "head_dim_v": 96, "block_m": 128, "block_n": 32, "promote_k": 0}),
+    (fmha_fp32tc, {"head_dim": 128, "head_dim_v": 128, "block_m": 64, "block_n": 32, "promote_k": 64}),
+    # wgmma: both block_m and block_n, each padded head dim, promoted (fp32) and not (tf32x3)
+    (fmha_fp32wg, {"head_dim": 64, "head_dim_v": 64, "block_m": 128, "block_n": 64, "promote_k": 32, "terms": 3}),
+    (fmha_fp32wg, {"head_dim": 96, "head_dim_v": 96, "block_m": 128, "block_n": 32, "promote_k": 32, "terms": 3}),
+    (fmha_fp32wg, {"head_dim": 96, "head_dim_v": 96, "block_m": 64, "block_n": 32, "promote_k": 0, "terms": 3}),
+    (fmha_fp32wg, {"head_dim": 128, "head_dim_v": 128, "block_m": 64, "block_n": 32, "promote_k": 32, "terms": 3}),
 ]
 
 
 @pytest.fixture(scope="module")
 def kernels():
     w = AttentionWorkload(1, 1, 1, 64, 64, 64, 64)
-    built = build([fmha_fp32tc.source(w, c) for c in CONFIGS], jobs=4)
-    bad = [f"{fmha_fp32tc.label(c)}: {b.error}" for c, b in zip(CONFIGS, built) if not b.ok]
+    built = build([fam.source(w, c) for fam, c in CONFIGS], jobs=8)
+    bad = [f"{fam.label(c)}: {b.error}" for (fam, c), b in zip(CONFIGS, built) if not b.ok]
     assert not bad, bad
-    return [(c, launcher(b.path)) for c, b in zip(CONFIGS, built)]
+    return [(fam, c, launcher(b.path, fam.TEMPLATE)) for (fam, c), b in zip(CONFIGS, built)]
 
 
 SHAPES = [  # b, h, hk, lq, lk, d, causal
@@ -63,24 +69,25 @@ def test_matches_float64_within_fp32_bound(kernels, shape, dist):
     ref = reference(q, k, v, scale, causal)
     e32 = (eager(q, k, v, scale, causal, tf32=False).double() - ref).abs().max().item()
     etf32 = (eager(q, k, v, scale, causal, tf32=True).double() - ref).abs().max().item()
-    ran = 0
-    for c, run in kernels:
-        if fmha_fp32tc._padded(d) != c["head_dim"]:
+    ran = set()
+    for fam, c, run in kernels:
+        if fam._padded(d) != c["head_dim"]:
             continue
         o = run(q, k, v, scale, causal)
         err = (o.double() - ref).abs().max().item()
         # tf32x3 bound for every variant (DESIGN: a tenth of eager tf32's error on zero-mean inputs,
         # no worse on all-positive ones); the fp32 bound (4x eager fp32) for the fp32 policy's promote_k=32
         assert err <= (etf32 / 10 if dist == "normal" else etf32), \
-            f"{fmha_fp32tc.label(c)}: err {err:.3g} vs eager tf32 {etf32:.3g}"
+            f"{fam.label(c)}: err {err:.3g} vs eager tf32 {etf32:.3g}"
         if c["promote_k"] == 32:
-            assert err <= 4 * e32, f"{fmha_fp32tc.label(c)}: err {err:.3g} vs eager fp32 {e32:.3g} (fp32 bound 4x)"
-        ran += 1
-    assert ran
+            assert err <= 4 * e32, f"{fam.label(c)}: err {err:.3g} vs eager fp32 {e32:.3g} (fp32 bound 4x)"
+        ran.add(fam.TEMPLATE)
+    assert ran == {"fmha_fp32tc_sm90", "fmha_fp32wg_sm90"}, f"only {ran} has a build for head dim {d}"
 
 
-def test_causal_mask_is_applied(kernels):
-    c, run = kernels[0]
+@pytest.mark.parametrize("family", ["fmha_fp32tc_sm90", "fmha_fp32wg_sm90"])
+def test_causal_mask_is_applied(kernels, family):
+    fam, c, run = next(k for k in kernels if k[0].TEMPLATE == family and k[1]["head_dim"] == 64)
     q, k, v = (torch.randn(1, 2, 64, 64, device="cuda") for _ in range(3))
     causal = run(q, k, v, 0.125, True)
     full = reference(q, k, v, 0.125, False)
@@ -88,10 +95,12 @@ def test_causal_mask_is_applied(kernels):
     assert (causal.double() - full).abs().max() > 1e-2, "a kernel ignoring the mask would equal the unmasked result"
 
 
-def test_unaligned_and_strided_inputs_take_the_plain_load_path(kernels):
-    """q starting 4 bytes past a 16-byte boundary, and k as a strided view: the 16-byte copies
-    cannot serve them, the plain loads must, with the same result as packed inputs."""
-    c, run = next((c, r) for c, r in kernels if c["head_dim"] == 96)
+@pytest.mark.parametrize("family", ["fmha_fp32tc_sm90", "fmha_fp32wg_sm90"])
+def test_unaligned_and_strided_inputs_take_the_plain_load_path(kernels, family):
+    """q starting 4 bytes past a 16-byte boundary, and k as a strided view: fmha_fp32tc's 16-byte
+    copies cannot serve them, its plain loads must (fmha_fp32wg's pass reads any strides), with
+    the same result as packed inputs."""
+    fam, c, run = next(k for k in kernels if k[0].TEMPLATE == family and k[1]["head_dim"] == 96)
     b, h, lq, d = 2, 4, 100, 96
     g = torch.Generator(device="cuda").manual_seed(3)
     q, k, v = (torch.randn(b, h, lq, d, device="cuda", generator=g) for _ in range(3))

@@ -1,6 +1,6 @@
 """Tune one attention workload: the SDPA backends that apply (flash, efficient, cudnn, math,
 each its own candidate), the model's explicit form, and every family module's kernels
-(fact_db/kernels/attention/fmha_sm90.py, fact_db/kernels/attention/fmha_fp32tc.py; the contract in FMHA_ABI). Each candidate is
+(fact_db/kernels/attention/fmha_sm90.py, fmha_fp32wg.py, fmha_fp32tc.py; the contract in FMHA_ABI). Each candidate is
 verified against the float64 reference (AttentionWorkload.reference: the causal mask
 included, so a kernel that ignores it fails) on zero-mean and all-positive inputs, then
 timed; the fastest verified one wins. Kernels run in the worker subprocess the GEMM tuner
@@ -19,7 +19,9 @@ from dataclasses import asdict, dataclass, field
 from fact_db.kernels.attention.workload import AttentionWorkload, backends_for
 from fact_db.core.errors import FactError, first_line
 
-FAMILIES = ("fact_db.kernels.attention.fmha_sm90", "fact_db.kernels.attention.fmha_fp32tc")
+# in the order the candidate budget is spent: the wgmma fp32 family before the mma.sync one
+FAMILIES = ("fact_db.kernels.attention.fmha_sm90", "fact_db.kernels.attention.fmha_fp32wg",
+            "fact_db.kernels.attention.fmha_fp32tc")
 _INPUT_SETS = 3
 
 

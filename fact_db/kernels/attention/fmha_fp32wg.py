@@ -1,0 +1,87 @@
+"""fp32-accurate attention on Hopper's TF32 wgmma: the `fmha_fp32wg_sm90` family (FMHA_ABI).
+
+A flash-attention forward (kernels_cpp/fmha_fp32wg_sm90.cu.j2) whose products run on warpgroup
+wgmma instead of `fmha_fp32tc`'s warp-level mma.sync: a pass before the kernel writes Q, K and
+V (transposed, so P V's operand is K-major as TF32 wgmma requires) with their TF32 low parts
+into the workspace, so the kernel splits nothing but P; S = Q K^T reads both operands from
+shared memory (SS wgmma), P V takes P from registers (RS wgmma). 3xTF32 under `fp32` and
+`tf32x3` (the small products first), one rounded TF32 product under `tf32`; softmax in fp32.
+Under `fp32` Q K^T is promoted every 32 of the head dim (each chunk its own accumulator) and
+P V every key tile.
+
+>>> w = AttentionWorkload(128, 8, 8, 512, 512, 96, 96, causal=True)
+>>> applies(w, "sm90a") is None
+True
+>>> label(configs(w, 4)[0])
+'fmha_fp32wg q128 k32 hd96 p32'
+"""
+from __future__ import annotations
+
+from fact_db.kernels import template
+from fact_db.kernels.attention.workload import AttentionWorkload
+from fact_db.kernels.build import Source
+
+TEMPLATE = "fmha_fp32wg_sm90"
+POLICIES = ("fp32", "tf32x3", "tf32")
+HEAD_DIMS = (64, 96, 128)    # padded head dims the family builds (128-byte rows: multiples of 32)
+MAX_HEAD_DIM = 128
+ARCHES = ("sm90a",)          # wgmma
+PROMOTE = {"fp32": (32,), "tf32x3": (0, 32), "tf32": (0,)}
+TERMS = {"fp32": 3, "tf32x3": 3, "tf32": 1}
+# (block_m, block_n): a consumer warpgroup per 64 query rows, keys per pipelined tile
+TILES = ((128, 32), (64, 32), (128, 64), (64, 64))
+SMEM_LIMIT = 227 * 1024
+
+
+def smem_bytes(config: dict) -> int:
+    """The template's kSmemBytes: every warpgroup's Q rows and two K/V stages, raw and (three
+    products) low parts, plus 1 KB to align the 128-byte swizzle to 1024 bytes."""
+    parts = 1 if config.get("terms", 3) == 1 else 2
+    hd, hdv, bm, bn = config["head_dim"], config["head_dim_v"], config["block_m"], config["block_n"]
+    return 4 * parts * (bm * hd + 2 * (bn * hd + hdv * bn)) + 1024
+
+
+def _padded(dim: int) -> int:
+    for hd in HEAD_DIMS:
+        if dim <= hd:
+            return hd
+    return -1
+
+
+def applies(w: AttentionWorkload, arch: str) -> str | None:
+    """None when this family can serve `w` on `arch`, else why not."""
+    if w.policy not in POLICIES:
+        return f"fmha_fp32wg serves the {', '.join(POLICIES)} policies, not {w.policy}"
+    if arch not in ARCHES:
+        return f"fmha_fp32wg needs TF32 wgmma (sm90a), not arch {arch}"
+    if w.d > MAX_HEAD_DIM or w.dv > MAX_HEAD_DIM:
+        return f"head dim {w.d}/{w.dv} above {MAX_HEAD_DIM}, the largest fmha_fp32wg builds"
+    if w.lq < 2 or w.lk < 2:
+        return "sequence length 1: the library serves it"
+    if w.batch * w.heads > 65535:
+        return f"batch*heads={w.batch * w.heads} above the grid limit 65535"
+    return None
+
+
+def configs(w: AttentionWorkload, max_n: int) -> list[dict]:
+    """Parameter sets, best guess first: the policy's promotion, then the tiles in TILES order;
+    those past the shared memory left out."""
+    hd, hdv = _padded(w.d), _padded(w.dv)
+    out = []
+    for promote in PROMOTE.get(w.policy, ()):
+        for bm, bn in TILES:
+            c = {"head_dim": hd, "head_dim_v": hdv, "block_m": bm, "block_n": bn, "promote_k": promote,
+                 "terms": TERMS[w.policy]}
+            if smem_bytes(c) <= SMEM_LIMIT:
+                out.append(c)
+    return out[:max(0, max_n)]
+
+
+def label(config: dict) -> str:
+    hd = f"hd{config['head_dim']}" + (f"/{config['head_dim_v']}" if config["head_dim_v"] != config["head_dim"] else "")
+    terms = " 1xTF32" if config.get("terms", 3) == 1 else ""
+    return f"fmha_fp32wg q{config['block_m']} k{config['block_n']} {hd} p{config['promote_k']}{terms}"
+
+
+def source(w: AttentionWorkload, config: dict) -> Source:
+    return Source(TEMPLATE, template.render(TEMPLATE, config), arch="sm90a")

@@ -1,0 +1,82 @@
+"""The fmha_fp32wg family module (FMHA_ABI, wgmma): which workloads it serves, its configs per
+policy and their shared memory, labels, and the rendered source (no GPU needed)."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from fact_db.kernels.attention import fmha_fp32wg
+from fact_db.kernels.attention.workload import AttentionWorkload
+
+MINGPT = AttentionWorkload(128, 8, 8, 512, 512, 96, 96, causal=True)
+LLAMA = AttentionWorkload(4, 16, 4, 2048, 2048, 128, 128, causal=True)
+
+
+@pytest.mark.parametrize("policy", ["fp32", "tf32x3", "tf32"])
+def test_applies_to_the_fp32_class_policies_on_sm90a(policy):
+    assert fmha_fp32wg.applies(MINGPT.with_(policy=policy), "sm90a") is None
+    assert fmha_fp32wg.applies(LLAMA.with_(policy=policy), "sm90a") is None
+
+
+@pytest.mark.parametrize("w,arch,why", [
+    (MINGPT.with_(policy="bf16", dtype=""), "sm90a", "bf16"),
+    (MINGPT, "sm80", "wgmma"),
+    (MINGPT, "sm90", "wgmma"),
+    (MINGPT.with_(d=160, dv=160), "sm90a", "160"),
+    (MINGPT.with_(lk=1), "sm90a", "sequence length 1"),
+    (MINGPT.with_(batch=70000), "sm90a", "65535"),
+])
+def test_refuses_with_a_reason(w, arch, why):
+    reason = fmha_fp32wg.applies(w, arch)
+    assert reason and why in reason
+
+
+def test_fp32_always_promotes_and_tf32_makes_one_product():
+    fp32 = fmha_fp32wg.configs(MINGPT, 99)
+    assert fp32[0] == {"head_dim": 96, "head_dim_v": 96, "block_m": 128, "block_n": 32, "promote_k": 32, "terms": 3}
+    assert {c["promote_k"] for c in fp32} == {32} and {c["terms"] for c in fp32} == {3}
+    tf32x3 = fmha_fp32wg.configs(MINGPT.with_(policy="tf32x3"), 99)
+    assert tf32x3[0]["promote_k"] == 0 and {c["promote_k"] for c in tf32x3} == {0, 32}
+    tf32 = fmha_fp32wg.configs(MINGPT.with_(policy="tf32"), 99)
+    assert tf32 and all(c["terms"] == 1 and c["promote_k"] == 0 for c in tf32)
+    assert len(fmha_fp32wg.configs(MINGPT, 1)) == 1 and fmha_fp32wg.configs(MINGPT, 0) == []
+
+
+def test_configs_fit_shared_memory_and_leave_out_those_that_do_not():
+    """Two stages of K/V raw and low parts beside every warpgroup's Q: at head dim 128 only the
+    64-row tile with 32 keys fits three products; one product (tf32) fits every tile."""
+    for w in (MINGPT, LLAMA, MINGPT.with_(d=64, dv=64)):
+        for policy in fmha_fp32wg.POLICIES:
+            for c in fmha_fp32wg.configs(w.with_(policy=policy), 99):
+                assert fmha_fp32wg.smem_bytes(c) <= fmha_fp32wg.SMEM_LIMIT
+    assert [(c["block_m"], c["block_n"]) for c in fmha_fp32wg.configs(LLAMA, 99)] == [(64, 32)]
+    assert len(fmha_fp32wg.configs(LLAMA.with_(policy="tf32"), 99)) == len(fmha_fp32wg.TILES)
+    # the template's sum: 2 parts x (128 x 96 Q + 2 stages x (32 x 96 K + 96 x 32 V)) floats + 1 KB
+    assert fmha_fp32wg.smem_bytes(fmha_fp32wg.configs(MINGPT, 1)[0]) == 4 * 2 * (128 * 96 + 2 * 2 * 32 * 96) + 1024
+
+
+def test_head_dims_pad_up_to_whole_128_byte_rows():
+    c = fmha_fp32wg.configs(MINGPT.with_(d=80, dv=40), 1)[0]
+    assert (c["head_dim"], c["head_dim_v"]) == (96, 64)
+
+
+def test_labels_are_distinct():
+    """Distinct configs, distinct labels (fp32's promoted configs are also tf32x3's: the same kernel)."""
+    configs = [c for p in fmha_fp32wg.POLICIES for c in fmha_fp32wg.configs(MINGPT.with_(policy=p), 99)]
+    distinct = {tuple(sorted(c.items())) for c in configs}
+    assert len({fmha_fp32wg.label(c) for c in configs}) == len(distinct) > 6
+    assert fmha_fp32wg.label(fmha_fp32wg.configs(MINGPT, 1)[0]) == "fmha_fp32wg q128 k32 hd96 p32"
+
+
+def test_source_renders_the_abi_with_the_config():
+    c = fmha_fp32wg.configs(LLAMA.with_(policy="tf32x3"), 1)[0]
+    src = fmha_fp32wg.source(LLAMA, c)
+    assert src.template == "fmha_fp32wg_sm90" and src.arch == "sm90a"
+    assert re.search(r"\bint fact_fmha_fp32wg_sm90_launch\(", src.code)
+    assert "size_t fact_fmha_fp32wg_sm90_workspace_size(" in src.code
+    assert "kHeadDim = 128;" in src.code and "kBlockM = 64;" in src.code and "kBlockN = 32;" in src.code
+    assert "kPromoteK = 0;" in src.code and "kOneTerm = false;" in src.code
+    assert "ss_op_selector" in src.code and "rs_op_selector" in src.code, "S from shared memory, P V with P in registers"
+    tf32 = fmha_fp32wg.source(LLAMA, fmha_fp32wg.configs(LLAMA.with_(policy="tf32"), 1)[0])
+    assert "kOneTerm = true;" in tf32.code
