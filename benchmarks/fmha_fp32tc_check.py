@@ -67,9 +67,11 @@ def variants_of(fam, quick: bool) -> list[dict]:
     out = []
     for hd in (64, 96, 128):
         if fam is fmha_fp32wg:
-            for pol in ("fp32", "tf32x3"):
-                cs = fam.configs(AttentionWorkload(1, 1, 1, 64, 64, hd, hd, policy=pol), 8)
-                out += [c for c in (cs if hd == 96 or not quick else cs[:1]) if c not in out]
+            for pol, few in (("fp32", 2), ("tf32x3", 1)):
+                cs = fam.configs(AttentionWorkload(1, 1, 1, 64, 64, hd, hd, policy=pol), 12)
+                if quick:
+                    cs = cs[:few + 1] if hd == 96 else cs[:few]
+                out += [c for c in cs if c not in out]
             continue
         for promote in ((32, 0) if hd != 96 or quick else (32, 64, 0)):
             for bm, bn in (((128, 32),) if quick and hd != 96 else fam.TILES):

@@ -33,11 +33,16 @@ CONFIGS = [  # both block_m, both block_n, each padded head dim, with and withou
     (fmha_fp32tc, {"head_dim": 96, "head_dim_v": 96, "block_m": 64, "block_n": 64, "presplit": 1, "promote_k": 32}),
     (fmha_fp32tc, {"head_dim": 96, "head_dim_v": 96, "block_m": 128, "block_n": 32, "promote_k": 0}),
     (fmha_fp32tc, {"head_dim": 128, "head_dim_v": 128, "block_m": 64, "block_n": 32, "promote_k": 64}),
-    # wgmma: both block_m and block_n, each padded head dim, promoted (fp32) and not (tf32x3)
-    (fmha_fp32wg, {"head_dim": 64, "head_dim_v": 64, "block_m": 128, "block_n": 64, "promote_k": 32, "terms": 3}),
-    (fmha_fp32wg, {"head_dim": 96, "head_dim_v": 96, "block_m": 128, "block_n": 32, "promote_k": 32, "terms": 3}),
-    (fmha_fp32wg, {"head_dim": 96, "head_dim_v": 96, "block_m": 64, "block_n": 32, "promote_k": 0, "terms": 3}),
-    (fmha_fp32wg, {"head_dim": 128, "head_dim_v": 128, "block_m": 64, "block_n": 32, "promote_k": 32, "terms": 3}),
+    # wgmma: both block_m and block_n, each padded head dim, promoted (fp32) and not (tf32x3),
+    # low parts from the pass and split in shared memory
+    (fmha_fp32wg, {"head_dim": 64, "head_dim_v": 64, "block_m": 128, "block_n": 64, "promote_k": 32, "terms": 3,
+                   "split_in_smem": 1}),
+    (fmha_fp32wg, {"head_dim": 96, "head_dim_v": 96, "block_m": 128, "block_n": 32, "promote_k": 32, "terms": 3,
+                   "split_in_smem": 0}),
+    (fmha_fp32wg, {"head_dim": 96, "head_dim_v": 96, "block_m": 64, "block_n": 32, "promote_k": 0, "terms": 3,
+                   "split_in_smem": 1}),
+    (fmha_fp32wg, {"head_dim": 128, "head_dim_v": 128, "block_m": 128, "block_n": 32, "promote_k": 32, "terms": 3,
+                   "split_in_smem": 1}),
 ]
 
 

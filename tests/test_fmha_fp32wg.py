@@ -34,26 +34,33 @@ def test_refuses_with_a_reason(w, arch, why):
 
 def test_fp32_always_promotes_and_tf32_makes_one_product():
     fp32 = fmha_fp32wg.configs(MINGPT, 99)
-    assert fp32[0] == {"head_dim": 96, "head_dim_v": 96, "block_m": 128, "block_n": 32, "promote_k": 32, "terms": 3}
+    assert fp32[0] == {"head_dim": 96, "head_dim_v": 96, "block_m": 128, "block_n": 32, "promote_k": 32, "terms": 3,
+                       "split_in_smem": 1}
+    assert {c["split_in_smem"] for c in fp32} == {0, 1}
     assert {c["promote_k"] for c in fp32} == {32} and {c["terms"] for c in fp32} == {3}
     tf32x3 = fmha_fp32wg.configs(MINGPT.with_(policy="tf32x3"), 99)
     assert tf32x3[0]["promote_k"] == 0 and {c["promote_k"] for c in tf32x3} == {0, 32}
     tf32 = fmha_fp32wg.configs(MINGPT.with_(policy="tf32"), 99)
-    assert tf32 and all(c["terms"] == 1 and c["promote_k"] == 0 for c in tf32)
+    assert tf32 and all(c["terms"] == 1 and c["promote_k"] == 0 and not c["split_in_smem"] for c in tf32)
     assert len(fmha_fp32wg.configs(MINGPT, 1)) == 1 and fmha_fp32wg.configs(MINGPT, 0) == []
 
 
 def test_configs_fit_shared_memory_and_leave_out_those_that_do_not():
-    """Two stages of K/V raw and low parts beside every warpgroup's Q: at head dim 128 only the
-    64-row tile with 32 keys fits three products; one product (tf32) fits every tile."""
+    """Two stages of K/V raw and low parts beside every warpgroup's Q: at head dim 128 three
+    products fit 32-key tiles only, 128 rows only with the low parts split in shared memory; one
+    product (tf32) fits every tile."""
     for w in (MINGPT, LLAMA, MINGPT.with_(d=64, dv=64)):
         for policy in fmha_fp32wg.POLICIES:
             for c in fmha_fp32wg.configs(w.with_(policy=policy), 99):
                 assert fmha_fp32wg.smem_bytes(c) <= fmha_fp32wg.SMEM_LIMIT
-    assert [(c["block_m"], c["block_n"]) for c in fmha_fp32wg.configs(LLAMA, 99)] == [(64, 32)]
+    assert [(c["block_m"], c["block_n"], c["split_in_smem"]) for c in fmha_fp32wg.configs(LLAMA, 99)] == \
+        [(128, 32, 1), (64, 32, 1), (64, 32, 0)]
     assert len(fmha_fp32wg.configs(LLAMA.with_(policy="tf32"), 99)) == len(fmha_fp32wg.TILES)
-    # the template's sum: 2 parts x (128 x 96 Q + 2 stages x (32 x 96 K + 96 x 32 V)) floats + 1 KB
-    assert fmha_fp32wg.smem_bytes(fmha_fp32wg.configs(MINGPT, 1)[0]) == 4 * 2 * (128 * 96 + 2 * 2 * 32 * 96) + 1024
+    # the template's sums: 2 parts x (128 x 96 Q + 2 stages x (32 x 96 K + 96 x 32 V)) floats + 1 KB;
+    # split in shared memory: the stages raw only, and one tile of low parts
+    c = fmha_fp32wg.configs(MINGPT, 2)
+    assert fmha_fp32wg.smem_bytes(c[1]) == 4 * 2 * (128 * 96 + 2 * 2 * 32 * 96) + 1024
+    assert fmha_fp32wg.smem_bytes(c[0]) == 4 * (2 * 128 * 96 + 2 * 2 * 32 * 96 + 2 * 32 * 96) + 1024
 
 
 def test_head_dims_pad_up_to_whole_128_byte_rows():
@@ -66,7 +73,7 @@ def test_labels_are_distinct():
     configs = [c for p in fmha_fp32wg.POLICIES for c in fmha_fp32wg.configs(MINGPT.with_(policy=p), 99)]
     distinct = {tuple(sorted(c.items())) for c in configs}
     assert len({fmha_fp32wg.label(c) for c in configs}) == len(distinct) > 6
-    assert fmha_fp32wg.label(fmha_fp32wg.configs(MINGPT, 1)[0]) == "fmha_fp32wg q128 k32 hd96 p32"
+    assert fmha_fp32wg.label(fmha_fp32wg.configs(MINGPT, 1)[0]) == "fmha_fp32wg q128 k32 hd96 p32 smemsplit"
 
 
 def test_source_renders_the_abi_with_the_config():
@@ -75,7 +82,8 @@ def test_source_renders_the_abi_with_the_config():
     assert src.template == "fmha_fp32wg_sm90" and src.arch == "sm90a"
     assert re.search(r"\bint fact_fmha_fp32wg_sm90_launch\(", src.code)
     assert "size_t fact_fmha_fp32wg_sm90_workspace_size(" in src.code
-    assert "kHeadDim = 128;" in src.code and "kBlockM = 64;" in src.code and "kBlockN = 32;" in src.code
+    assert "kHeadDim = 128;" in src.code and "kBlockM = 128;" in src.code and "kBlockN = 32;" in src.code
+    assert "kSmemSplit = true &&" in src.code
     assert "kPromoteK = 0;" in src.code and "kOneTerm = false;" in src.code
     assert "ss_op_selector" in src.code and "rs_op_selector" in src.code, "S from shared memory, P V with P in registers"
     tf32 = fmha_fp32wg.source(LLAMA, fmha_fp32wg.configs(LLAMA.with_(policy="tf32"), 1)[0])

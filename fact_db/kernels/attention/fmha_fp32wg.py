@@ -4,7 +4,9 @@ A flash-attention forward (kernels_cpp/fmha_fp32wg_sm90.cu.j2) whose products ru
 wgmma instead of `fmha_fp32tc`'s warp-level mma.sync: a pass before the kernel writes Q, K and
 V (transposed, so P V's operand is K-major as TF32 wgmma requires) with their TF32 low parts
 into the workspace, so the kernel splits nothing but P; S = Q K^T reads both operands from
-shared memory (SS wgmma), P V takes P from registers (RS wgmma). 3xTF32 under `fp32` and
+shared memory (SS wgmma), P V takes P from registers (RS wgmma). `split_in_smem` leaves K's
+and V's low parts out of the pass and computes them in shared memory once per tile instead
+(half the K/V bytes a CTA reads). 3xTF32 under `fp32` and
 `tf32x3` (the small products first), one rounded TF32 product under `tf32`; softmax in fp32.
 Under `fp32` Q K^T is promoted every 32 of the head dim (each chunk its own accumulator) and
 P V every key tile.
@@ -13,7 +15,7 @@ P V every key tile.
 >>> applies(w, "sm90a") is None
 True
 >>> label(configs(w, 4)[0])
-'fmha_fp32wg q128 k32 hd96 p32'
+'fmha_fp32wg q128 k32 hd96 p32 smemsplit'
 """
 from __future__ import annotations
 
@@ -35,10 +37,14 @@ SMEM_LIMIT = 227 * 1024
 
 def smem_bytes(config: dict) -> int:
     """The template's kSmemBytes: every warpgroup's Q rows and two K/V stages, raw and (three
-    products) low parts, plus 1 KB to align the 128-byte swizzle to 1024 bytes."""
+    products) low parts, or with split_in_smem raw stages and one tile of low parts; plus 1 KB
+    to align the 128-byte swizzle to 1024 bytes."""
     parts = 1 if config.get("terms", 3) == 1 else 2
+    smem_split = parts == 2 and config.get("split_in_smem", 0)
+    kv_parts = 1 if smem_split else parts
     hd, hdv, bm, bn = config["head_dim"], config["head_dim_v"], config["block_m"], config["block_n"]
-    return 4 * parts * (bm * hd + 2 * (bn * hd + hdv * bn)) + 1024
+    kv_tile = bn * hd + hdv * bn
+    return 4 * (parts * bm * hd + 2 * kv_parts * kv_tile + (kv_tile if smem_split else 0)) + 1024
 
 
 def _padded(dim: int) -> int:
@@ -70,17 +76,19 @@ def configs(w: AttentionWorkload, max_n: int) -> list[dict]:
     out = []
     for promote in PROMOTE.get(w.policy, ()):
         for bm, bn in TILES:
-            c = {"head_dim": hd, "head_dim_v": hdv, "block_m": bm, "block_n": bn, "promote_k": promote,
-                 "terms": TERMS[w.policy]}
-            if smem_bytes(c) <= SMEM_LIMIT:
-                out.append(c)
+            for smem_split in ((1, 0) if TERMS[w.policy] == 3 else (0,)):
+                c = {"head_dim": hd, "head_dim_v": hdv, "block_m": bm, "block_n": bn, "promote_k": promote,
+                     "terms": TERMS[w.policy], "split_in_smem": smem_split}
+                if smem_bytes(c) <= SMEM_LIMIT:
+                    out.append(c)
     return out[:max(0, max_n)]
 
 
 def label(config: dict) -> str:
     hd = f"hd{config['head_dim']}" + (f"/{config['head_dim_v']}" if config["head_dim_v"] != config["head_dim"] else "")
     terms = " 1xTF32" if config.get("terms", 3) == 1 else ""
-    return f"fmha_fp32wg q{config['block_m']} k{config['block_n']} {hd} p{config['promote_k']}{terms}"
+    split = " smemsplit" if config.get("split_in_smem") else ""
+    return f"fmha_fp32wg q{config['block_m']} k{config['block_n']} {hd} p{config['promote_k']}{split}{terms}"
 
 
 def source(w: AttentionWorkload, config: dict) -> Source:
