@@ -385,7 +385,7 @@ def rows_fmha_fp32tc(doc, name):
     # each shape's SDPA fp32 (timings without a shape are minGPT's, the first files')
     sdpa_of = {t.get("shape", "mingpt"): t["ms"] for t in doc["timings"] if t["name"].startswith("sdpa_fp32")}
     for t in doc["timings"]:
-        cs = checks.get(t["name"], [])
+        cs = checks.get(t["name"].split(" @")[0], [])   # a variant's checks, whatever shape it is timed at
         sdpa = sdpa_of.get(t.get("shape", "mingpt"))
         yield {**_base(doc, name), "name": t["name"], "ms": t["ms"],
                "vs_sdpa": sdpa / t["ms"] if sdpa else None,
@@ -467,16 +467,20 @@ def _gpu_model(device: str, default: str) -> str:
 
 
 def _kb_devices(doc, level, policy) -> dict:
-    """{"gpu": ...} where a level's rows ran on more than one GPU model (parts on other hosts):
-    each with its row count, as `H200 (28), H100 (11)`; {} where they ran on one."""
+    """{"gpu": ...} from a level's rows: where they ran on more than one GPU model (parts on other
+    hosts) each with its row count, as `H200 (28), H100 (11)`; where on one, that model (a
+    merged scoreboard's own device is its newest part's, which may not have run this level);
+    {} where no row names its device."""
     import re
     count: dict = {}
     for r in doc.get("results") or []:
         if str(r.get("level")) == str(level) and r.get("policy") == policy and r.get("device"):
             gpu = _gpu_model(r["device"], r["device"])
             count[gpu] = count.get(gpu, 0) + 1
-    if len(count) < 2:
+    if not count:
         return {}
+    if len(count) == 1:
+        return {"gpu": next(iter(count))}
     return {"gpu": ", ".join(f"{g} ({n})" for g, n in sorted(count.items(), key=lambda kv: -kv[1]))}
 
 

@@ -110,4 +110,8 @@ def test_a_scoreboard_level_run_on_two_gpu_models_names_both_with_their_rows():
     doc = {"results": [{**row, "device": "NVIDIA H200"}] * 2 + [{**row, "device": "NVIDIA H100 80GB HBM3"}]
            + [{**row, "level": 1, "device": "NVIDIA H100 80GB HBM3"}]}
     assert tables._kb_devices(doc, "3", "fp32") == {"gpu": "H200 (2), H100 (1)"}
-    assert tables._kb_devices(doc, "1", "fp32") == {}  # one model: the head's GPU column stands
+    # one model: that model, not the merged file's own device (its newest part's, which may not
+    # have run this level); no row naming its device: the head's column stands
+    assert tables._kb_devices(doc, "1", "fp32") == {"gpu": "H100"}
+    assert tables._kb_devices({**doc, "device": "NVIDIA H200"}, "1", "fp32") == {"gpu": "H100"}
+    assert tables._kb_devices({"results": [{**row, "level": 2}]}, "2", "fp32") == {}
