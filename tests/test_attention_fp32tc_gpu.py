@@ -100,12 +100,15 @@ def test_causal_mask_is_applied(kernels, family):
     assert (causal.double() - full).abs().max() > 1e-2, "a kernel ignoring the mask would equal the unmasked result"
 
 
-@pytest.mark.parametrize("family", ["fmha_fp32tc_sm90", "fmha_fp32wg_sm90"])
-def test_unaligned_and_strided_inputs_take_the_plain_load_path(kernels, family):
+@pytest.mark.parametrize("family,smem_split", [("fmha_fp32tc_sm90", 0), ("fmha_fp32wg_sm90", 0),
+                                               ("fmha_fp32wg_sm90", 1)])
+def test_unaligned_and_strided_inputs_take_the_plain_load_path(kernels, family, smem_split):
     """q starting 4 bytes past a 16-byte boundary, and k as a strided view: fmha_fp32tc's 16-byte
-    copies cannot serve them, its plain loads must (fmha_fp32wg's pass reads any strides), with
-    the same result as packed inputs."""
-    fam, c, run = next(k for k in kernels if k[0].TEMPLATE == family and k[1]["head_dim"] == 96)
+    copies cannot serve them, its plain loads must; fmha_fp32wg's split_in_smem reads packed q
+    and k as they are and these through the pass (which reads any strides). The same result,
+    to the bit, as packed inputs."""
+    fam, c, run = next(k for k in kernels if k[0].TEMPLATE == family and k[1]["head_dim"] == 96
+                       and k[1].get("split_in_smem", 0) == smem_split)
     b, h, lq, d = 2, 4, 100, 96
     g = torch.Generator(device="cuda").manual_seed(3)
     q, k, v = (torch.randn(b, h, lq, d, device="cuda", generator=g) for _ in range(3))
