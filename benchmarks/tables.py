@@ -110,7 +110,7 @@ TABLES: dict[str, dict] = {
     },
     "fmha-fp32tc": {
         "about": "fp32 attention on TF32 tensor cores (`benchmarks/fmha_fp32tc_check.py`)",
-        "files": ["*-fmha-fp32tc.json"], "rows": "fmha_fp32tc",
+        "files": ["*-fmha-fp32tc.json"], "rows": "fmha_fp32tc", "select": "newest file per gpu",
         "columns": [("variant", "{name}"), ("ms", "{ms:ms}"), ("vs SDPA fp32", "{vs_sdpa:x}"),
                     ("worst error / eager fp32's", "{worst:ratio}"), ("checks", "{checks}"),
                     ("every check in the fp32 bound", "{fp32_bound}"),
@@ -696,6 +696,11 @@ def rows_for(name: str, results: Path) -> list[dict]:
             if k not in newest or (r["date"], r["stamp"]) >= (newest[k]["date"], newest[k]["stamp"]):
                 newest[k] = r
         rows = list(newest.values())
+    if spec.get("select") == "newest file per gpu":   # a check's every variant, from its newest run on each GPU
+        newest_file: dict[str, tuple] = {}
+        for r in rows:
+            newest_file[r["gpu"]] = max(newest_file.get(r["gpu"], ("", "")), (r["date"], r["file"]))
+        rows = [r for r in rows if (r["date"], r["file"]) == newest_file[r["gpu"]]]
     for r in rows:
         r["problem_rank"] = _rank(spec.get("problems") or [], r.get("problem"))
         r["policy_rank"] = _rank(POLICY_ORDER, r.get("policy"))
