@@ -62,6 +62,23 @@ def test_candidates_are_library_backends_plus_family_kernels():
         "explicit", "sdpa", "sdpa-efficient", "sdpa-math"]
 
 
+def test_the_kernel_budget_goes_round_robin_over_the_families_that_apply():
+    """Both fp32 families serve minGPT's attention: a budget of 3 takes each one's best guess
+    before either's second, so neither shuts the other out."""
+    from fact_db.kernels.attention import fmha_fp32tc, fmha_fp32wg
+    w = W(policy="fp32", dtype="float32", batch=128, heads=8, kv_heads=8, lq=512, lk=512, d=96, dv=96)
+    kernels = [c for c in at.candidates(w, "sm90a", 3)[0] if c.kind == "kernel"]
+    assert [c.template for c in kernels] == ["fmha_fp32wg_sm90", "fmha_fp32tc_sm90", "fmha_fp32wg_sm90"]
+    assert kernels[0].config == fmha_fp32wg.configs(w, 1)[0] and kernels[1].config == fmha_fp32tc.configs(w, 1)[0]
+    assert kernels[2].config == fmha_fp32wg.configs(w, 2)[1]
+    # one family that applies: the whole budget is its own, in its order
+    assert [c.config for c in at.candidates(w, "sm90a", 3, fams=[fmha_fp32tc])[0] if c.kind == "kernel"] == \
+        fmha_fp32tc.configs(w, 3)
+    # bf16: only fmha_sm90 applies, the fp32 families say why not
+    _, notes = at.candidates(W(), "sm90a", 3)
+    assert any(n.startswith("fmha_fp32wg_sm90:") for n in notes) and any(n.startswith("fmha_fp32tc_sm90:") for n in notes)
+
+
 class _Kernel:
     """A stand-in AttentionKernel: the right answer, or one that ignores the causal mask."""
 

@@ -20,13 +20,14 @@ True
 from __future__ import annotations
 
 from fact_db.kernels import template
+from fact_db.kernels.attention import fp32_family
 from fact_db.kernels.attention.workload import AttentionWorkload
 from fact_db.kernels.build import Source
 
 TEMPLATE = "fmha_fp32wg_sm90"
-POLICIES = ("fp32", "tf32x3", "tf32")
-HEAD_DIMS = (64, 96, 128)    # padded head dims the family builds (128-byte rows: multiples of 32)
-MAX_HEAD_DIM = 128
+POLICIES = fp32_family.POLICIES
+HEAD_DIMS = fp32_family.HEAD_DIMS
+MAX_HEAD_DIM = fp32_family.MAX_HEAD_DIM
 ARCHES = ("sm90a",)          # wgmma
 PROMOTE = {"fp32": (32,), "tf32x3": (0, 32), "tf32": (0,)}
 TERMS = {"fp32": 3, "tf32x3": 3, "tf32": 1}
@@ -47,26 +48,12 @@ def smem_bytes(config: dict) -> int:
     return 4 * (parts * bm * hd + 2 * kv_parts * kv_tile + (kv_tile if smem_split else 0)) + 1024
 
 
-def _padded(dim: int) -> int:
-    for hd in HEAD_DIMS:
-        if dim <= hd:
-            return hd
-    return -1
+_padded = fp32_family.padded
 
 
 def applies(w: AttentionWorkload, arch: str) -> str | None:
     """None when this family can serve `w` on `arch`, else why not."""
-    if w.policy not in POLICIES:
-        return f"fmha_fp32wg serves the {', '.join(POLICIES)} policies, not {w.policy}"
-    if arch not in ARCHES:
-        return f"fmha_fp32wg needs TF32 wgmma (sm90a), not arch {arch}"
-    if w.d > MAX_HEAD_DIM or w.dv > MAX_HEAD_DIM:
-        return f"head dim {w.d}/{w.dv} above {MAX_HEAD_DIM}, the largest fmha_fp32wg builds"
-    if w.lq < 2 or w.lk < 2:
-        return "sequence length 1: the library serves it"
-    if w.batch * w.heads > 65535:
-        return f"batch*heads={w.batch * w.heads} above the grid limit 65535"
-    return None
+    return fp32_family.refusal(w, arch, "fmha_fp32wg", ARCHES, "TF32 wgmma (sm90a)")
 
 
 def configs(w: AttentionWorkload, max_n: int) -> list[dict]:

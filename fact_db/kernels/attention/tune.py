@@ -19,7 +19,8 @@ from dataclasses import asdict, dataclass, field
 from fact_db.kernels.attention.workload import AttentionWorkload, backends_for
 from fact_db.core.errors import FactError, first_line
 
-# in the order the candidate budget is spent: the wgmma fp32 family before the mma.sync one
+# the candidate budget goes round-robin over them in this order (the wgmma fp32 family's guess
+# before the mma.sync one's)
 FAMILIES = ("fact_db.kernels.attention.fmha_sm90", "fact_db.kernels.attention.fmha_fp32wg",
             "fact_db.kernels.attention.fmha_fp32tc")
 _INPUT_SETS = 3
@@ -89,15 +90,21 @@ def candidates(w: AttentionWorkload, arch: str = "sm90a", max_candidates: int = 
     cands += [AttnCandidate(f"sdpa-{b}", "library", backend=b) for b in backends_for(w.dtype)]
     notes = []
     budget = max(0, max_candidates)
+    lists = []   # (family, its configs, best guess first) of the families that apply
     for fam in (families() if fams is None else fams):
         why = fam.applies(w, arch)
         if why:
             notes.append(f"{fam.TEMPLATE}: {why}")
             continue
-        for cfg in fam.configs(w, budget):
-            cands.append(AttnCandidate(fam.label(cfg), "kernel", template=fam.TEMPLATE, config=cfg,
-                                       source=fam.source(w, cfg)))
-            budget -= 1
+        lists.append((fam, fam.configs(w, budget)))
+    # the budget round-robin: each family's best guess before any family's second (two fp32
+    # families apply to the same workloads, and a small budget must not go to one alone)
+    for i in range(max((len(cfgs) for _, cfgs in lists), default=0)):
+        for fam, cfgs in lists:
+            if i < len(cfgs) and budget > 0:
+                cands.append(AttnCandidate(fam.label(cfgs[i]), "kernel", template=fam.TEMPLATE, config=cfgs[i],
+                                           source=fam.source(w, cfgs[i])))
+                budget -= 1
     return cands, notes
 
 
