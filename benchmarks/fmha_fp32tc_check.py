@@ -1,10 +1,11 @@
 """GPU check of the fp32 attention families on TF32 tensor cores: fmha_fp32tc_sm90 (warp-level
-mma.sync) and fmha_fp32wg_sm90 (warpgroup wgmma, operands split by a pass before the kernel).
+mma.sync) and fmha_fp32wg_sm90 (warpgroup wgmma).
 
-Builds the variants of the families named (`--families`, both by default) in parallel, checks each against a float64 reference (small ragged,
-causal/non-causal, GQA, head dims 64/96/128, and the minGPT shape), prints per-variant
-max error with its location, times them against SDPA fp32 and SDPA with TF32 allowed,
-and writes benchmarks/results/<gpu>-<date>-fmha-fp32tc.json.
+Builds the variants of the families named (`--families`, both by default) in parallel, checks
+each against a float64 reference (small ragged, causal/non-causal, GQA, head dims 64/96/128,
+and the minGPT shape), prints per-variant max error with its location, times them against SDPA
+fp32 and SDPA with TF32 allowed at minGPT's and the Llama decoder's shapes, and writes
+benchmarks/results/<gpu>-<date>-fmha-fp32tc.json.
 
     python benchmarks/fmha_fp32tc_check.py --quick
     python benchmarks/fmha_fp32tc_check.py --quick --families fp32wg

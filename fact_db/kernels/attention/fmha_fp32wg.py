@@ -1,15 +1,15 @@
 """fp32-accurate attention on Hopper's TF32 wgmma: the `fmha_fp32wg_sm90` family (FMHA_ABI).
 
 A flash-attention forward (kernels_cpp/fmha_fp32wg_sm90.cu.j2) whose products run on warpgroup
-wgmma instead of `fmha_fp32tc`'s warp-level mma.sync: a pass before the kernel writes Q, K and
-V (transposed, so P V's operand is K-major as TF32 wgmma requires) with their TF32 low parts
-into the workspace, so the kernel splits nothing but P; S = Q K^T reads both operands from
-shared memory (SS wgmma), P V takes P from registers (RS wgmma). `split_in_smem` leaves K's
-and V's low parts out of the pass and computes them in shared memory once per tile instead
-(half the K/V bytes a CTA reads). 3xTF32 under `fp32` and
-`tf32x3` (the small products first), one rounded TF32 product under `tf32`; softmax in fp32.
-Under `fp32` Q K^T is promoted every 32 of the head dim (each chunk its own accumulator) and
-P V every key tile.
+wgmma instead of `fmha_fp32tc`'s warp-level mma.sync: TF32 wgmma reads only K-major operands,
+so a pass before the kernel writes V transposed (keys contiguous) into the workspace; S = Q K^T
+reads both operands from shared memory (SS wgmma), P V takes P from registers (RS wgmma).
+`split_in_smem` (the configs tried first) computes the TF32 low parts of Q, K and V in shared
+memory and reads q and k as they are where they are 16-byte aligned; without it, or for
+unaligned q and k, the pass writes padded Q and K (and their low parts) too. 3xTF32 under
+`fp32` and `tf32x3` (the small products first), one rounded TF32 product under `tf32`; softmax
+in fp32. Under `fp32` Q K^T is promoted every 32 of the head dim (each chunk its own
+accumulator) and P V every key tile.
 
 >>> w = AttentionWorkload(128, 8, 8, 512, 512, 96, 96, causal=True)
 >>> applies(w, "sm90a") is None
@@ -31,7 +31,8 @@ MAX_HEAD_DIM = fp32_family.MAX_HEAD_DIM
 ARCHES = ("sm90a",)          # wgmma
 PROMOTE = {"fp32": (32,), "tf32x3": (0, 32), "tf32": (0,)}
 TERMS = {"fp32": 3, "tf32x3": 3, "tf32": 1}
-# (block_m, block_n): a consumer warpgroup per 64 query rows, keys per pipelined tile
+# (block_m, block_n): a consumer warpgroup per 64 query rows, keys per pipelined tile; best first
+# as measured at minGPT's and the Llama decoder's shapes (benchmarks/results/*-2026-11-28-fmha-fp32tc.json)
 TILES = ((128, 32), (64, 32), (128, 64), (64, 64))
 SMEM_LIMIT = 227 * 1024
 
