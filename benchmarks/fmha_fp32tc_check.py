@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import _provenance  # noqa: E402  (benchmarks/ is on sys.path)
-from fact_db.kernels.attention import fmha_fp32tc, fmha_fp32wg  # noqa: E402
+from fact_db.kernels.attention import fmha_fp32tc, fmha_fp32wg, fp32_family  # noqa: E402
 from fact_db.kernels.attention.workload import AttentionWorkload  # noqa: E402
 from fact_db.kernels.build import build  # noqa: E402
 
@@ -167,7 +167,7 @@ def main():
             ee32 = (eager(q, k, v, scale, causal, False).double() - ref).abs().max().item()
             etf32 = (eager(q, k, v, scale, causal, True).double() - ref).abs().max().item()
             for name, (c, run) in runs.items():
-                if c["head_dim"] < d or fmha_fp32tc._padded(d) != c["head_dim"]:   # both families pad alike
+                if c["head_dim"] < d or fp32_family.padded(d) != c["head_dim"]:
                     continue
                 rec = {"variant": name, "shape": [b, h, hk, lq, lk, d], "causal": causal, "dist": dist,
                        "sdpa_fp32_err": e32, "eager_fp32_err": ee32, "eager_tf32_err": etf32}
@@ -210,7 +210,7 @@ def main():
         results["timings"] += [{"name": "sdpa_fp32" + suffix, "ms": t_sdpa, "shape": shape_name},
                                {"name": "sdpa_allow_tf32" + suffix, "ms": t_sdpa_tf32, "shape": shape_name}]
         for name, (c, run) in runs.items():
-            if c["head_dim"] != fmha_fp32tc._padded(d):
+            if c["head_dim"] != fp32_family.padded(d):
                 continue
             try:
                 ms = timeit(lambda: run(q, k, v, d ** -0.5, True), reps)

@@ -24,7 +24,7 @@ pytestmark = [
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 from fmha_fp32tc_check import eager, launcher, reference  # noqa: E402
 
-from fact_db.kernels.attention import fmha_fp32tc, fmha_fp32wg  # noqa: E402
+from fact_db.kernels.attention import fmha_fp32tc, fmha_fp32wg, fp32_family  # noqa: E402
 from fact_db.kernels.attention.workload import AttentionWorkload  # noqa: E402
 from fact_db.kernels.build import build  # noqa: E402
 
@@ -76,7 +76,7 @@ def test_matches_float64_within_fp32_bound(kernels, shape, dist):
     etf32 = (eager(q, k, v, scale, causal, tf32=True).double() - ref).abs().max().item()
     ran = set()
     for fam, c, run in kernels:
-        if fam._padded(d) != c["head_dim"]:
+        if fp32_family.padded(d) != c["head_dim"]:
             continue
         o = run(q, k, v, scale, causal)
         err = (o.double() - ref).abs().max().item()

@@ -45,9 +45,6 @@ def smem_bytes(config: dict) -> int:
     return 4 * (bm * q + (2 + (1 if config.get("presplit") else 0)) * bn * (k + v))
 
 
-_padded = fp32_family.padded
-
-
 def applies(w: AttentionWorkload, arch: str) -> str | None:
     """None when this family can serve `w` on `arch`, else why not."""
     return fp32_family.refusal(w, arch, "fmha_fp32tc", ARCHES, "TF32 mma.sync (sm80 or newer)")
@@ -56,7 +53,7 @@ def applies(w: AttentionWorkload, arch: str) -> str | None:
 def configs(w: AttentionWorkload, max_n: int) -> list[dict]:
     """Parameter sets, best guess first: the policy's promotion first, then the tiles in TILES
     order, each split per warp and once per CTA (presplit); those past the shared memory left out."""
-    hd, hdv = _padded(w.d), _padded(w.dv)
+    hd, hdv = fp32_family.padded(w.d), fp32_family.padded(w.dv)
     out = []
     for promote in PROMOTE.get(w.policy, ()):
         for bm, bn in TILES:

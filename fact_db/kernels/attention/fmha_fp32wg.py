@@ -49,9 +49,6 @@ def smem_bytes(config: dict) -> int:
     return 4 * (parts * bm * hd + 2 * kv_parts * kv_tile + (kv_tile if smem_split else 0)) + 1024
 
 
-_padded = fp32_family.padded
-
-
 def applies(w: AttentionWorkload, arch: str) -> str | None:
     """None when this family can serve `w` on `arch`, else why not."""
     return fp32_family.refusal(w, arch, "fmha_fp32wg", ARCHES, "TF32 wgmma (sm90a)")
@@ -60,7 +57,7 @@ def applies(w: AttentionWorkload, arch: str) -> str | None:
 def configs(w: AttentionWorkload, max_n: int) -> list[dict]:
     """Parameter sets, best guess first: the policy's promotion, then the tiles in TILES order;
     those past the shared memory left out."""
-    hd, hdv = _padded(w.d), _padded(w.dv)
+    hd, hdv = fp32_family.padded(w.d), fp32_family.padded(w.dv)
     out = []
     for promote in PROMOTE.get(w.policy, ()):
         for bm, bn in TILES:
