@@ -20,10 +20,13 @@ the device notes): the JSON says which GPU it ran on.
     python benchmarks/ncu_profile.py gemm --shape 65536x768x768 --transform split3 --promote 2
     python benchmarks/ncu_profile.py conv --shape l2_1_bias_relu --config 256x128x64:coop --policy bf16
     python benchmarks/ncu_profile.py conv --shape resnet50_1x1_reduce --config 64x64x32:gemm --policy fp32 --promote 1
+    python benchmarks/ncu_profile.py attention --shape 128x8x512x96 --config 128x32:smemsplit --promote 32
 
 The GEMM is `gemm_fp32tc_sm90` (fp32 operands on TF32 tensor cores; `--transform presplit` or
 `regsplit`: B's lo parts split once, as composition holds a weight), A row-major and B a Linear weight
-(N x K); the convolution a `conv_sm90` config on a `benchmarks/conv_realize.py` shape.
+(N x K); the convolution a `conv_sm90` config on a `benchmarks/conv_realize.py` shape; the
+attention `fmha_fp32wg_sm90` (fp32 causal self-attention, BxHxLxD, q, k and v contiguous, so the
+kernel reads them as they are: the one launch profiled is the attention kernel itself).
 """
 from __future__ import annotations
 
@@ -188,7 +191,39 @@ def _conv_child(a) -> None:
     print(f"LABEL {cfg.label}")
 
 
+def _attention_child(a) -> None:
+    import torch
+
+    import fmha_fp32tc_check as FC
+    from fact_db.kernels import build
+    from fact_db.kernels.attention import fmha_fp32wg, fp32_family
+    from fact_db.kernels.attention.workload import AttentionWorkload
+    b, h, n, d = (int(x) for x in a.shape.split("x"))
+    w = AttentionWorkload(b, h, h, n, n, d, d, causal=True, policy=a.policy)
+    tiles, _, split = a.config.partition(":")
+    bm, bn = (int(x) for x in tiles.split("x"))
+    cfg = {"head_dim": fp32_family.padded(d), "head_dim_v": fp32_family.padded(d),
+           "block_m": bm, "block_n": bn, "promote_k": a.promote, "terms": fmha_fp32wg.TERMS[a.policy],
+           "split_in_smem": int(split == "smemsplit")}
+    (built,) = build.build([fmha_fp32wg.source(w, cfg)], progress=False)
+    if not built.ok:
+        sys.exit(f"build failed: {built.error[:500]}")
+    run = FC.launcher(built.path, fmha_fp32wg.TEMPLATE)
+    q, k, v = (torch.randn(b, h, n, d, device="cuda") for _ in range(3))
+    for _ in range(2):
+        run(q, k, v, d ** -0.5, True)
+    torch.cuda.synchronize()
+    print(f"LABEL {fmha_fp32wg.label(cfg)}")
+
+
+CHILDREN = {"gemm": _gemm_child, "conv": _conv_child, "attention": _attention_child}
+KERNEL_NAMES = {"gemm": "device_kernel", "conv": "device_kernel", "attention": "fmha_kernel"}
+
+
 def _flops(a) -> tuple[float, str]:
+    if a.family == "attention":   # Q K^T and P V, half of each under the causal mask
+        b, h, n, d = (int(x) for x in a.shape.split("x"))
+        return 2.0 * b * h * n * n * d, f"{a.shape} causal"
     if a.family == "gemm":
         m, n, k = (int(x) for x in a.shape.split("x"))
         return 2.0 * m * n * k, a.shape
@@ -203,21 +238,27 @@ def _flops(a) -> tuple[float, str]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("family", choices=("gemm", "conv"))
-    ap.add_argument("--shape", required=True, help="gemm: MxNxK; conv: a benchmarks/conv_realize.py shape name")
+    ap.add_argument("family", choices=tuple(CHILDREN))
+    ap.add_argument("--shape", required=True,
+                    help="gemm: MxNxK; conv: a benchmarks/conv_realize.py shape name; attention: BxHxLxD")
     ap.add_argument("--name", default="", help="the results file's name part (default: from the shape)")
     ap.add_argument("--transform", default="presplit", choices=("presplit", "regsplit", "split3", "round"), help="gemm")
-    ap.add_argument("--promote", type=int, default=2, help="k-tiles between promotions (fp32-class kernels)")
+    ap.add_argument("--promote", type=int, default=2,
+                    help="gemm, conv: k-tiles between promotions (fp32-class kernels); attention: promote_k, "
+                         "head-dim elements a Q K^T chunk (0 or 32)")
     ap.add_argument("--tile", default="128x128x16", help="gemm CTA tile")
     ap.add_argument("--config", default="256x128x64:coop",
-                    help="conv: TMxTNxTK[:coop|ws|gemm] (gemm: the pointwise fp32 kernel)")
-    ap.add_argument("--policy", default="bf16", help="conv policy (bf16, fp16, tf32, fp32)")
+                    help="conv: TMxTNxTK[:coop|ws|gemm] (gemm: the pointwise fp32 kernel); "
+                         "attention: BLOCK_MxBLOCK_N[:smemsplit]")
+    ap.add_argument("--policy", default=None,
+                    help="conv: bf16 (default), fp16, tf32, fp32; attention: fp32 (default), tf32x3, tf32")
     ap.add_argument("--ncu", default=os.environ.get("NCU", "ncu"), help="the ncu executable")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    a.policy = a.policy or ("fp32" if a.family == "attention" else "bf16")
     if a.child:
-        (_gemm_child if a.family == "gemm" else _conv_child)(a)
+        CHILDREN[a.family](a)
         return 0
     if shutil.which(a.ncu) is None:
         sys.exit(f"ncu not found ('{a.ncu}'): run on a GPU host with Nsight Compute, or pass --ncu PATH")
@@ -226,7 +267,7 @@ def main(argv=None) -> int:
     # in one profile, exported, then read twice: the sections' figures (details) and the counters (raw)
     import tempfile
     rep = Path(tempfile.mkdtemp(prefix="ncu-")) / "profile"
-    cmd = [a.ncu, "--clock-control", "none", "--kernel-name", "regex:device_kernel", "--launch-skip", "1",
+    cmd = [a.ncu, "--clock-control", "none", "--kernel-name", f"regex:{KERNEL_NAMES[a.family]}", "--launch-skip", "1",
            "--launch-count", "1", *[x for s in SECTIONS for x in ("--section", s)], "-o", str(rep), *child]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     label = next((line[6:] for line in r.stdout.splitlines() if line.startswith("LABEL ")), "")

@@ -121,3 +121,24 @@ def test_unaligned_and_strided_inputs_take_the_plain_load_path(kernels, family, 
     k_strided.copy_(k)
     out = run(q_off, k_strided, v, d ** -0.5, True)
     assert torch.equal(out, packed)
+
+
+def test_wgmma_reads_v_as_stored_or_through_the_pass_to_the_same_bits(kernels):
+    """fmha_fp32wg's split_in_smem reads q, k and v as they are where all three are 16-byte
+    aligned (V transposed in shared memory, no pass at all), as in views of a fused QKV
+    projection's output; where v alone is unaligned, the pass serves every operand. Both equal
+    the packed inputs' result to the bit."""
+    fam, c, run = next(k for k in kernels if k[0].TEMPLATE == "fmha_fp32wg_sm90" and k[1]["head_dim"] == 96
+                       and k[1].get("split_in_smem", 0) == 1)
+    b, h, n, d = 2, 4, 100, 96
+    g = torch.Generator(device="cuda").manual_seed(5)
+    qkv = torch.randn(b, n, 3, h, d, device="cuda", generator=g)   # [b, n, 3 * h * d], split and transposed
+    q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+    assert v.stride(2) == 3 * h * d and v.data_ptr() % 16 == 0
+    packed = run(q.contiguous(), k.contiguous(), v.contiguous(), d ** -0.5, True)
+    assert torch.equal(run(q, k, v, d ** -0.5, True), packed)
+    buf = torch.empty(v.numel() + 1, device="cuda")
+    v_off = buf[1:].view(b, h, n, d)
+    v_off.copy_(v)
+    assert v_off.data_ptr() % 16 != 0
+    assert torch.equal(run(q, k, v_off, d ** -0.5, True), packed)

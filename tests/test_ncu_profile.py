@@ -70,3 +70,14 @@ def test_the_raw_page_keeps_the_pipe_and_shared_memory_counters_of_each_launch()
                      "smsp__warp_issue_stalled_wait_per_warp_active.pct": 12.5}  # launch__grid_size is not kept
     assert "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active" not in second  # not a number
     assert ncu.parse_raw("==ERROR== no report\n") == []
+
+
+def test_attention_flops_count_both_products_under_the_causal_mask():
+    """The attention family's achieved TFLOP/s divides by Q K^T and P V, each 2 B H L^2 D and
+    half of it under the causal mask: 2 B H L^2 D in all (minGPT's shape: 51.5 GFLOP)."""
+    import argparse
+    a = argparse.Namespace(family="attention", shape="128x8x512x96")
+    flops, shape = ncu._flops(a)
+    assert flops == 2.0 * 128 * 8 * 512 * 512 * 96
+    assert shape == "128x8x512x96 causal"
+    assert ncu.KERNEL_NAMES["attention"] == "fmha_kernel" and set(ncu.CHILDREN) == {"gemm", "conv", "attention"}
