@@ -123,11 +123,11 @@ def test_unaligned_and_strided_inputs_take_the_plain_load_path(kernels, family, 
     assert torch.equal(out, packed)
 
 
-def test_wgmma_reads_v_as_stored_or_through_the_pass_to_the_same_bits(kernels):
-    """fmha_fp32wg's split_in_smem reads q, k and v as they are where all three are 16-byte
-    aligned (V transposed in shared memory, no pass at all), as in views of a fused QKV
-    projection's output; where v alone is unaligned, the pass serves every operand. Both equal
-    the packed inputs' result to the bit."""
+def test_wgmma_fused_qkv_views_and_unaligned_v_give_the_packed_bits(kernels):
+    """fmha_fp32wg's split_in_smem reads q and k as they are where they are 16-byte aligned, as in
+    views of a fused QKV projection's output, and V through the pass's transpose (which reads any
+    strides, aligned or not): strided views and a v 4 bytes off alignment give the packed
+    inputs' result to the bit."""
     fam, c, run = next(k for k in kernels if k[0].TEMPLATE == "fmha_fp32wg_sm90" and k[1]["head_dim"] == 96
                        and k[1].get("split_in_smem", 0) == 1)
     b, h, n, d = 2, 4, 100, 96

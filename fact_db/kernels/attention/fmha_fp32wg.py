@@ -2,12 +2,11 @@
 
 A flash-attention forward (kernels_cpp/fmha_fp32wg_sm90.cu.j2) whose products run on warpgroup
 wgmma instead of `fmha_fp32tc`'s warp-level mma.sync: TF32 wgmma reads only K-major operands,
-so V is transposed (keys contiguous) before P V reads it; S = Q K^T reads both operands from
-shared memory (SS wgmma), P V takes P from registers (RS wgmma). `split_in_smem` (the configs
-tried first) computes the TF32 low parts of Q, K and V in shared memory and, where q, k and v
-are 16-byte aligned, reads them as they are and transposes each V tile in shared memory: no
-pass before the kernel. Without it, or for unaligned inputs, a pass writes padded Q and K (and
-their low parts) and V transposed into the workspace. 3xTF32 under
+so a pass before the kernel writes V transposed (keys contiguous) into the workspace; S = Q K^T
+reads both operands from shared memory (SS wgmma), P V takes P from registers (RS wgmma).
+`split_in_smem` (the configs tried first) computes the TF32 low parts of Q, K and V in shared
+memory and reads q and k as they are where they are 16-byte aligned; without it, or for
+unaligned q and k, the pass writes padded Q and K (and their low parts) too. 3xTF32 under
 `fp32` and `tf32x3` (the small products first), one rounded TF32 product under `tf32`; softmax
 in fp32. Under `fp32` Q K^T is promoted every 32 of the head dim (each chunk its own
 accumulator) and P V every key tile.
