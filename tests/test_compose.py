@@ -397,13 +397,38 @@ def test_weights_split_once_or_per_call_as_asked_and_as_the_artifact_records(tmp
 
 @pytest.mark.slow
 def test_optimize_returns_eager_when_verification_fails(tmp_path):
-    model, x, fast = _optimize(tmp_path, realizer=standin_realizer(broken="bias"))
+    """The one region on a kernel breaks the model: nothing smaller to compose, eager returned."""
+    full = standin_realizer(broken="bias")
+
+    def only_the_broken_one(disc, policy):
+        out = full(disc, policy)
+        for z in out:
+            if z.impl.kind != "eager" and z.impl.record.get("standin") != "none":
+                z.impl, z.how, z.eager_ms, z.ms = Impl.eager("not realized in this test"), "eager", None, None
+        return out
+    model, x, fast = _optimize(tmp_path, realizer=only_the_broken_one)
     v = fast.report.verification
     assert not v.ok and "bound" in v.reason
-    assert any("verification failed" in n for n in fast.report.notes)
+    assert any("verification failed" in n and "not returned" in n for n in fast.report.notes)
     before = standins.CALLS.copy()
     assert torch.equal(fast(x), model(x))  # the returned module is eager: right, if not faster
     assert standins.CALLS == before
+
+
+@pytest.mark.slow
+def test_optimize_leaves_the_region_that_breaks_verification_eager(tmp_path):
+    """One of five regions' kernels (the QKV projection's, ignoring its bias) breaks the model:
+    the composition is narrowed to the four that verify, and the report says which was left."""
+    model, x, fast = _optimize(tmp_path, realizer=standin_realizer(broken="bias"))
+    v = fast.report.verification
+    assert v.ok, v.reason
+    assert any("left as the model wrote it" in n and "4 region(s) on kernels" in n for n in fast.report.notes)
+    left = [z for z in fast.report.regions if any("left eager" in n for n in z.notes)]
+    assert len(left) == 1 and left[0].impl.kind == "eager"
+    before = standins.CALLS.copy()
+    assert torch.allclose(fast(x), model(x), atol=1e-5, rtol=1e-5)
+    called = standins.CALLS - before
+    assert called["gemm_none"] == 0 and sum(called.values()) == 4
 
 
 @pytest.mark.slow

@@ -17,6 +17,7 @@ timed in this process.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
@@ -140,6 +141,38 @@ def plan(module, example_inputs, *, policy: str = "fp32", registry=None, gpu: st
     return report
 
 
+def _narrow(realized, compose, verify):
+    """After the composed module failed end-to-end verification: (module, verdict, note) for the
+    largest part of it that verifies (pipeline/narrowing.py), the regions left out marked eager
+    in `realized` with the reason, or None. `compose(impls)` -> (module, notes); `verify(module)`
+    -> ModelVerdict."""
+    from fact_db.kernels.impl import Impl
+    from fact_db.pipeline.narrowing import narrow
+
+    eager = {z.index: Impl.eager("left out: the composed module failed end-to-end verification with it")
+             for z in realized}
+
+    def attempt(keep):
+        impls = {z.index: (z.impl if z.index in keep else eager[z.index]) for z in realized}
+        # a copy of each kept impl: the rewrite may mark one eager (not composable) in place
+        impls = {i: dataclasses.replace(m) for i, m in impls.items()}
+        fast, _ = compose(impls)
+        verdict = verify(fast)
+        return (fast, verdict) if verdict.ok else None
+    got = narrow(realized, attempt)
+    if got is None:
+        return None
+    keep, (fast, verdict) = got
+    left = [z for z in realized if z.impl.kind != "eager" and z.index not in keep]
+    for z in left:
+        z.notes.append(f"left eager ({z.impl.label}): the composed module failed end-to-end verification with it")
+        z.impl = eager[z.index]
+    names = ", ".join(f"region {z.index + 1} {z.region.rule}" for z in left)
+    return fast, verdict, (f"end-to-end verification failed with every region on its kernel; with {names} left as "
+                           f"the model wrote {'them' if len(left) > 1 else 'it'}, the composed module verified "
+                           f"({len(keep)} region(s) on kernels)")
+
+
 def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max_candidates: int = 24,
              budget: float | None = None, gpus: list[int] | None = None, out: str | Path | None = None,
              bench: bool = True, peers=PEERS, trials: int = 5, make_inputs=None, name: str | None = None,
@@ -235,17 +268,21 @@ def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max
             # float64 convolution takes 0.05 s on the GPU). A later optimize starts them again.
             close_shared()
         where = "compose"
-        with stage("compose", report, progress):
+
+        def compose(impls: dict):  # the model with these regions' impls in (the others as it wrote them)
             derived: dict = {}  # the weights composition makes, shared with compositions for other shapes
-            gm, notes = rewrite(disc.graph.program, disc.regions + [z.region for z in added],
-                                {z.index: z.impl for z in realized}, split_weights=split_weights, derived=derived)
-            report.notes += notes
-            fast = ComposedModule(gm, model_p, policy=policy, optimized_for=signature(inputs), name=name,
-                                  regions=[(z.region.rule, z.impl) for z in realized],
-                                  variants=variant_factory(model_p, policy, registry, realized, info, split_weights,
-                                                            derived),
+            gm, notes = rewrite(disc.graph.program, disc.regions + [z.region for z in added], impls,
+                                split_weights=split_weights, derived=derived)
+            ran = [dataclasses.replace(z, impl=impls[z.index]) for z in realized]
+            return ComposedModule(gm, model_p, policy=policy, optimized_for=signature(inputs), name=name,
+                                  regions=[(z.region.rule, z.impl) for z in ran],
+                                  variants=variant_factory(model_p, policy, registry, ran, info, split_weights,
+                                                           derived),
                                   also_for=[signature(inputs_p)] if inputs_p is not inputs else [],
-                                  cuda_graph=cuda_graph, split_weights=split_weights)
+                                  cuda_graph=cuda_graph, split_weights=split_weights), notes
+        with stage("compose", report, progress):
+            fast, notes = compose({z.index: z.impl for z in realized})
+            report.notes += notes
         where = "verify"
         with stage("verify", report, progress):
             verdict, ref_model, notes = verify_end_to_end(module, model_p, fast, policy, draw, inputs, trials=trials,
@@ -261,6 +298,14 @@ def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max
             rounded = next((t.rounding for t in verdict.trials if t.rounding), "") if verdict.ok else ""
             if rounded:
                 report.notes.append(rounded)
+            if not verdict.ok and "not verifiable" not in verdict.reason:
+                narrowed = _narrow(realized, compose, lambda m: verify_end_to_end(
+                    module, model_p, m, policy, draw, inputs, trials=trials, build=build, graph=disc.graph,
+                    ref=ref_model, strict=strict_allclose)[0])
+                if narrowed is not None:
+                    fast, verdict, note = narrowed
+                    report.verification = verdict
+                    report.notes.append(note)
             if not verdict.ok:
                 report.notes.append(f"end-to-end verification failed ({verdict.reason}): the composed module is "
                                     f"not returned; eager PyTorch under the {policy} policy, or torch.compile of it, is")

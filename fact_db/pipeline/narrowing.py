@@ -1,0 +1,47 @@
+"""Narrowing: when the composed module fails end-to-end verification with every region on its
+kernel, the largest part of it that verifies, instead of giving all of it up.
+
+A model can have one region whose kernel passes its own check and still moves the model's
+output past the bound (a bf16 convolution before a LayerNorm, whose error the norm amplifies),
+beside regions that are fine: KernelBench L2-34's transposed convolution and LayerNorm, where
+dropping the whole composition threw away the LayerNorm's 4 ms. Narrowing composes again with
+the regions added one at a time, the one saving the most first, keeping each that still
+verifies; the rest stay as the model wrote them.
+
+    >>> kept, found = narrow(realized, attempt)   # attempt(indices) -> what verified, or None
+"""
+from __future__ import annotations
+
+# Compositions tried at most (each is a rewrite and an end-to-end verification, against the
+# reference already built); regions past it stay eager.
+MAX_TRIES = 8
+
+
+def saved_ms(z) -> float:
+    """What a realized region saves against eager, as tuning measured it (0 where unmeasured)."""
+    return (z.eager_ms - z.ms) if z.eager_ms is not None and z.ms is not None else 0.0
+
+
+def narrow(realized, attempt, limit: int = MAX_TRIES):
+    """(the indices of the regions kept on kernels, what `attempt` returned for them) for the
+    greedy narrowing, or None where no part with a region on a kernel verifies (or fewer than
+    two regions run kernels: leaving the one out is eager itself). `attempt(indices)` composes
+    with only those regions on their kernels and returns what verified, or None. The regions
+    are added in the order of the time they save, most first (ties by index); the whole set is
+    never tried again (it failed already)."""
+    on = sorted((z for z in realized if z.impl.kind != "eager"), key=lambda z: (-saved_ms(z), z.index))
+    if len(on) < 2:
+        return None
+    every = {z.index for z in on}
+    kept: list[int] = []
+    found = None
+    tries = 0
+    for z in on:
+        trial = kept + [z.index]
+        if set(trial) == every or tries >= limit:  # the whole composition failed already
+            continue
+        tries += 1
+        got = attempt(sorted(trial))
+        if got is not None:
+            kept, found = trial, got
+    return (sorted(kept), found) if found is not None else None

@@ -1,0 +1,69 @@
+"""pipeline/narrowing.py: the largest part of a composition that verifies, greedy by the time
+each region saves, on the CPU with stand-in regions (a set verifies unless it holds a broken one)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fact_db.kernels.impl import Impl
+from fact_db.pipeline.narrowing import MAX_TRIES, narrow, saved_ms
+
+
+@dataclass
+class Region:
+    index: int
+    impl: Impl
+    eager_ms: float | None = None
+    ms: float | None = None
+
+
+def regions(gains, eager=()):
+    return [Region(i, Impl.eager() if i in eager else Impl("gemm", f"k{i}"), 1.0 + g, 1.0)
+            for i, g in enumerate(gains)]
+
+
+def attempts(broken):
+    tried = []
+
+    def attempt(keep):
+        tried.append(tuple(keep))
+        return None if set(keep) & set(broken) else f"ok {keep}"
+    return attempt, tried
+
+
+def test_one_broken_region_is_left_out_and_the_rest_kept_most_saving_first():
+    rs = regions([0.5, 3.0, 1.0, 2.0])
+    attempt, tried = attempts(broken={2})
+    kept, found = narrow(rs, attempt)
+    assert kept == [0, 1, 3] and found == "ok [0, 1, 3]"
+    # added in the order of the time saved: 1 (3.0), 3 (2.0), 2 (1.0, broken), 0 (0.5)
+    assert tried == [(1,), (1, 3), (1, 2, 3), (0, 1, 3)]
+
+
+def test_two_broken_regions_are_both_left_out():
+    attempt, tried = attempts(broken={1, 3})
+    kept, _ = narrow(regions([0.5, 3.0, 1.0, 2.0]), attempt)
+    assert kept == [0, 2]
+
+
+def test_the_whole_set_is_never_tried_again():
+    """Every region fine on its own (the whole set failed for another reason): the last step,
+    which would be the whole set, is skipped."""
+    attempt, tried = attempts(broken=set())
+    kept, _ = narrow(regions([1.0, 2.0, 3.0]), attempt)
+    assert kept == [1, 2] and (0, 1, 2) not in tried and len(tried) == 2
+
+
+def test_nothing_to_narrow_with_fewer_than_two_kernels_or_when_none_verifies():
+    attempt, tried = attempts(broken={0})
+    assert narrow(regions([1.0, 2.0], eager={1}), attempt) is None and tried == []
+    attempt, tried = attempts(broken={0, 1, 2})
+    assert narrow(regions([1.0, 2.0, 3.0]), attempt) is None and tried == [(2,), (1,), (0,)]
+
+
+def test_tries_are_bounded_and_unmeasured_regions_count_as_saving_nothing():
+    rs = regions([float(i) for i in range(MAX_TRIES + 4)])
+    rs[0].eager_ms = None
+    assert saved_ms(rs[0]) == 0.0 and saved_ms(rs[1]) == 1.0
+    attempt, tried = attempts(broken=set())
+    kept, _ = narrow(rs, attempt)
+    assert len(tried) == MAX_TRIES and len(kept) == MAX_TRIES
