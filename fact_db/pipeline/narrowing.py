@@ -2,11 +2,12 @@
 kernel, the largest part of it that verifies, instead of giving all of it up.
 
 A model can have one region whose kernel passes its own check and still moves the model's
-output past the bound (a bf16 convolution before a LayerNorm, whose error the norm amplifies),
-beside regions that are fine: KernelBench L2-34's transposed convolution and LayerNorm, where
-dropping the whole composition threw away the LayerNorm's 4 ms. Narrowing composes again with
-the regions added one at a time, the one saving the most first, keeping each that still
-verifies; the rest stay as the model wrote them.
+output past the bound (a bf16 convolution before a normalization, whose error the norm
+amplifies) beside regions that are fine, and giving up the whole composition throws their gain
+away too. Narrowing composes again with the regions added one at a time, the one saving the
+most first, keeping each that still verifies; the rest stay as the model wrote them. Measured
+on KernelBench rows in docs/results.md (fifteenth session): EfficientNetB0 at bf16 went from
+eager to a narrowed module 1.05x over it; L2-34 found no part that verifies.
 
     >>> kept, found = narrow(realized, attempt)   # attempt(indices) -> what verified, or None
 """

@@ -306,6 +306,9 @@ def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max
                     fast, verdict, note = narrowed
                     report.verification = verdict
                     report.notes.append(note)
+                    rounded = next((t.rounding for t in verdict.trials if t.rounding), "")
+                    if rounded:
+                        report.notes.append(rounded)
             if not verdict.ok:
                 report.notes.append(f"end-to-end verification failed ({verdict.reason}): the composed module is "
                                     f"not returned; eager PyTorch under the {policy} policy, or torch.compile of it, is")
