@@ -67,3 +67,40 @@ def test_tries_are_bounded_and_unmeasured_regions_count_as_saving_nothing():
     attempt, tried = attempts(broken=set())
     kept, _ = narrow(rs, attempt)
     assert len(tried) == MAX_TRIES and len(kept) == MAX_TRIES
+
+
+def test_narrow_composition_marks_the_regions_left_out_and_says_which():
+    """optimize's use: the kept regions' impls composed (copies: the rewrite may change one in
+    place), the others eager; the left-out regions' impls become eager in the report with the
+    kernel they had, and the note names them."""
+    from types import SimpleNamespace
+
+    from fact_db.pipeline.narrowing import narrow_composition
+
+    @dataclass
+    class Realized:
+        index: int
+        impl: Impl
+        region: object
+        eager_ms: float | None = None
+        ms: float | None = None
+        notes: list = None
+
+    rs = [Realized(i, Impl("conv", f"kernel {i}"), SimpleNamespace(rule=rule), 1.0 + g, 1.0, [])
+          for i, (rule, g) in enumerate([("conv", 0.5), ("layernorm", 3.0), ("conv", 1.0)])]
+    composed = []
+
+    def compose(impls):
+        composed.append({i: m.kind for i, m in impls.items()})
+        assert all(impls[z.index] is not z.impl for z in rs)  # copies
+        return SimpleNamespace(impls=impls), []
+
+    def verify(module):  # region 2 (a conv) breaks the model
+        return SimpleNamespace(ok=module.impls[2].kind == "eager", trials=[], reason="bound")
+    fast, verdict, note = narrow_composition(rs, compose, verify)
+    assert verdict.ok and fast.impls[1].kind == "conv" and fast.impls[0].kind == "conv"
+    assert composed == [{0: "eager", 1: "conv", 2: "eager"}, {0: "eager", 1: "conv", 2: "conv"},
+                        {0: "conv", 1: "conv", 2: "eager"}]
+    assert rs[2].impl.kind == "eager" and rs[2].notes and "kernel 2" in rs[2].notes[0]
+    assert [z.impl.kind for z in rs[:2]] == ["conv", "conv"]
+    assert "region 3 conv left as the model wrote it" in note and "(2 region(s) on kernels)" in note

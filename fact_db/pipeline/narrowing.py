@@ -10,8 +10,13 @@ on KernelBench rows in docs/results.md (fifteenth session): EfficientNetB0 at bf
 eager to a narrowed module 1.05x over it; L2-34 found no part that verifies.
 
     >>> kept, found = narrow(realized, attempt)   # attempt(indices) -> what verified, or None
+    >>> fast, verdict, note = narrow_composition(realized, compose, verify)   # optimize's use
 """
 from __future__ import annotations
+
+import dataclasses
+
+from fact_db.kernels.impl import Impl
 
 # Compositions tried at most (each is a rewrite and an end-to-end verification, against the
 # reference already built); regions past it stay eager.
@@ -46,3 +51,32 @@ def narrow(realized, attempt, limit: int = MAX_TRIES):
         if got is not None:
             kept, found = trial, got
     return (sorted(kept), found) if found is not None else None
+
+
+def narrow_composition(realized, compose, verify):
+    """After the composed module failed end-to-end verification: (module, verdict, note) for the
+    largest part of it that verifies (`narrow`), the regions left out marked eager
+    in `realized` with the reason, or None. `compose(impls)` -> (module, notes); `verify(module)`
+    -> ModelVerdict."""
+    eager = {z.index: Impl.eager("left out: the composed module failed end-to-end verification with it")
+             for z in realized}
+
+    def attempt(keep):
+        impls = {z.index: (z.impl if z.index in keep else eager[z.index]) for z in realized}
+        # a copy of each kept impl: the rewrite may mark one eager (not composable) in place
+        impls = {i: dataclasses.replace(m) for i, m in impls.items()}
+        fast, _ = compose(impls)
+        verdict = verify(fast)
+        return (fast, verdict) if verdict.ok else None
+    got = narrow(realized, attempt)
+    if got is None:
+        return None
+    keep, (fast, verdict) = got
+    left = [z for z in realized if z.impl.kind != "eager" and z.index not in keep]
+    for z in left:
+        z.notes.append(f"left eager ({z.impl.label}): the composed module failed end-to-end verification with it")
+        z.impl = eager[z.index]
+    names = ", ".join(f"region {z.index + 1} {z.region.rule}" for z in left)
+    return fast, verdict, (f"end-to-end verification failed with every region on its kernel; with {names} left as "
+                           f"the model wrote {'them' if len(left) > 1 else 'it'}, the composed module verified "
+                           f"({len(keep)} region(s) on kernels)")

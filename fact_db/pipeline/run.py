@@ -141,38 +141,6 @@ def plan(module, example_inputs, *, policy: str = "fp32", registry=None, gpu: st
     return report
 
 
-def _narrow(realized, compose, verify):
-    """After the composed module failed end-to-end verification: (module, verdict, note) for the
-    largest part of it that verifies (pipeline/narrowing.py), the regions left out marked eager
-    in `realized` with the reason, or None. `compose(impls)` -> (module, notes); `verify(module)`
-    -> ModelVerdict."""
-    from fact_db.kernels.impl import Impl
-    from fact_db.pipeline.narrowing import narrow
-
-    eager = {z.index: Impl.eager("left out: the composed module failed end-to-end verification with it")
-             for z in realized}
-
-    def attempt(keep):
-        impls = {z.index: (z.impl if z.index in keep else eager[z.index]) for z in realized}
-        # a copy of each kept impl: the rewrite may mark one eager (not composable) in place
-        impls = {i: dataclasses.replace(m) for i, m in impls.items()}
-        fast, _ = compose(impls)
-        verdict = verify(fast)
-        return (fast, verdict) if verdict.ok else None
-    got = narrow(realized, attempt)
-    if got is None:
-        return None
-    keep, (fast, verdict) = got
-    left = [z for z in realized if z.impl.kind != "eager" and z.index not in keep]
-    for z in left:
-        z.notes.append(f"left eager ({z.impl.label}): the composed module failed end-to-end verification with it")
-        z.impl = eager[z.index]
-    names = ", ".join(f"region {z.index + 1} {z.region.rule}" for z in left)
-    return fast, verdict, (f"end-to-end verification failed with every region on its kernel; with {names} left as "
-                           f"the model wrote {'them' if len(left) > 1 else 'it'}, the composed module verified "
-                           f"({len(keep)} region(s) on kernels)")
-
-
 def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max_candidates: int = 24,
              budget: float | None = None, gpus: list[int] | None = None, out: str | Path | None = None,
              bench: bool = True, peers=PEERS, trials: int = 5, make_inputs=None, name: str | None = None,
@@ -217,6 +185,7 @@ def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max
     from fact_db.composition.module import ComposedModule, signature
     from fact_db.discovery.discover import discover
     from fact_db.pipeline.fallback import eager_module, fall_back
+    from fact_db.pipeline.narrowing import narrow_composition
     from fact_db.pipeline.state import ModelState, StateError
     from fact_db.pipeline.verification import verify_end_to_end
     from fact_db.realization.realize import realize_region_kernels, realize_regions
@@ -299,7 +268,7 @@ def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max
             if rounded:
                 report.notes.append(rounded)
             if not verdict.ok and "not verifiable" not in verdict.reason:
-                narrowed = _narrow(realized, compose, lambda m: verify_end_to_end(
+                narrowed = narrow_composition(realized, compose, lambda m: verify_end_to_end(
                     module, model_p, m, policy, draw, inputs, trials=trials, build=build, graph=disc.graph,
                     ref=ref_model, strict=strict_allclose)[0])
                 if narrowed is not None:
