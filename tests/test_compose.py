@@ -429,6 +429,13 @@ def test_optimize_leaves_the_region_that_breaks_verification_eager(tmp_path):
     assert torch.allclose(fast(x), model(x), atol=1e-5, rtol=1e-5)
     called = standins.CALLS - before
     assert called["gemm_none"] == 0 and sum(called.values()) == 4
+    # the artifact records the narrowed module: loaded, the left-out region stays eager
+    from fact_db.composition.artifact import load
+    again = load(fast.artifact, loader=standin_loader)
+    before = standins.CALLS.copy()
+    assert torch.allclose(again(x), model(x), atol=1e-5, rtol=1e-5)
+    called = standins.CALLS - before
+    assert called["gemm_none"] == 0 and sum(called.values()) == 4
 
 
 @pytest.mark.slow
