@@ -97,10 +97,19 @@ def test_narrow_composition_marks_the_regions_left_out_and_says_which():
 
     def verify(module):  # region 2 (a conv) breaks the model
         return SimpleNamespace(ok=module.impls[2].kind == "eager", trials=[], reason="bound")
-    fast, verdict, note = narrow_composition(rs, compose, verify)
+    (fast, verdict), note = narrow_composition(rs, compose, verify)
     assert verdict.ok and fast.impls[1].kind == "conv" and fast.impls[0].kind == "conv"
     assert composed == [{0: "eager", 1: "conv", 2: "eager"}, {0: "eager", 1: "conv", 2: "conv"},
                         {0: "conv", 1: "conv", 2: "eager"}]
     assert rs[2].impl.kind == "eager" and rs[2].notes and "kernel 2" in rs[2].notes[0]
     assert [z.impl.kind for z in rs[:2]] == ["conv", "conv"]
-    assert "region 3 conv left as the model wrote it" in note and "(2 region(s) on kernels)" in note
+    assert "region 3 conv left as the model wrote it" in note and "(2 region(s) on kernels;" in note
+    assert "tried regions 2: verified; regions 2+3: failed (bound); regions 1+2: verified" in note
+
+    def never(module):
+        return SimpleNamespace(ok=False, trials=[], reason="bound")
+    for z in rs:
+        z.impl = Impl("conv", f"kernel {z.index}")
+    got, note = narrow_composition(rs, compose, never)
+    assert got is None and note.startswith("narrowing found no part of the composition that verifies (regions 2:")
+    assert all(z.impl.kind == "conv" for z in rs)  # nothing marked where nothing was kept

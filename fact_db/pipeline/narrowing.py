@@ -10,7 +10,7 @@ on KernelBench rows in docs/results.md (fifteenth session): EfficientNetB0 at bf
 eager to a narrowed module 1.05x over it; L2-34 found no part that verifies.
 
     >>> kept, found = narrow(realized, attempt)   # attempt(indices) -> what verified, or None
-    >>> fast, verdict, note = narrow_composition(realized, compose, verify)   # optimize's use
+    >>> found, note = narrow_composition(realized, compose, verify)   # optimize: (module, verdict) or None
 """
 from __future__ import annotations
 
@@ -54,12 +54,14 @@ def narrow(realized, attempt, limit: int = MAX_TRIES):
 
 
 def narrow_composition(realized, compose, verify):
-    """After the composed module failed end-to-end verification: (module, verdict, note) for the
-    largest part of it that verifies (`narrow`), the regions left out marked eager
-    in `realized` with the reason, or None. `compose(impls)` -> (module, notes); `verify(module)`
-    -> ModelVerdict."""
+    """After the composed module failed end-to-end verification: ((module, verdict) or None, note).
+    The pair is the largest part of it that verifies (`narrow`), the regions left out marked
+    eager in `realized` with the reason; None where no part verifies. The note says what was
+    tried (each composition's regions and, where it failed, why), for the report either way.
+    `compose(impls)` -> (module, notes); `verify(module)` -> ModelVerdict."""
     eager = {z.index: Impl.eager("left out: the composed module failed end-to-end verification with it")
              for z in realized}
+    tried = []
 
     def attempt(keep):
         impls = {z.index: (z.impl if z.index in keep else eager[z.index]) for z in realized}
@@ -67,16 +69,19 @@ def narrow_composition(realized, compose, verify):
         impls = {i: dataclasses.replace(m) for i, m in impls.items()}
         fast, _ = compose(impls)
         verdict = verify(fast)
+        regions = "+".join(str(i + 1) for i in keep)
+        tried.append(f"regions {regions}: " + ("verified" if verdict.ok else f"failed ({verdict.reason})"))
         return (fast, verdict) if verdict.ok else None
     got = narrow(realized, attempt)
+    what = "; ".join(tried)
     if got is None:
-        return None
+        return None, (f"narrowing found no part of the composition that verifies ({what})" if tried else "")
     keep, (fast, verdict) = got
     left = [z for z in realized if z.impl.kind != "eager" and z.index not in keep]
     for z in left:
         z.notes.append(f"left eager ({z.impl.label}): the composed module failed end-to-end verification with it")
         z.impl = eager[z.index]
     names = ", ".join(f"region {z.index + 1} {z.region.rule}" for z in left)
-    return fast, verdict, (f"end-to-end verification failed with every region on its kernel; with {names} left as "
-                           f"the model wrote {'them' if len(left) > 1 else 'it'}, the composed module verified "
-                           f"({len(keep)} region(s) on kernels)")
+    return (fast, verdict), (f"end-to-end verification failed with every region on its kernel; with {names} left "
+                             f"as the model wrote {'them' if len(left) > 1 else 'it'}, the composed module "
+                             f"verified ({len(keep)} region(s) on kernels; tried {what})")

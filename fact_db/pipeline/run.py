@@ -268,13 +268,14 @@ def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max
             if rounded:
                 report.notes.append(rounded)
             if not verdict.ok and "not verifiable" not in verdict.reason:
-                narrowed = narrow_composition(realized, compose, lambda m: verify_end_to_end(
+                narrowed, note = narrow_composition(realized, compose, lambda m: verify_end_to_end(
                     module, model_p, m, policy, draw, inputs, trials=trials, build=build, graph=disc.graph,
                     ref=ref_model, strict=strict_allclose)[0])
-                if narrowed is not None:
-                    fast, verdict, note = narrowed
-                    report.verification = verdict
+                if note:
                     report.notes.append(note)
+                if narrowed is not None:
+                    fast, verdict = narrowed
+                    report.verification = verdict
                     rounded = next((t.rounding for t in verdict.trials if t.rounding), "")
                     if rounded:
                         report.notes.append(rounded)
