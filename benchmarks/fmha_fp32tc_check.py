@@ -9,6 +9,7 @@ benchmarks/results/<gpu>-<date>-fmha-fp32tc.json.
 
     python benchmarks/fmha_fp32tc_check.py --quick
     python benchmarks/fmha_fp32tc_check.py --quick --families fp32wg
+    python benchmarks/fmha_fp32tc_check.py --quick --families fp32wg --ws   # and the warp-specialized configs
 """
 from __future__ import annotations
 
@@ -62,11 +63,14 @@ def launcher(path, template: str = "fmha_fp32tc_sm90"):
     return run
 
 
-def variants_of(fam, quick: bool) -> list[dict]:
+def variants_of(fam, quick: bool, ws: bool = False) -> list[dict]:
     """The configs checked and timed: every tile, presplit and promotion of fmha_fp32tc (fewer
-    with --quick), and fmha_fp32wg's fp32 and tf32x3 configs."""
+    with --quick), and fmha_fp32wg's fp32 and tf32x3 configs (`ws`: and its warp-specialized
+    fp32 ones, not yet offered by the tuner)."""
     out = []
     for hd in (64, 96, 128):
+        if fam is fmha_fp32wg and ws:
+            out += fam.warp_specialized(AttentionWorkload(1, 1, 1, 64, 64, hd, hd, policy="fp32"), 1 if quick else 2)
         if fam is fmha_fp32wg:
             for pol, few in (("fp32", 2), ("tf32x3", 1)):
                 cs = fam.configs(AttentionWorkload(1, 1, 1, 64, 64, hd, hd, policy=pol), 12)
@@ -129,6 +133,8 @@ def main():
     ap.add_argument("--quick", action="store_true", help="fewer shapes and reps (~2 min on an H100)")
     ap.add_argument("--families", default="fp32tc,fp32wg",
                     help="comma-separated: fp32tc (mma.sync), fp32wg (wgmma); default both")
+    ap.add_argument("--ws", action="store_true",
+                    help="fp32wg: also the warp-specialized configs (a producer warpgroup, consumers on mbarriers)")
     ap.add_argument("--out", default="", help="results file (default benchmarks/results/<gpu>-<date>-fmha-fp32tc.json)")
     args = ap.parse_args()
     torch.manual_seed(0)
@@ -138,7 +144,7 @@ def main():
         if name.strip() not in FAMILIES:
             ap.error(f"--families: unknown family {name!r} (choose from {', '.join(FAMILIES)})")
         fams.append(FAMILIES[name.strip()])
-    variants = [(fam, c) for fam in fams for c in variants_of(fam, args.quick)]
+    variants = [(fam, c) for fam in fams for c in variants_of(fam, args.quick, args.ws)]
     w0 = AttentionWorkload(1, 1, 1, 64, 64, 64, 64)
     built = build([fam.source(w0, c) for fam, c in variants], jobs=16)
     runs = {}

@@ -9,7 +9,10 @@ memory and reads q and k as they are where they are 16-byte aligned; without it,
 unaligned q and k, the pass writes padded Q and K (and their low parts) too. 3xTF32 under
 `fp32` and `tf32x3` (the small products first), one rounded TF32 product under `tf32`; softmax
 in fp32. Under `fp32` Q K^T is promoted every 32 of the head dim (each chunk its own
-accumulator) and P V every key tile.
+accumulator) and P V every key tile. `warp_specialized` configs (`warp_specialized()`: a
+producer warpgroup copies and splits each tile into its own stage, consumer warpgroups compute
+on mbarriers with no block-wide barrier) compile and are built by the check script (`--ws`) and
+the GPU tests, but are not offered to the tuner until measured.
 
 >>> w = AttentionWorkload(128, 8, 8, 512, 512, 96, 96, causal=True)
 >>> applies(w, "sm90a") is None
@@ -39,14 +42,25 @@ SMEM_LIMIT = 227 * 1024
 
 def smem_bytes(config: dict) -> int:
     """The template's kSmemBytes: every warpgroup's Q rows and two K/V stages, raw and (three
-    products) low parts, or with split_in_smem raw stages and one tile of low parts; plus 1 KB
-    to align the 128-byte swizzle to 1024 bytes."""
+    products) low parts, or with split_in_smem raw stages and one tile of low parts (with
+    warp_specialized each stage its own low parts, and four mbarriers); plus 1 KB to align the
+    128-byte swizzle to 1024 bytes."""
     parts = 1 if config.get("terms", 3) == 1 else 2
     smem_split = parts == 2 and config.get("split_in_smem", 0)
-    kv_parts = 1 if smem_split else parts
+    ws = bool(smem_split and config.get("warp_specialized", 0))
+    stage_parts = 1 if smem_split and not ws else parts
     hd, hdv, bm, bn = config["head_dim"], config["head_dim_v"], config["block_m"], config["block_n"]
     kv_tile = bn * hd + hdv * bn
-    return 4 * (parts * bm * hd + 2 * kv_parts * kv_tile + (kv_tile if smem_split else 0)) + 1024
+    lo = kv_tile if smem_split and not ws else 0
+    return 4 * (parts * bm * hd + 2 * stage_parts * kv_tile + lo) + 1024 + (32 if ws else 0)
+
+
+def warp_specialized(w: AttentionWorkload, max_n: int) -> list[dict]:
+    """The warp-specialized configs (a producer warpgroup copying and splitting, consumers on
+    mbarriers): not offered by `configs` until measured on a GPU; the check script and the GPU
+    tests build them."""
+    return [dict(c, warp_specialized=1) for c in configs(w, 16)
+            if c["split_in_smem"] and smem_bytes(dict(c, warp_specialized=1)) <= SMEM_LIMIT][:max(0, max_n)]
 
 
 def applies(w: AttentionWorkload, arch: str) -> str | None:
@@ -73,6 +87,7 @@ def label(config: dict) -> str:
     hd = f"hd{config['head_dim']}" + (f"/{config['head_dim_v']}" if config["head_dim_v"] != config["head_dim"] else "")
     terms = " 1xTF32" if config.get("terms", 3) == 1 else ""
     split = " smemsplit" if config.get("split_in_smem") else ""
+    split += " ws" if config.get("warp_specialized") else ""
     return f"fmha_fp32wg q{config['block_m']} k{config['block_n']} {hd} p{config['promote_k']}{split}{terms}"
 
 
