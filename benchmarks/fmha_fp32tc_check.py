@@ -69,9 +69,9 @@ def variants_of(fam, quick: bool, ws: bool = False) -> list[dict]:
     fp32 ones, not yet offered by the tuner)."""
     out = []
     for hd in (64, 96, 128):
-        if fam is fmha_fp32wg and ws:
-            out += fam.warp_specialized(AttentionWorkload(1, 1, 1, 64, 64, hd, hd, policy="fp32"), 1 if quick else 2)
         if fam is fmha_fp32wg:
+            if ws:
+                out += fam.warp_specialized(AttentionWorkload(1, 1, 1, 64, 64, hd, hd, policy="fp32"), 1 if quick else 2)
             for pol, few in (("fp32", 2), ("tf32x3", 1)):
                 cs = fam.configs(AttentionWorkload(1, 1, 1, 64, 64, hd, hd, policy=pol), 12)
                 if quick:

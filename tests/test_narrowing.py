@@ -88,21 +88,23 @@ def test_narrow_composition_marks_the_regions_left_out_and_says_which():
 
     rs = [Realized(i, Impl("conv", f"kernel {i}"), SimpleNamespace(rule=rule), 1.0 + g, 1.0, [])
           for i, (rule, g) in enumerate([("conv", 0.5), ("layernorm", 3.0), ("conv", 1.0)])]
+    cudnn = Realized(3, Impl.eager("cudnn: 0.024 ms"), SimpleNamespace(rule="conv"), None, None, [])
     composed = []
 
     def compose(impls):
-        composed.append({i: m.kind for i, m in impls.items()})
-        assert all(impls[z.index] is not z.impl for z in rs)  # copies
+        composed.append({i: m.kind for i, m in impls.items() if i < 3})
+        assert all(impls[z.index] is not z.impl for z in rs + [cudnn])  # copies
+        assert impls[3].note == "cudnn: 0.024 ms"  # a region eager already keeps its own impl
         return SimpleNamespace(impls=impls), []
 
     def verify(module):  # region 2 (a conv) breaks the model
         return SimpleNamespace(ok=module.impls[2].kind == "eager", trials=[], reason="bound")
-    (fast, verdict), note = narrow_composition(rs, compose, verify)
+    (fast, verdict), note = narrow_composition(rs + [cudnn], compose, verify)
     assert verdict.ok and fast.impls[1].kind == "conv" and fast.impls[0].kind == "conv"
     assert composed == [{0: "eager", 1: "conv", 2: "eager"}, {0: "eager", 1: "conv", 2: "conv"},
                         {0: "conv", 1: "conv", 2: "eager"}]
     assert rs[2].impl.kind == "eager" and rs[2].notes and "kernel 2" in rs[2].notes[0]
-    assert [z.impl.kind for z in rs[:2]] == ["conv", "conv"]
+    assert [z.impl.kind for z in rs[:2]] == ["conv", "conv"] and cudnn.impl.note == "cudnn: 0.024 ms" and not cudnn.notes
     assert "region 3 conv left as the model wrote it" in note and "(2 region(s) on kernels;" in note
     assert "tried regions 2: verified; regions 2+3: failed (bound); regions 1+2: verified" in note
 
@@ -110,6 +112,6 @@ def test_narrow_composition_marks_the_regions_left_out_and_says_which():
         return SimpleNamespace(ok=False, trials=[], reason="bound")
     for z in rs:
         z.impl = Impl("conv", f"kernel {z.index}")
-    got, note = narrow_composition(rs, compose, never)
+    got, note = narrow_composition(rs + [cudnn], compose, never)
     assert got is None and note.startswith("narrowing found no part of the composition that verifies (regions 2:")
     assert all(z.impl.kind == "conv" for z in rs)  # nothing marked where nothing was kept

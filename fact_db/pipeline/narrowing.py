@@ -60,11 +60,11 @@ def narrow_composition(realized, compose, verify):
     tried (each composition's regions and, where it failed, why), for the report either way.
     `compose(impls)` -> (module, notes); `verify(module)` -> ModelVerdict."""
     eager = {z.index: Impl.eager("left out: the composed module failed end-to-end verification with it")
-             for z in realized}
+             for z in realized if z.impl.kind != "eager"}
     tried = []
 
-    def attempt(keep):
-        impls = {z.index: (z.impl if z.index in keep else eager[z.index]) for z in realized}
+    def attempt(keep):  # regions eager already keep their own impl (and its note)
+        impls = {z.index: (z.impl if z.index in keep or z.index not in eager else eager[z.index]) for z in realized}
         # a copy of each kept impl: the rewrite may mark one eager (not composable) in place
         impls = {i: dataclasses.replace(m) for i, m in impls.items()}
         fast, _ = compose(impls)

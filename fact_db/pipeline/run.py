@@ -262,11 +262,6 @@ def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max
                                          graph=disc.graph, ref=ref_model, candidate=fn, strict=strict_allclose)[0]
             report.verification = verdict
             report.notes += notes
-            if getattr(fast, "graph_note", ""):
-                report.notes.append(fast.graph_note)
-            rounded = next((t.rounding for t in verdict.trials if t.rounding), "") if verdict.ok else ""
-            if rounded:
-                report.notes.append(rounded)
             if not verdict.ok and "not verifiable" not in verdict.reason:
                 narrowed, note = narrow_composition(realized, compose, lambda m: verify_end_to_end(
                     module, model_p, m, policy, draw, inputs, trials=trials, build=build, graph=disc.graph,
@@ -276,9 +271,11 @@ def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max
                 if narrowed is not None:
                     fast, verdict = narrowed
                     report.verification = verdict
-                    rounded = next((t.rounding for t in verdict.trials if t.rounding), "")
-                    if rounded:
-                        report.notes.append(rounded)
+            if getattr(fast, "graph_note", ""):
+                report.notes.append(fast.graph_note)
+            rounded = next((t.rounding for t in verdict.trials if t.rounding), "") if verdict.ok else ""
+            if rounded:
+                report.notes.append(rounded)
             if not verdict.ok:
                 report.notes.append(f"end-to-end verification failed ({verdict.reason}): the composed module is "
                                     f"not returned; eager PyTorch under the {policy} policy, or torch.compile of it, is")
