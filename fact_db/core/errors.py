@@ -12,12 +12,15 @@ class FactError(Exception):
     """Base class: a user-facing error with a one-sentence message."""
 
 
-def first_line(e: BaseException, limit: int | None = 200, typed: bool = False) -> str:
+def first_line(e: BaseException | str, limit: int | None = 200, typed: bool = False) -> str:
     """An exception in one line, for a note or a message: the first line of its text, cut at
     `limit` characters (None: not cut), or its type's name where the text is empty; with
-    `typed`, always led by the type's name (`KeyError: 'x'`)."""
+    `typed`, always led by the type's name (`KeyError: 'x'`). A string (a note) is its own
+    first line, empty where it is empty (never its type's name, "str")."""
     lines = str(e).strip().splitlines()
     text = lines[0][:limit] if lines else ""
+    if isinstance(e, str):
+        return text
     if typed:
         return f"{type(e).__name__}: {text}" if text else type(e).__name__
     return text or type(e).__name__
