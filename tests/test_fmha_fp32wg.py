@@ -93,12 +93,18 @@ def test_source_renders_the_abi_with_the_config():
 def test_warp_specialized_configs_are_built_apart_and_fit_shared_memory():
     """The warp-specialized configs (each stage its own low parts, four mbarriers): not among
     `configs` (not yet measured), split_in_smem only, 128 query rows up to head dim 96 and 64
-    at 128, the template told so."""
+    at 128, the template told so; with two consumers, also with turns (pingpong)."""
     assert not any(c.get("warp_specialized") for c in fmha_fp32wg.configs(MINGPT, 99))
     ws = fmha_fp32wg.warp_specialized(MINGPT, 9)
     assert ws and all(c["warp_specialized"] and c["split_in_smem"] for c in ws)
     assert fmha_fp32wg.smem_bytes(ws[0]) == 4 * (2 * 128 * 96 + 2 * 2 * 2 * 32 * 96) + 1024 + 32
     assert [(c["block_m"], c["block_n"]) for c in fmha_fp32wg.warp_specialized(LLAMA, 9)] == [(64, 32)]
-    assert fmha_fp32wg.label(ws[0]) == "fmha_fp32wg q128 k32 hd96 p32 smemsplit ws"
+    # two consumers (block_m 128): with turns at the tensor cores first, then without; one
+    # consumer (head dim 128's 64 rows) has no one to take turns with
+    assert [fmha_fp32wg.label(c) for c in ws[:2]] == ["fmha_fp32wg q128 k32 hd96 p32 smemsplit ws pp",
+                                                     "fmha_fp32wg q128 k32 hd96 p32 smemsplit ws"]
+    assert [c.get("pingpong", 0) for c in fmha_fp32wg.warp_specialized(MINGPT, 1)] == [1, 0]
+    assert not any(c.get("pingpong") for c in fmha_fp32wg.warp_specialized(LLAMA, 9))
     src = fmha_fp32wg.source(MINGPT, ws[0])
     assert "kWS = true;" in src.code and "kWS = false;" in fmha_fp32wg.source(MINGPT, fmha_fp32wg.configs(MINGPT, 1)[0]).code
+    assert "kPingPongAsked = true;" in src.code and "kPingPongAsked = false;" in fmha_fp32wg.source(MINGPT, ws[1]).code
