@@ -22,6 +22,7 @@ the device notes): the JSON says which GPU it ran on.
     python benchmarks/ncu_profile.py conv --shape resnet50_1x1_reduce --config 64x64x32:gemm --policy fp32 --promote 1
     python benchmarks/ncu_profile.py attention --shape 128x8x512x96 --config 128x32:smemsplit --promote 32
     python benchmarks/ncu_profile.py attention --shape 128x8x512x96 --config 128x32:smemsplit:ws --promote 32
+    python benchmarks/ncu_profile.py attention --shape 128x8x512x96 --config 128x32:smemsplit:ws:pp --promote 32
 
 The GEMM is `gemm_fp32tc_sm90` (fp32 operands on TF32 tensor cores; `--transform presplit` or
 `regsplit`: B's lo parts split once, as composition holds a weight), A row-major and B a Linear weight
@@ -205,7 +206,8 @@ def _attention_child(a) -> None:
     bm, bn = (int(x) for x in tiles.split("x"))
     cfg = {"head_dim": fp32_family.padded(d), "head_dim_v": fp32_family.padded(d),
            "block_m": bm, "block_n": bn, "promote_k": a.promote, "terms": fmha_fp32wg.TERMS[a.policy],
-           "split_in_smem": int("smemsplit" in flags or "ws" in flags), "warp_specialized": int("ws" in flags)}
+           "split_in_smem": int("smemsplit" in flags or "ws" in flags), "warp_specialized": int("ws" in flags),
+           "pingpong": int("pp" in flags)}
     (built,) = build.build([fmha_fp32wg.source(w, cfg)], progress=False)
     if not built.ok:
         sys.exit(f"build failed: {built.error[:500]}")
@@ -250,7 +252,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tile", default="128x128x16", help="gemm CTA tile")
     ap.add_argument("--config", default="256x128x64:coop",
                     help="conv: TMxTNxTK[:coop|ws|gemm] (gemm: the pointwise fp32 kernel); "
-                         "attention: BLOCK_MxBLOCK_N[:smemsplit][:ws] (ws: warp-specialized, split in smem)")
+                         "attention: BLOCK_MxBLOCK_N[:smemsplit][:ws][:pp] (ws: warp-specialized, split in smem; pp: "
+                         "its two consumers taking turns)")
     ap.add_argument("--policy", default=None,
                     help="conv: bf16 (default), fp16, tf32, fp32; attention: fp32 (default), tf32x3, tf32")
     ap.add_argument("--ncu", default=os.environ.get("NCU", "ncu"), help="the ncu executable")
