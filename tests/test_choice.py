@@ -302,6 +302,49 @@ def test_the_composed_graph_of_a_recurrent_model_is_not_compiled_and_the_model_s
     assert variants["torch.compile"].ms == 1.0 and variants["fact-db"].ms == 1.0
 
 
+def test_the_benchmark_times_a_peer_that_failed_verification_without_compiling_it_again(monkeypatch):
+    """torch.compile of the model that fails fact-db's verification (KernelBench L2-34 at bf16:
+    off KernelBench's allclose against eager) is no candidate to return, but it is still the
+    peer the benchmark times: the choice lends the module it compiled, as it lends the ones
+    that verified, rather than the benchmark compiling the model a second time (minutes on a
+    large CNN). One that failed to compile is compiled (and reported) by the benchmark itself."""
+    from fact_db.pipeline import choice as C, measure as M
+    from fact_db.pipeline.run import like_drawer
+    model, x = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()), torch.randn(4, 8)
+    fast = _Fast(torch.fx.symbolic_trace(model))
+    ok = type("V", (), {"ok": True, "err": 0.0, "reason": ""})()
+    off = type("V", (), {"ok": False, "err": 0.05, "reason": "KernelBench's allclose at 0.01 fails"})()
+    runs_of = {}
+
+    def verify(fn):  # the model's torch.compile fails verification, everything else passes
+        return off if runs_of.get(fn) == "torch.compile" else ok
+    real_candidates = C.candidates
+
+    def candidates(*a, **k):  # each candidate's runner, by name, for verify to tell them apart
+        out = real_candidates(*a, **k)
+        for c in out:
+            runs_of[c.run] = c.name
+        return out
+    monkeypatch.setattr(C, "candidates", candidates)
+    choice = C.choose(fast, model, "fp32", lambda t: ((torch.randn(4, 8),), "randn"), verify, peers=("compile",),
+                    timer=lambda fn, xs: 1.0)
+    peer = choice.candidate("torch.compile")
+    assert not peer.verified and peer.why.startswith("failed verification") and peer.compiled is not None
+    compiled = []
+    monkeypatch.setattr(M, "_compiled", lambda m, mode, fullgraph=False: compiled.append((mode, fullgraph)) or m)
+    fast.choice = "composed"
+    variants = {v.name: v for v in M.measure(model, model, fast, "fp32", like_drawer((x,)), None, peers=("compile",),
+                                             timer=lambda fn, xs: 1.0, progress=False, choice=choice)}
+    assert variants["torch.compile"].ms == 1.0
+    assert ("default", False) not in compiled and (None, False) not in compiled, compiled
+    # a peer that failed to compile is not lent: the benchmark compiles it and says what happened
+    peer.why = "failed to compile: BackendCompilerFailed: boom"
+    compiled.clear()
+    M.measure(model, model, fast, "fp32", like_drawer((x,)), None, peers=("compile",), timer=lambda fn, xs: 1.0,
+              progress=False, choice=choice)
+    assert [fg for _, fg in compiled].count(False) == 1, compiled
+
+
 def test_on_the_gpu_candidates_alternate_run_by_run_and_each_keeps_its_own_times(monkeypatch):
     """A launch-bound model (KernelBench L3-41, a GRU over 512 steps) timed the same eager module
     at 64.9 and 82.9 ms in consecutive blocks of 20 runs: whatever slowed the host for a second

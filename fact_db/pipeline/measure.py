@@ -154,11 +154,15 @@ def measure(module, model_p, fast, policy: str, draw, ref_model, *, peers=PEERS,
             # Inductor would unroll a recurrent op (choice.UNROLLED): a note says so instead.
             label = "fact-db + torch.compile" + (f" {MODES[peer]}" if MODES[peer] else "")
             runs.append((label, unrolled or ("compile-composed", MODES[peer]), sets_p))
-    # The choice's candidates that compiled something, by the variant label they are timed as.
+    # The choice's candidates that compiled something, by the variant label they are timed as:
+    # one that failed verification still runs, and is timed as the peer it is rather than
+    # compiled again (KernelBench L2-34's torch.compile, off KernelBench's allclose at bf16, was
+    # compiled twice: a second Inductor compile of the model, minutes on a large CNN). Not one
+    # that failed to compile, run or time.
     chosen = choice.candidate(choice.chosen) if choice is not None else None
     lent = {}
     for c in (choice.candidates if choice is not None else []):
-        if c.compiled is not None and c.run is not None and not c.why.startswith("failed"):
+        if c.compiled is not None and c.run is not None and not c.why.startswith("failed to"):
             lent[c.name.replace("composed + ", "fact-db + ")] = c
     out, later = [], []  # later: (variant, fn, inputs) timed in the rounds
     bar = None
