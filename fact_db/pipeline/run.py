@@ -257,15 +257,17 @@ def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max
             verdict, ref_model, notes = verify_end_to_end(module, model_p, fast, policy, draw, inputs, trials=trials,
                                                           build=build, graph=disc.graph, strict=strict_allclose)
 
-            def verify(fn):  # each candidate of the choice, against the same reference, as the composed module
-                return verify_end_to_end(module, model_p, fast, policy, draw, inputs, trials=trials, build=build,
-                                         graph=disc.graph, ref=ref_model, candidate=fn, strict=strict_allclose)[0]
+            def check(m, candidate=None):  # against the composed module's reference: narrowing's modules,
+                return verify_end_to_end(module, model_p, m, policy, draw, inputs, trials=trials, build=build,
+                                         graph=disc.graph, ref=ref_model, candidate=candidate,
+                                         strict=strict_allclose)[0]
+
+            def verify(fn):  # and each candidate of the choice (beside the module returned, narrowed or not)
+                return check(fast, fn)
             report.verification = verdict
             report.notes += notes
             if not verdict.ok and "not verifiable" not in verdict.reason:
-                narrowed, note = narrow_composition(realized, compose, lambda m: verify_end_to_end(
-                    module, model_p, m, policy, draw, inputs, trials=trials, build=build, graph=disc.graph,
-                    ref=ref_model, strict=strict_allclose)[0])
+                narrowed, note = narrow_composition(realized, compose, check)
                 if note:
                     report.notes.append(note)
                 if narrowed is not None:
