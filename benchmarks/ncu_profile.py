@@ -8,7 +8,8 @@ profiled), reads ncu's CSV and writes `benchmarks/results/<gpu>-<date>-ncu-<name
                    "dram_throughput_pct", "l2_throughput_pct", "l1_throughput_pct", "ipc_active",
                    "issue_slots_busy_pct", "achieved_occupancy_pct", "registers_per_thread",
                    "warp_cycles_per_issued_instruction", "limiter", "metrics": {section: {name: value}},
-                   "counters": {raw counter: value}}]}
+                   "counters": {raw counter: value}}],
+     "source": {"samples", "by_opcode", "top"}}   (with --source: where the warps waited)
 
 `limiter` is the larger of SM and memory throughput, as ncu's Speed Of Light puts it; `counters`
 are the raw page's tensor-pipe, shared-memory and stall counters (RAW_KEEP), which say which
@@ -23,6 +24,7 @@ the device notes): the JSON says which GPU it ran on.
     python benchmarks/ncu_profile.py attention --shape 128x8x512x96 --config 128x32:smemsplit --promote 32
     python benchmarks/ncu_profile.py attention --shape 128x8x512x96 --config 128x32:smemsplit:ws --promote 32
     python benchmarks/ncu_profile.py attention --shape 128x8x512x96 --config 128x32:smemsplit:ws:pp --promote 32
+    python benchmarks/ncu_profile.py attention --shape 128x8x512x96 --config 128x32:smemsplit:ws --promote 32 --source
 
 The GEMM is `gemm_fp32tc_sm90` (fp32 operands on TF32 tensor cores; `--transform presplit` or
 `regsplit`: B's lo parts split once, as composition holds a weight), A row-major and B a Linear weight
@@ -136,6 +138,52 @@ def parse_raw(text: str, keep=RAW_KEEP) -> list[dict]:
                 one[name] = {"value": value, "unit": unit} if unit else value
         out.append(one)
     return out
+
+
+def parse_source(text: str, top: int = 40) -> dict:
+    """ncu's `--csv --page source --print-source sass` output (one row per SASS instruction,
+    with its warp-stall samples where the SourceCounters section ran): where the warps waited.
+    Returns {"samples": all stall samples, "by_opcode": [[opcode, samples, share], ...] most first,
+    "top": the `top` instructions with most samples ({"address", "sass", "samples", "share",
+    "not_issued"})}; {} where no column of stall samples is found (ncu's layout changed, or no
+    samples were taken). The opcode is the instruction's first word past its predicate (`@P0`),
+    modifiers dropped (`HGMMA.64x32x8.F32.TF32` is `HGMMA`): the wgmma waits
+    (`WARPGROUP.DEPBAR`, `WARPGROUP.ARRIVE`), mbarrier waits (`SYNCS`), named barriers (`BAR`),
+    exponentials (`MUFU`) and shared-memory loads (`LDS`) each add up apart."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines)
+                  if line.startswith('"') and "Source" in line and "Warp Stall Sampling" in line), None)
+    if start is None:
+        return {}
+    rows = list(csv.DictReader(io.StringIO("\n".join(lines[start:]))))
+    names = list(rows[0].keys()) if rows else []
+    col = next((n for n in names if n.startswith("Warp Stall Sampling (All")), None)
+    idle = next((n for n in names if n.startswith("Warp Stall Sampling (Not")), None)
+    if col is None:
+        return {}
+    found = []
+    for row in rows:
+        n = _number(row.get(col) or "")
+        if not n:
+            continue
+        sass = (row.get("Source") or "").strip()
+        words = [w for w in sass.split() if not w.startswith("@")]
+        op = words[0].split(".")[0] if words else "?"
+        if op == "WARPGROUP" and words:
+            op = ".".join(words[0].split(".")[:2])
+        found.append({"address": (row.get("Address") or "").strip(), "sass": sass, "op": op, "samples": n,
+                      "not_issued": _number(row.get(idle) or "") if idle else None})
+    total = sum(f["samples"] for f in found)
+    if not total:
+        return {}
+    by_op: dict = {}
+    for f in found:
+        by_op[f["op"]] = by_op.get(f["op"], 0.0) + f["samples"]
+    found.sort(key=lambda f: -f["samples"])
+    return {"samples": total,
+            "by_opcode": [[op, n, round(n / total, 4)] for op, n in sorted(by_op.items(), key=lambda kv: -kv[1])],
+            "top": [{"address": f["address"], "sass": f["sass"], "samples": f["samples"],
+                     "share": round(f["samples"] / total, 4), "not_issued": f["not_issued"]} for f in found[:top]]}
 
 
 # ------------------------------------------------------------------------------------------
@@ -256,6 +304,9 @@ def main(argv=None) -> int:
                          "its two consumers taking turns)")
     ap.add_argument("--policy", default=None,
                     help="conv: bf16 (default), fp16, tf32, fp32; attention: fp32 (default), tf32x3, tf32")
+    ap.add_argument("--source", action="store_true",
+                    help="also ncu's SourceCounters: warp-stall samples by SASS instruction (where the warps "
+                         "wait), summed by opcode, the top instructions in the JSON's `source`")
     ap.add_argument("--ncu", default=os.environ.get("NCU", "ncu"), help="the ncu executable")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -272,14 +323,15 @@ def main(argv=None) -> int:
     import tempfile
     rep = Path(tempfile.mkdtemp(prefix="ncu-")) / "profile"
     cmd = [a.ncu, "--clock-control", "none", "--kernel-name", f"regex:{KERNEL_NAMES[a.family]}", "--launch-skip", "1",
-           "--launch-count", "1", *[x for s in SECTIONS for x in ("--section", s)], "-o", str(rep), *child]
+           "--launch-count", "1", *[x for s in SECTIONS + (("SourceCounters",) if a.source else ())
+                                     for x in ("--section", s)], "-o", str(rep), *child]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     label = next((line[6:] for line in r.stdout.splitlines() if line.startswith("LABEL ")), "")
     if r.returncode != 0 or not rep.with_suffix(".ncu-rep").is_file():
         sys.exit(f"ncu failed (rc {r.returncode}): {(r.stderr or r.stdout)[-1500:]}")
 
-    def page(name: str) -> str:
-        return subprocess.run([a.ncu, "--import", str(rep.with_suffix(".ncu-rep")), "--csv", "--page", name],
+    def page(name: str, *more: str) -> str:
+        return subprocess.run([a.ncu, "--import", str(rep.with_suffix(".ncu-rep")), "--csv", "--page", name, *more],
                               capture_output=True, text=True, timeout=300).stdout
 
     flops, shape = _flops(a)
@@ -288,6 +340,10 @@ def main(argv=None) -> int:
         sys.exit(f"ncu wrote no launch of the kernel: {(r.stderr or r.stdout)[-1500:]}")
     for one, raw in zip(launches, parse_raw(page("raw"))):
         one["counters"] = raw
+    source = None
+    if a.source:  # best effort: a layout this script cannot read keeps the rest of the profile
+        text = page("source", "--print-source", "sass")
+        source = parse_source(text) or {"unread": text[:4000]}
     shutil.rmtree(rep.parent, ignore_errors=True)
     import torch
 
@@ -300,6 +356,8 @@ def main(argv=None) -> int:
     doc = {"device": info["name"], "gpu": info["gpu"], "date": today, "commit": commit(),
            "ncu": ver[-1] if ver else "", "command": " ".join(cmd), "family": a.family, "kernel": label,
            "shape": shape, "flops": flops, "launches": launches}
+    if source is not None:
+        doc["source"] = source
     out = a.out or HERE / "results" / f"{info['gpu']}-{today}-ncu-{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1) + "\n")
@@ -307,6 +365,8 @@ def main(argv=None) -> int:
         print(f"{label}: {one.get('duration_us', float('nan')):.1f} us, {one.get('tflops', float('nan')):.1f} TFLOP/s, "
               f"SM {one.get('sm_throughput_pct')}%, memory {one.get('memory_throughput_pct')}% "
               f"(limiter: {one.get('limiter')}), issue slots {one.get('issue_slots_busy_pct')}%")
+    if source and "by_opcode" in source:
+        print("stall samples by opcode: " + ", ".join(f"{op} {share:.0%}" for op, _, share in source["by_opcode"][:8]))
     print(f"wrote {out}")
     return 0
 

@@ -81,3 +81,33 @@ def test_attention_flops_count_both_products_under_the_causal_mask():
     assert flops == 2.0 * 128 * 8 * 512 * 512 * 96
     assert shape == "128x8x512x96 causal"
     assert ncu.KERNEL_NAMES["attention"] == "fmha_kernel" and set(ncu.CHILDREN) == {"gemm", "conv", "attention"}
+
+
+SOURCE_HEAD = ('"Address","Source","Warp Stall Sampling (All Samples)","Warp Stall Sampling (Not-issued Samples)",'
+               '"Instructions Executed"')
+
+
+def test_where_the_warps_waited_by_instruction_and_by_opcode():
+    """`--source`: ncu's source page (a row per SASS instruction with its warp-stall samples) read
+    into the instructions with most samples and the samples summed by opcode, predicates and
+    modifiers dropped; rows without samples are not listed; a page without the samples column
+    reads as nothing (the JSON then keeps the page's start)."""
+    text = "\n".join([
+        "LABEL fmha_fp32wg q128 k32 hd96 p32 smemsplit ws",
+        '"Kernel Name","fmha_kernel"',
+        SOURCE_HEAD,
+        '"0x7f00","MOV R1, c[0x0][0x28]","0","0","384"',
+        '"0x7f10","@P0 SYNCS.PHASECHK.TRANS64.TRYWAIT P1, [UR4+0x20], R3","300","290","1,024"',
+        '"0x7f20","HGMMA.64x32x8.F32.TF32 R24, gdesc[UR8], R24","120","20","4096"',
+        '"0x7f30","WARPGROUP.DEPBAR.LE gsb0, 0x0","500","500","2048"',
+        '"0x7f40","MUFU.EX2 R5, R5","60","10","8192"',
+        '"0x7f50","@!P2 BAR.SYNC.DEFER_BLOCKING 0x9, 0x80","20","20","512"',
+    ])
+    got = ncu.parse_source(text, top=3)
+    assert got["samples"] == 1000
+    assert got["by_opcode"][:3] == [["WARPGROUP.DEPBAR", 500, 0.5], ["SYNCS", 300, 0.3], ["HGMMA", 120, 0.12]]
+    assert [op for op, _, _ in got["by_opcode"]] == ["WARPGROUP.DEPBAR", "SYNCS", "HGMMA", "MUFU", "BAR"]
+    assert [t["address"] for t in got["top"]] == ["0x7f30", "0x7f10", "0x7f20"]
+    assert got["top"][1]["not_issued"] == 290 and got["top"][1]["sass"].startswith("@P0 SYNCS")
+    assert ncu.parse_source(text.replace("Warp Stall Sampling", "Stall Samples")) == {}
+    assert ncu.parse_source(SOURCE_HEAD + '\n"0x0","NOP","0","0","1"') == {}
