@@ -68,14 +68,19 @@ def variants_of(fam, quick: bool, ws: bool = False) -> list[dict]:
     with --quick), and fmha_fp32wg's fp32 and tf32x3 configs (`ws`: and its warp-specialized
     fp32 ones, not yet offered by the tuner)."""
     out = []
+    # head dim 64: 128 query rows with block_n 64 beside 32 (fp32, with and without a producer),
+    # timed at an hd64 shape: whether S's n32 products are bound by shared-memory reads of Q
+    k64 = lambda cs: [c for c in cs if c["block_m"] == 128 and c["block_n"] == 64 and c["split_in_smem"]]  # noqa: E731
     for hd in (64, 96, 128):
         if fam is fmha_fp32wg:
+            w32 = AttentionWorkload(1, 1, 1, 64, 64, hd, hd, policy="fp32")
             if ws:
-                out += fam.warp_specialized(AttentionWorkload(1, 1, 1, 64, 64, hd, hd, policy="fp32"), 1 if quick else 2)
+                out += fam.warp_specialized(w32, 1 if quick else 2)
+                out += [c for c in k64(fam.warp_specialized(w32, 9)) if c not in out]
             for pol, few in (("fp32", 2), ("tf32x3", 1)):
                 cs = fam.configs(AttentionWorkload(1, 1, 1, 64, 64, hd, hd, policy=pol), 12)
                 if quick:
-                    cs = cs[:few + 1] if hd == 96 else cs[:few]
+                    cs = (cs[:few + 1] if hd == 96 else cs[:few]) + (k64(cs) if pol == "fp32" else [])
                 out += [c for c in cs if c not in out]
             continue
         for promote in ((32, 0) if hd != 96 or quick else (32, 64, 0)):
@@ -199,9 +204,11 @@ def main():
         print(f"  {name}: {len(recs)} checks, worst {worst:.2f}x eager fp32, "
               f"{sum(not r['fp32_bound'] for r in ok)} fp32 / {sum(not r['tf32x3_bound'] for r in ok)} tf32x3 "
               f"bound misses, {len(recs) - len(ok)} launch errors, {sum(r['nan'] for r in ok)} with NaN", flush=True)
-    # timings at minGPT's shape (the table's rows) and at the Llama decoder's (GQA, head dim 128)
+    # timings at minGPT's shape (the table's rows), the Llama decoder's (GQA, head dim 128) and a
+    # GPT-2-small-like one (head dim 64: block_n 64 against 32)
     reps = 10 if args.quick else 50
-    for shape_name, (b, h, hk, lq, d) in (("mingpt", (128, 8, 8, 512, 96)), ("llama_4x2048", (4, 16, 4, 2048, 128))):
+    for shape_name, (b, h, hk, lq, d) in (("mingpt", (128, 8, 8, 512, 96)), ("llama_4x2048", (4, 16, 4, 2048, 128)),
+                                          ("hd64_12x1024", (32, 12, 12, 1024, 64))):
         q = torch.randn(b, h, lq, d, device=dev)
         k, v = (torch.randn(b, hk, lq, d, device=dev) for _ in range(2))
         kk, vv = k.repeat_interleave(h // hk, 1), v.repeat_interleave(h // hk, 1)
