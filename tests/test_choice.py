@@ -302,7 +302,7 @@ def test_the_composed_graph_of_a_recurrent_model_is_not_compiled_and_the_model_s
     assert variants["torch.compile"].ms == 1.0 and variants["fact-db"].ms == 1.0
 
 
-def test_the_benchmark_times_a_peer_that_failed_verification_without_compiling_it_again(monkeypatch):
+def test_the_benchmark_times_a_peer_that_failed_verification_without_compiling_it_again(monkeypatch, capsys):
     """torch.compile of the model that fails fact-db's verification (KernelBench L2-34 at bf16:
     off KernelBench's allclose against eager) is no candidate to return, but it is still the
     peer the benchmark times: the choice lends the module it compiled, as it lends the ones
@@ -334,15 +334,20 @@ def test_the_benchmark_times_a_peer_that_failed_verification_without_compiling_i
     monkeypatch.setattr(M, "_compiled", lambda m, mode, fullgraph=False: compiled.append((mode, fullgraph)) or m)
     fast.choice = "composed"
     variants = {v.name: v for v in M.measure(model, model, fast, "fp32", like_drawer((x,)), None, peers=("compile",),
-                                             timer=lambda fn, xs: 1.0, progress=False, choice=choice)}
+                                             timer=lambda fn, xs: 1.0, progress=True, choice=choice)}
     assert variants["torch.compile"].ms == 1.0
     assert ("default", False) not in compiled and (None, False) not in compiled, compiled
-    # a peer that failed to compile is not lent: the benchmark compiles it and says what happened
+    assert "[benchmark] torch.compile: compiling" not in capsys.readouterr().err
+    # a peer that failed to compile is not lent: the benchmark compiles it, saying so first (a
+    # scoreboard child stopped in that compile names it: KernelBench L3-15 stopped at "0/15")
     peer.why = "failed to compile: BackendCompilerFailed: boom"
     compiled.clear()
     M.measure(model, model, fast, "fp32", like_drawer((x,)), None, peers=("compile",), timer=lambda fn, xs: 1.0,
-              progress=False, choice=choice)
+              progress=True, choice=choice)
     assert [fg for _, fg in compiled].count(False) == 1, compiled
+    from fact_db.pipeline import scoreboard
+    err = capsys.readouterr().err
+    assert scoreboard._last_stage(err) == " (last: [benchmark] torch.compile: compiling)", err
 
 
 def test_on_the_gpu_candidates_alternate_run_by_run_and_each_keeps_its_own_times(monkeypatch):

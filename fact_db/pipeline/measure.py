@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import statistics
+import sys
 import time
 
 from fact_db.core.errors import first_line
@@ -204,6 +205,8 @@ def measure(module, model_p, fast, policy: str, draw, ref_model, *, peers=PEERS,
             if compiled_peer and label in lent:
                 fn, v.compile_s, v.held_mib = lent[label].run, lent[label].compile_s, lent[label].held_mib
             elif compiled_peer:
+                if bar is not None:  # minutes on a large model: a child stopped here says which compile
+                    bar.write(f"[benchmark] {label}: compiling", file=sys.stderr)
                 # No dynamo reset between compiles: it would drop the returned module's compiled
                 # target too; each torch.compile keeps its own entries (dynamo guards the backend).
                 compiled = _compiled(fast.gm if fn[0] == "compile-composed" else model_p, fn[1],
