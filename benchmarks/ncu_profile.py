@@ -168,9 +168,8 @@ def parse_source(text: str, top: int = 40) -> dict:
             continue
         sass = (row.get("Source") or "").strip()
         words = [w for w in sass.split() if not w.startswith("@")]
-        op = words[0].split(".")[0] if words else "?"
-        if op == "WARPGROUP" and words:
-            op = ".".join(words[0].split(".")[:2])
+        parts = words[0].split(".") if words else ["?"]
+        op = ".".join(parts[:2]) if parts[0] == "WARPGROUP" else parts[0]
         found.append({"address": (row.get("Address") or "").strip(), "sass": sass, "op": op, "samples": n,
                       "not_issued": _number(row.get(idle) or "") if idle else None})
     total = sum(f["samples"] for f in found)
