@@ -74,14 +74,16 @@ def variants_of(fam, quick: bool, ws: bool = False) -> list[dict]:
     for hd in (64, 96, 128):
         if fam is fmha_fp32wg:
             w32 = AttentionWorkload(1, 1, 1, 64, 64, hd, hd, policy="fp32")
-            if ws:
-                out += fam.warp_specialized(w32, 1 if quick else 2)
-                out += [c for c in k64(fam.warp_specialized(w32, 9)) if c not in out]
+            if ws:   # two tiles' (four with --full), and each two-stage one's one-stage twin with turns
+                for c in fam.warp_specialized(w32, 2 if quick else 4):
+                    out += [c] + ([dict(c, kv_stages=1, pingpong=1)] if c["block_m"] == 128 and c["kv_stages"] == 2
+                                  and c.get("pingpong") else [])
             for pol, few in (("fp32", 2), ("tf32x3", 1)):
                 cs = fam.configs(AttentionWorkload(1, 1, 1, 64, 64, hd, hd, policy=pol), 12)
                 if quick:
                     cs = (cs[:few + 1] if hd == 96 else cs[:few]) + (k64(cs) if pol == "fp32" else [])
-                out += [c for c in cs if c not in out]
+                for c in cs:
+                    out += [c] if c not in out else []
             continue
         for promote in ((32, 0) if hd != 96 or quick else (32, 64, 0)):
             for bm, bn in (((128, 32),) if quick and hd != 96 else fam.TILES):

@@ -36,37 +36,44 @@ ARCHES = ("sm90a",)          # wgmma
 PROMOTE = {"fp32": (32,), "tf32x3": (0, 32), "tf32": (0,)}
 TERMS = {"fp32": 3, "tf32x3": 3, "tf32": 1}
 # (block_m, block_n): a consumer warpgroup per 64 query rows, keys per pipelined tile; best first
-# as measured at minGPT's and the Llama decoder's shapes (benchmarks/results/*-2026-11-28-fmha-fp32tc.json)
-TILES = ((128, 32), (64, 32), (128, 64), (64, 64))
+# as measured at minGPT's and the Llama decoder's shapes (benchmarks/results/*-2026-11-28-fmha-fp32tc.json),
+# 64-key tiles first where they fit: at head dim 64 (128 rows) 1.090 ms against 1.282 for 32 keys
+# (raw/h200-2026-11-28-s17a-fmha-ws.json; Q K^T's n32 products are bound by shared-memory reads of Q)
+TILES = ((128, 64), (128, 32), (64, 64), (64, 32))
 SMEM_LIMIT = 227 * 1024
 
 
 def smem_bytes(config: dict) -> int:
     """The template's kSmemBytes: every warpgroup's Q rows and two K/V stages, raw and (three
     products) low parts, or with split_in_smem raw stages and one tile of low parts (with
-    warp_specialized each stage its own low parts, and four mbarriers); plus 1 KB to align the
-    128-byte swizzle to 1024 bytes."""
+    warp_specialized `kv_stages` stages, each its own low parts, and eight mbarriers); plus 1 KB
+    to align the 128-byte swizzle to 1024 bytes."""
     parts = 1 if config.get("terms", 3) == 1 else 2
     smem_split = parts == 2 and config.get("split_in_smem", 0)
     ws = bool(smem_split and config.get("warp_specialized", 0))
+    stages = config.get("kv_stages", 2) if ws else 2
     stage_parts = 1 if smem_split and not ws else parts
     hd, hdv, bm, bn = config["head_dim"], config["head_dim_v"], config["block_m"], config["block_n"]
     kv_tile = bn * hd + hdv * bn
     lo = kv_tile if smem_split and not ws else 0
-    return 4 * (parts * bm * hd + 2 * stage_parts * kv_tile + lo) + 1024 + (32 if ws else 0)
+    return 4 * (parts * bm * hd + stages * stage_parts * kv_tile + lo) + 1024 + (64 if ws else 0)
 
 
 def warp_specialized(w: AttentionWorkload, max_n: int) -> list[dict]:
     """The warp-specialized configs (a producer warpgroup copying and splitting, consumers on
-    mbarriers) of the first `max_n` tiles that fit, each with two consumer warpgroups (block_m
-    128) first with `pingpong` (the consumers taking turns at the tensor cores), then without:
-    not offered by `configs` (measured on an H200 no faster than without a producer, 1.368 ms
-    against 1.353 at minGPT's shape); the check script and the GPU tests build them."""
+    mbarriers) of the first `max_n` tiles that fit, with two K/V stages where they fit, else
+    one (`kv_stages`: K refilled while the consumers read V), each with two consumer warpgroups
+    (block_m 128) first with `pingpong` (the consumers taking turns at the tensor cores), then
+    without: not offered by `configs` (measured on an H200 no faster than without a producer,
+    1.368 ms against 1.353 at minGPT's shape); the check script and the GPU tests build them."""
     out = []
-    for c in [dict(c, warp_specialized=1) for c in configs(w, 16) if c["split_in_smem"]]:
-        if smem_bytes(c) > SMEM_LIMIT or len({(o["block_m"], o["block_n"]) for o in out}) >= max(0, max_n):
+    for tile in configs(w, 16, TILES, fit=False):
+        if not tile["split_in_smem"] or len({(o["block_m"], o["block_n"]) for o in out}) >= max(0, max_n):
             continue
-        out += [dict(c, pingpong=1), c] if c["block_m"] == 128 else [c]
+        c = next((c for c in (dict(tile, warp_specialized=1, kv_stages=n) for n in (2, 1))
+                  if smem_bytes(c) <= SMEM_LIMIT), None)
+        if c is not None:
+            out += [dict(c, pingpong=1), c] if c["block_m"] == 128 else [c]
     return out
 
 
@@ -75,17 +82,17 @@ def applies(w: AttentionWorkload, arch: str) -> str | None:
     return fp32_family.refusal(w, arch, "fmha_fp32wg", ARCHES, "TF32 wgmma (sm90a)")
 
 
-def configs(w: AttentionWorkload, max_n: int) -> list[dict]:
-    """Parameter sets, best guess first: the policy's promotion, then the tiles in TILES order;
-    those past the shared memory left out."""
+def configs(w: AttentionWorkload, max_n: int, tiles=TILES, fit: bool = True) -> list[dict]:
+    """Parameter sets, best guess first: the policy's promotion, then the tiles in `tiles` order;
+    those past the shared memory left out (unless not `fit`)."""
     hd, hdv = fp32_family.padded(w.d), fp32_family.padded(w.dv)
     out = []
     for promote in PROMOTE.get(w.policy, ()):
-        for bm, bn in TILES:
+        for bm, bn in tiles:
             for smem_split in ((1, 0) if TERMS[w.policy] == 3 else (0,)):
                 c = {"head_dim": hd, "head_dim_v": hdv, "block_m": bm, "block_n": bn, "promote_k": promote,
                      "terms": TERMS[w.policy], "split_in_smem": smem_split}
-                if smem_bytes(c) <= SMEM_LIMIT:
+                if not fit or smem_bytes(c) <= SMEM_LIMIT:
                     out.append(c)
     return out[:max(0, max_n)]
 
@@ -95,6 +102,7 @@ def label(config: dict) -> str:
     terms = " 1xTF32" if config.get("terms", 3) == 1 else ""
     split = " smemsplit" if config.get("split_in_smem") else ""
     split += " ws" if config.get("warp_specialized") else ""
+    split += " kv1" if config.get("warp_specialized") and config.get("kv_stages", 2) == 1 else ""
     split += " pp" if config.get("pingpong") else ""
     return f"fmha_fp32wg q{config['block_m']} k{config['block_n']} {hd} p{config['promote_k']}{split}{terms}"
 
