@@ -34,8 +34,8 @@ def test_refuses_with_a_reason(w, arch, why):
 
 def test_fp32_always_promotes_and_tf32_makes_one_product():
     fp32 = fmha_fp32wg.configs(MINGPT, 99)
-    assert fp32[0] == {"head_dim": 96, "head_dim_v": 96, "block_m": 128, "block_n": 32, "promote_k": 32, "terms": 3,
-                       "split_in_smem": 1}
+    assert fp32[0] == {"head_dim": 96, "head_dim_v": 96, "block_m": 128, "block_n": 64, "promote_k": 32, "terms": 3,
+                       "split_in_smem": 1, "warp_specialized": 1, "kv_stages": 1, "pingpong": 1}
     assert {c["split_in_smem"] for c in fp32} == {0, 1}
     assert {c["promote_k"] for c in fp32} == {32} and {c["terms"] for c in fp32} == {3}
     tf32x3 = fmha_fp32wg.configs(MINGPT.with_(policy="tf32x3"), 99)
@@ -53,12 +53,12 @@ def test_configs_fit_shared_memory_and_leave_out_those_that_do_not():
         for policy in fmha_fp32wg.POLICIES:
             for c in fmha_fp32wg.configs(w.with_(policy=policy), 99):
                 assert fmha_fp32wg.smem_bytes(c) <= fmha_fp32wg.SMEM_LIMIT
-    assert [(c["block_m"], c["block_n"], c["split_in_smem"]) for c in fmha_fp32wg.configs(LLAMA, 99)] == \
-        [(128, 32, 1), (64, 32, 1), (64, 32, 0)]
+    plain = [c for c in fmha_fp32wg.configs(LLAMA, 99) if not c.get("warp_specialized")]
+    assert [(c["block_m"], c["block_n"], c["split_in_smem"]) for c in plain] == [(128, 32, 1), (64, 32, 1), (64, 32, 0)]
     assert len(fmha_fp32wg.configs(LLAMA.with_(policy="tf32"), 99)) == len(fmha_fp32wg.TILES)
     # the template's sums: 2 parts x (128 x 96 Q + 2 stages x (32 x 96 K + 96 x 32 V)) floats + 1 KB;
     # split in shared memory: the stages raw only, and one tile of low parts
-    c = fmha_fp32wg.configs(MINGPT, 2)
+    c = [c for c in fmha_fp32wg.configs(MINGPT, 99) if not c.get("warp_specialized")]
     assert fmha_fp32wg.smem_bytes(c[1]) == 4 * 2 * (128 * 96 + 2 * 2 * 32 * 96) + 1024
     assert fmha_fp32wg.smem_bytes(c[0]) == 4 * (2 * 128 * 96 + 2 * 2 * 32 * 96 + 2 * 32 * 96) + 1024
 
@@ -73,11 +73,12 @@ def test_labels_are_distinct():
     configs = [c for p in fmha_fp32wg.POLICIES for c in fmha_fp32wg.configs(MINGPT.with_(policy=p), 99)]
     distinct = {tuple(sorted(c.items())) for c in configs}
     assert len({fmha_fp32wg.label(c) for c in configs}) == len(distinct) > 6
-    assert fmha_fp32wg.label(fmha_fp32wg.configs(MINGPT, 1)[0]) == "fmha_fp32wg q128 k32 hd96 p32 smemsplit"
+    assert fmha_fp32wg.label(fmha_fp32wg.configs(MINGPT, 1)[0]) == "fmha_fp32wg q128 k64 hd96 p32 smemsplit ws kv1 pp"
 
 
 def test_source_renders_the_abi_with_the_config():
-    c = fmha_fp32wg.configs(LLAMA.with_(policy="tf32x3"), 1)[0]
+    c = fmha_fp32wg.configs(LLAMA.with_(policy="tf32x3"), 2)[1]
+    assert not c.get("warp_specialized")
     src = fmha_fp32wg.source(LLAMA, c)
     assert src.template == "fmha_fp32wg_sm90" and src.arch == "sm90a"
     assert re.search(r"\bint fact_fmha_fp32wg_sm90_launch\(", src.code)
@@ -90,12 +91,15 @@ def test_source_renders_the_abi_with_the_config():
     assert "kOneTerm = true;" in tf32.code
 
 
-def test_warp_specialized_configs_are_built_apart_and_fit_shared_memory():
-    """The warp-specialized configs (each stage its own low parts, eight mbarriers): not among
-    `configs` (not yet measured), split_in_smem only, two K/V stages where they fit, else one
-    (64-key tiles at head dim 96, 128 rows at 128), the template told so; with two consumers,
-    also with turns (pingpong)."""
-    assert not any(c.get("warp_specialized") for c in fmha_fp32wg.configs(MINGPT, 99))
+def test_warp_specialized_configs_fit_shared_memory_and_come_first():
+    """The warp-specialized configs (each stage its own low parts, eight mbarriers): first among
+    `configs` for three products (measured fastest at head dims 64, 96 and 128), split_in_smem
+    only, two K/V stages where they fit, else one (64-key tiles at head dim 96, 128 rows at 128),
+    the template told so; with two consumers with turns (pingpong), and `warp_specialized` lists
+    them also without for the checks."""
+    offered = fmha_fp32wg.configs(MINGPT, 99)
+    assert offered[0]["warp_specialized"] and offered[0]["pingpong"] and offered[1]["warp_specialized"]
+    assert not any(c.get("warp_specialized") for c in fmha_fp32wg.configs(MINGPT.with_(policy="tf32"), 99))
     ws = fmha_fp32wg.warp_specialized(MINGPT, 9)
     assert ws and all(c["warp_specialized"] and c["split_in_smem"] for c in ws)
     assert all(fmha_fp32wg.smem_bytes(c) <= fmha_fp32wg.SMEM_LIMIT for c in ws)
@@ -116,14 +120,17 @@ def test_warp_specialized_configs_are_built_apart_and_fit_shared_memory():
     assert [c.get("pingpong", 0) for c in fmha_fp32wg.warp_specialized(MINGPT, 1)] == [1, 0]
     assert not any(c.get("pingpong") for c in fmha_fp32wg.warp_specialized(LLAMA, 9) if c["block_m"] == 64)
     src = fmha_fp32wg.source(MINGPT, ws[0])
-    assert "kWS = true;" in src.code and "kWS = false;" in fmha_fp32wg.source(MINGPT, fmha_fp32wg.configs(MINGPT, 1)[0]).code
+    assert "kWS = true;" in src.code and "kWS = false;" in fmha_fp32wg.source(MINGPT, offered[2]).code
     assert "kPingPongAsked = true;" in src.code and "kPingPongAsked = false;" in fmha_fp32wg.source(MINGPT, ws[1]).code
     assert "kKVStagesAsked = 1;" in src.code and "kKVStagesAsked = 2;" in fmha_fp32wg.source(MINGPT, k32).code
+    assert [c for c in ws if c.get("pingpong") or c["block_m"] == 64] == \
+        [c for c in offered if c.get("warp_specialized")], "the tuner gets those with turns where there are two consumers"
 
 
 def test_64_key_tiles_come_first_where_they_fit():
     """Measured at head dim 64 (128 rows): 64-key tiles 1.090 ms against 1.282 for 32 keys. Where
     they do not fit (128 rows at head dim 96), the 32-key tile keeps its place."""
-    hd64 = fmha_fp32wg.configs(MINGPT.with_(d=64, dv=64), 4)
+    hd64 = [c for c in fmha_fp32wg.configs(MINGPT.with_(d=64, dv=64), 99) if not c.get("warp_specialized")][:4]
     assert [(c["block_m"], c["block_n"]) for c in hd64] == [(128, 64), (128, 64), (128, 32), (128, 32)]
-    assert (fmha_fp32wg.configs(MINGPT, 1)[0]["block_m"], fmha_fp32wg.configs(MINGPT, 1)[0]["block_n"]) == (128, 32)
+    plain = next(c for c in fmha_fp32wg.configs(MINGPT, 99) if not c.get("warp_specialized"))
+    assert (plain["block_m"], plain["block_n"]) == (128, 32)
