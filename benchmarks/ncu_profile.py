@@ -146,8 +146,9 @@ def parse_source(text: str, top: int = 40) -> dict:
     with its warp-stall samples where the SourceCounters section ran): where the warps waited.
     Returns {"samples": all stall samples, "by_opcode": [[opcode, samples, share], ...] most first,
     "top": the `top` instructions with most samples ({"address", "sass", "samples", "share",
-    "not_issued"})}; {} where no column of stall samples is found (ncu's layout changed, or no
-    samples were taken). The opcode is the instruction's first word past its predicate (`@P0`),
+    "not_issued"}, and for a branch "target": the instruction it branches to, so the retry loop of
+    an mbarrier wait names its barrier's `SYNCS ... TRYWAIT [address]`)}; {} where no column of
+    stall samples is found (ncu's layout changed, or no samples were taken). The opcode is the instruction's first word past its predicate (`@P0`),
     modifiers dropped (`HGMMA.64x32x8.F32.TF32` is `HGMMA`): the wgmma waits
     (`WARPGROUP.DEPBAR`, `WARPGROUP.ARRIVE`), mbarrier waits (`SYNCS`), named barriers (`BAR`),
     exponentials (`MUFU`) and shared-memory loads (`LDS`) each add up apart."""
@@ -163,6 +164,7 @@ def parse_source(text: str, top: int = 40) -> dict:
     if col is None:
         return {}
     found = []
+    sass_at = {(row.get("Address") or "").strip(): (row.get("Source") or "").strip() for row in rows}
     for row in rows:
         n = _number(row.get(col) or "")
         if not n:
@@ -180,10 +182,17 @@ def parse_source(text: str, top: int = 40) -> dict:
     for f in found:
         by_op[f["op"]] = by_op.get(f["op"], 0.0) + f["samples"]
     found.sort(key=lambda f: -f["samples"])
+
+    def entry(f: dict) -> dict:
+        one = {"address": f["address"], "sass": f["sass"], "samples": f["samples"],
+               "share": round(f["samples"] / total, 4), "not_issued": f["not_issued"]}
+        words = [w for w in f["sass"].split() if not w.startswith("@")]
+        if f["op"] == "BRA" and words and words[-1] in sass_at:   # `BRA 0x...` (`BRA P0, 0x...` too)
+            one["target"] = sass_at[words[-1]]
+        return one
     return {"samples": total,
             "by_opcode": [[op, n, round(n / total, 4)] for op, n in sorted(by_op.items(), key=lambda kv: -kv[1])],
-            "top": [{"address": f["address"], "sass": f["sass"], "samples": f["samples"],
-                     "share": round(f["samples"] / total, 4), "not_issued": f["not_issued"]} for f in found[:top]]}
+            "top": [entry(f) for f in found[:top]]}
 
 
 # ------------------------------------------------------------------------------------------

@@ -102,12 +102,19 @@ def test_where_the_warps_waited_by_instruction_and_by_opcode():
         '"0x7f30","WARPGROUP.DEPBAR.LE gsb0, 0x0","500","500","2048"',
         '"0x7f40","MUFU.EX2 R5, R5","60","10","8192"',
         '"0x7f50","@!P2 BAR.SYNC.DEFER_BLOCKING 0x9, 0x80","20","20","512"',
+        '"0x7f60","@!P1 BRA 0x7f10","40","30","900"',
+        '"0x7f70","BRA 0x7fff","5","5","9"',
     ])
     got = ncu.parse_source(text, top=3)
-    assert got["samples"] == 1000
-    assert got["by_opcode"][:3] == [["WARPGROUP.DEPBAR", 500, 0.5], ["SYNCS", 300, 0.3], ["HGMMA", 120, 0.12]]
-    assert [op for op, _, _ in got["by_opcode"]] == ["WARPGROUP.DEPBAR", "SYNCS", "HGMMA", "MUFU", "BAR"]
+    assert got["samples"] == 1045
+    assert got["by_opcode"][:3] == [["WARPGROUP.DEPBAR", 500, 0.4785], ["SYNCS", 300, 0.2871], ["HGMMA", 120, 0.1148]]
+    assert [op for op, _, _ in got["by_opcode"]] == ["WARPGROUP.DEPBAR", "SYNCS", "HGMMA", "MUFU", "BRA", "BAR"]
     assert [t["address"] for t in got["top"]] == ["0x7f30", "0x7f10", "0x7f20"]
+    # a branch names the instruction it goes to (an mbarrier wait's retry loop names its barrier);
+    # one whose target is not on the page names none
+    every = {t["address"]: t for t in ncu.parse_source(text, top=9)["top"]}
+    assert every["0x7f60"]["target"].startswith("@P0 SYNCS.PHASECHK") and "target" not in every["0x7f70"]
+    assert "target" not in every["0x7f30"]
     assert got["top"][1]["not_issued"] == 290 and got["top"][1]["sass"].startswith("@P0 SYNCS")
     assert ncu.parse_source(text.replace("Warp Stall Sampling", "Stall Samples")) == {}
     assert ncu.parse_source(SOURCE_HEAD + '\n"0x0","NOP","0","0","1"') == {}
