@@ -74,10 +74,9 @@ def variants_of(fam, quick: bool, ws: bool = False) -> list[dict]:
     for hd in (64, 96, 128):
         if fam is fmha_fp32wg:
             w32 = AttentionWorkload(1, 1, 1, 64, 64, hd, hd, policy="fp32")
-            if ws:   # two tiles' (four with --full), and each two-stage one's one-stage twin with turns
-                for c in fam.warp_specialized(w32, 2 if quick else 4):
-                    out += [c] + ([dict(c, kv_stages=1, pingpong=1)] if c["block_m"] == 128 and c["kv_stages"] == 2
-                                  and c.get("pingpong") else [])
+            if ws:   # two tiles' (four with --full), and the first's lean_softmax twin
+                for i, c in enumerate(fam.warp_specialized(w32, 2 if quick else 4)):
+                    out += [c] + ([fam.lean(c)] if i == 0 else [])
             for pol, few in (("fp32", 2), ("tf32x3", 1)):
                 cs = fam.configs(AttentionWorkload(1, 1, 1, 64, 64, hd, hd, policy=pol), 12)
                 if quick:

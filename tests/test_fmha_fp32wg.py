@@ -134,3 +134,17 @@ def test_64_key_tiles_come_first_where_they_fit():
     assert [(c["block_m"], c["block_n"]) for c in hd64] == [(128, 64), (128, 64), (128, 32), (128, 32)]
     plain = next(c for c in fmha_fp32wg.configs(MINGPT, 99) if not c.get("warp_specialized"))
     assert (plain["block_m"], plain["block_n"]) == (128, 32)
+
+
+def test_lean_softmax_is_built_apart_until_measured():
+    """`lean` (only tiles crossing the diagonal or the keys' end masked, ex2 exponentials, P's raw
+    bits as its high part): not offered by `configs`, labelled apart, the template told so."""
+    assert not any(c.get("lean_softmax") for p in fmha_fp32wg.POLICIES
+                   for c in fmha_fp32wg.configs(MINGPT.with_(policy=p), 99))
+    first = fmha_fp32wg.configs(MINGPT, 1)[0]
+    lean = fmha_fp32wg.lean(first)
+    assert lean == dict(first, lean_softmax=1) and "lean_softmax" not in first
+    assert fmha_fp32wg.label(lean) == fmha_fp32wg.label(first) + " lean"
+    assert fmha_fp32wg.smem_bytes(lean) == fmha_fp32wg.smem_bytes(first)
+    assert "kLeanSoftmax = true;" in fmha_fp32wg.source(MINGPT, lean).code
+    assert "kLeanSoftmax = false;" in fmha_fp32wg.source(MINGPT, first).code

@@ -69,6 +69,15 @@ def _ws(plain: dict) -> dict | None:
     return dict(c, pingpong=1) if c and c["block_m"] == 128 else c
 
 
+def lean(config: dict) -> dict:
+    """`config` with `lean_softmax` (the template's: only tiles crossing the diagonal or the keys'
+    end masked, exponentials as ex2 of one FFMA, P's raw bits as its high part): about half the
+    consumer's instructions between Q K^T and P V on an unmasked tile by the SASS (363 against
+    748 at minGPT's config). Not offered by `configs` until measured on a GPU; the check script
+    and the GPU tests build it."""
+    return dict(config, lean_softmax=1)
+
+
 def warp_specialized(w: AttentionWorkload, max_n: int) -> list[dict]:
     """The warp-specialized configs of the first `max_n` tiles that fit, those with two consumers
     with turns (as `configs` offers them) and without: for the check script and the GPU tests."""
@@ -125,6 +134,7 @@ def label(config: dict) -> str:
     split += " ws" if config.get("warp_specialized") else ""
     split += " kv1" if config.get("warp_specialized") and config.get("kv_stages", 2) == 1 else ""
     split += " pp" if config.get("pingpong") else ""
+    split += " lean" if config.get("lean_softmax") else ""
     return f"fmha_fp32wg q{config['block_m']} k{config['block_n']} {hd} p{config['promote_k']}{split}{terms}"
 
 
