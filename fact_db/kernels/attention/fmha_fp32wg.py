@@ -82,7 +82,7 @@ def warp_specialized(w: AttentionWorkload, max_n: int) -> list[dict]:
     """The warp-specialized configs of the first `max_n` tiles that fit, those with two consumers
     with turns (as `configs` offers them) and without: for the check script and the GPU tests."""
     out = []
-    for tile in _plain(w, fit=False):
+    for tile in _plain(w):
         if not tile["split_in_smem"] or len({(o["block_m"], o["block_n"]) for o in out}) >= max(0, max_n):
             continue
         c = _ws(tile)
@@ -96,20 +96,15 @@ def applies(w: AttentionWorkload, arch: str) -> str | None:
     return fp32_family.refusal(w, arch, "fmha_fp32wg", ARCHES, "TF32 wgmma (sm90a)")
 
 
-def _plain(w: AttentionWorkload, fit: bool = True) -> list[dict]:
-    """The configs without a producer: the policy's promotion, then the tiles in TILES order, the
-    low parts split in shared memory first; those past the shared memory left out (unless not
-    `fit`: `configs` and `warp_specialized` give a tile that fits only with a producer)."""
+def _plain(w: AttentionWorkload) -> list[dict]:
+    """The configs without a producer, whether they fit shared memory or not (a tile may fit only
+    with a producer's one K/V stage): the policy's promotion, then the tiles in TILES order, the
+    low parts split in shared memory first."""
     hd, hdv = fp32_family.padded(w.d), fp32_family.padded(w.dv)
-    out = []
-    for promote in PROMOTE.get(w.policy, ()):
-        for bm, bn in TILES:
-            for smem_split in ((1, 0) if TERMS[w.policy] == 3 else (0,)):
-                c = {"head_dim": hd, "head_dim_v": hdv, "block_m": bm, "block_n": bn, "promote_k": promote,
-                     "terms": TERMS[w.policy], "split_in_smem": smem_split}
-                if not fit or smem_bytes(c) <= SMEM_LIMIT:
-                    out.append(c)
-    return out
+    return [{"head_dim": hd, "head_dim_v": hdv, "block_m": bm, "block_n": bn, "promote_k": promote,
+             "terms": TERMS[w.policy], "split_in_smem": smem_split}
+            for promote in PROMOTE.get(w.policy, ()) for bm, bn in TILES
+            for smem_split in ((1, 0) if TERMS[w.policy] == 3 else (0,))]
 
 
 def configs(w: AttentionWorkload, max_n: int) -> list[dict]:
@@ -120,7 +115,7 @@ def configs(w: AttentionWorkload, max_n: int) -> list[dict]:
     1.221 against 1.417 at the Llama decoder's (128 rows, one stage), 0.958 against 1.103 at head
     dim 64."""
     out = []
-    for c in _plain(w, fit=False):
+    for c in _plain(w):
         ws = _ws(c) if c["split_in_smem"] else None
         out += [ws] if ws is not None and ws not in out else []
         out += [c] if smem_bytes(c) <= SMEM_LIMIT else []
