@@ -74,9 +74,10 @@ def variants_of(fam, quick: bool, ws: bool = False) -> list[dict]:
     for hd in (64, 96, 128):
         if fam is fmha_fp32wg:
             w32 = AttentionWorkload(1, 1, 1, 64, 64, hd, hd, policy="fp32")
-            if ws:   # two tiles' (four with --full), and the first's lean_softmax twin
+            if ws:   # two tiles' (four with --full); the first's lean_softmax and k_prefetch twins
                 for i, c in enumerate(fam.warp_specialized(w32, 2 if quick else 4)):
-                    out += [c] + ([fam.lean(c)] if i == 0 else [])
+                    pf = fam.prefetched(c) if i == 0 else None
+                    out += [c] + ([fam.lean(c)] if i == 0 else []) + ([pf, fam.lean(pf)] if pf else [])
             for pol, few in (("fp32", 2), ("tf32x3", 1)):
                 cs = fam.configs(AttentionWorkload(1, 1, 1, 64, 64, hd, hd, policy=pol), 12)
                 if quick:
