@@ -2,11 +2,12 @@
 policy, torch.compile (default and max-autotune-no-cudagraphs, and reduce-overhead where
 fact-db's module replays a CUDA graph), the module `fact_db.optimize` returns, and
 `torch.compile(model, backend="factdb")` (after optimize, so the registry holds the kernels
-it tuned; and in max-autotune-no-cudagraphs mode where that is a peer, as like with like
-against a choice compiled in that mode), and at fp32 PyTorch's default (cuDNN on TF32). Per
-variant: time (median of three rounds, each variant in a block of its runs), error against the
-float64 model, peak and held memory, compile time (the first call here, and for torch.compile
-and the backend also `compile_cold_s`: each from nothing in a fresh process, as like with like).
+it tuned; and in max-autotune-no-cudagraphs mode where that is a peer, and reduce-overhead
+where fact-db's module replays a CUDA graph, as like with like against its choice), and at
+fp32 PyTorch's default (cuDNN on TF32). Per variant: time (median of three rounds, each variant
+in a block of its runs), error against the float64 model, peak and held memory, compile time
+(the first call here, and for torch.compile and the backend also `compile_cold_s`: each from
+nothing in a fresh process, as like with like).
 Run on an H100/H200:
 
     python benchmarks/compile_peers.py benchmarks/problems/hf_llama_decoder_4x2048.py --policy bf16
@@ -60,6 +61,11 @@ def _variants(model_p, fast, policy: str, peers: tuple, with_reduce_overhead: bo
     if "max-autotune" in peers:  # like with like against optimize's choice under max-autotune
         out.append(('torch.compile(backend="factdb") max-autotune-no-cudagraphs',
                     backend(mode="max-autotune-no-cudagraphs")))
+    if with_reduce_overhead:  # and against a choice that replays a CUDA graph (outputs cloned, as above)
+        out.append(('torch.compile(backend="factdb") reduce-overhead',
+                    lambda: (lambda c: lambda *x: run_at_policy(c, policy, x).clone())(
+                        torch.compile(model_p, backend="factdb",
+                                      options={"policy": policy, "registry": registry, "mode": "reduce-overhead"}))))
     return out
 
 
