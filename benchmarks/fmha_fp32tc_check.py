@@ -65,8 +65,9 @@ def launcher(path, template: str = "fmha_fp32tc_sm90"):
 
 def variants_of(fam, quick: bool, ws: bool = False) -> list[dict]:
     """The configs checked and timed: every tile, presplit and promotion of fmha_fp32tc (fewer
-    with --quick), and fmha_fp32wg's fp32 and tf32x3 configs (`ws`: and its warp-specialized
-    fp32 ones, not yet offered by the tuner)."""
+    with --quick), and fmha_fp32wg's fp32 and tf32x3 configs (`ws`: its warp-specialized fp32
+    ones with and without turns, and the first's `lean_softmax` and `k_prefetch` twins, which the
+    tuner is not offered until measured)."""
     out = []
     # head dim 64: 128 query rows with block_n 64 beside 32 (fp32, with and without a producer),
     # timed at an hd64 shape: whether S's n32 products are bound by shared-memory reads of Q
