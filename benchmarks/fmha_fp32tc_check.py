@@ -69,9 +69,6 @@ def variants_of(fam, quick: bool, ws: bool = False) -> list[dict]:
     ones with and without turns, and the first's `lean_softmax` and `k_prefetch` twins, which the
     tuner is not offered until measured)."""
     out = []
-    # head dim 64: 128 query rows with block_n 64 beside 32 (fp32, with and without a producer),
-    # timed at an hd64 shape: whether S's n32 products are bound by shared-memory reads of Q
-    k64 = lambda cs: [c for c in cs if c["block_m"] == 128 and c["block_n"] == 64 and c["split_in_smem"]]  # noqa: E731
     for hd in (64, 96, 128):
         if fam is fmha_fp32wg:
             w32 = AttentionWorkload(1, 1, 1, 64, 64, hd, hd, policy="fp32")
@@ -82,7 +79,7 @@ def variants_of(fam, quick: bool, ws: bool = False) -> list[dict]:
             for pol, few in (("fp32", 2), ("tf32x3", 1)):
                 cs = fam.configs(AttentionWorkload(1, 1, 1, 64, 64, hd, hd, policy=pol), 12)
                 if quick:
-                    cs = (cs[:few + 1] if hd == 96 else cs[:few]) + (k64(cs) if pol == "fp32" else [])
+                    cs = cs[:few + 1] if hd == 96 else cs[:few]   # 64-key tiles first where they fit
                 for c in cs:
                     out += [c] if c not in out else []
             continue

@@ -148,8 +148,8 @@ def parse_source(text: str, top: int = 40) -> dict:
     "top": the `top` instructions with most samples ({"address", "sass", "samples", "share",
     "not_issued"}, and for a branch "target": the instruction it branches to, so the retry loop of
     an mbarrier wait names its barrier's `SYNCS ... TRYWAIT [address]`)}; {} where no column of
-    stall samples is found (ncu's layout changed, or no samples were taken). The opcode is the instruction's first word past its predicate (`@P0`),
-    modifiers dropped (`HGMMA.64x32x8.F32.TF32` is `HGMMA`): the wgmma waits
+    stall samples is found (ncu's layout changed, or no samples were taken). The opcode is the
+    instruction's first word past its predicate (`@P0`), modifiers dropped (`HGMMA.64x32x8.F32.TF32` is `HGMMA`): the wgmma waits
     (`WARPGROUP.DEPBAR`, `WARPGROUP.ARRIVE`), mbarrier waits (`SYNCS`), named barriers (`BAR`),
     exponentials (`MUFU`) and shared-memory loads (`LDS`) each add up apart."""
     lines = text.splitlines()
@@ -174,7 +174,8 @@ def parse_source(text: str, top: int = 40) -> dict:
         parts = words[0].split(".") if words else ["?"]
         op = ".".join(parts[:2]) if parts[0] == "WARPGROUP" else parts[0]
         found.append({"address": (row.get("Address") or "").strip(), "sass": sass, "op": op, "samples": n,
-                      "not_issued": _number(row.get(idle) or "") if idle else None})
+                      "not_issued": _number(row.get(idle) or "") if idle else None,
+                      "last": words[-1] if words else ""})   # a branch's target address (`BRA P0, 0x...` too)
     total = sum(f["samples"] for f in found)
     if not total:
         return {}
@@ -186,9 +187,8 @@ def parse_source(text: str, top: int = 40) -> dict:
     def entry(f: dict) -> dict:
         one = {"address": f["address"], "sass": f["sass"], "samples": f["samples"],
                "share": round(f["samples"] / total, 4), "not_issued": f["not_issued"]}
-        words = [w for w in f["sass"].split() if not w.startswith("@")]
-        if f["op"] == "BRA" and words and words[-1] in sass_at:   # `BRA 0x...` (`BRA P0, 0x...` too)
-            one["target"] = sass_at[words[-1]]
+        if f["op"] == "BRA" and f["last"] in sass_at:
+            one["target"] = sass_at[f["last"]]
         return one
     return {"samples": total,
             "by_opcode": [[op, n, round(n / total, 4)] for op, n in sorted(by_op.items(), key=lambda kv: -kv[1])],
