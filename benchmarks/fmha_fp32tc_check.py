@@ -66,16 +66,13 @@ def launcher(path, template: str = "fmha_fp32tc_sm90"):
 def variants_of(fam, quick: bool, ws: bool = False) -> list[dict]:
     """The configs checked and timed: every tile, presplit and promotion of fmha_fp32tc (fewer
     with --quick), and fmha_fp32wg's fp32 and tf32x3 configs (`ws`: its warp-specialized fp32
-    ones with and without turns, and the first's `lean_softmax` and `k_prefetch` twins, which the
-    tuner is not offered until measured)."""
+    ones with and without turns)."""
     out = []
     for hd in (64, 96, 128):
         if fam is fmha_fp32wg:
             w32 = AttentionWorkload(1, 1, 1, 64, 64, hd, hd, policy="fp32")
-            if ws:   # two tiles' (four with --full); the first's lean_softmax and k_prefetch twins
-                for i, c in enumerate(fam.warp_specialized(w32, 2 if quick else 4)):
-                    pf = fam.prefetched(c) if i == 0 else None
-                    out += [c] + ([fam.lean(c)] if i == 0 else []) + ([pf, fam.lean(pf)] if pf else [])
+            if ws:   # two tiles' (four with --full)
+                out += fam.warp_specialized(w32, 2 if quick else 4)
             for pol, few in (("fp32", 2), ("tf32x3", 1)):
                 cs = fam.configs(AttentionWorkload(1, 1, 1, 64, 64, hd, hd, policy=pol), 12)
                 if quick:

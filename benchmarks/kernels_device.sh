@@ -21,10 +21,10 @@ for s in $steps; do
   case $s in
     fmha-fp32tc) run fmha-fp32tc 170 python3 benchmarks/fmha_fp32tc_check.py --quick --out "$out/fmha-fp32tc.json" ;;
     fmha-ws)     run fmha-ws 200 python3 benchmarks/fmha_fp32tc_check.py --quick --families fp32wg --ws \
-                   --out "$out/fmha-ws.json" ;;   # fmha_fp32wg's producer configs, lean_softmax and k_prefetch beside them
-    fmha-ncu)    # where fmha_fp32wg's warps wait, by instruction: 64-key tiles with one K/V stage and
-                 # turns, then with K prefetched and lean_softmax too (minGPT's shape)
-                 for cfg in 128x64:smemsplit:ws:kv1:pp 128x64:smemsplit:ws:kv1:kpf:pp:lean; do
+                   --out "$out/fmha-ws.json" ;;   # fmha_fp32wg's producer configs, with and without turns
+    fmha-ncu)    # where fmha_fp32wg's warps wait, by instruction: 64-key tiles with one K/V stage,
+                 # with and without turns (minGPT's shape)
+                 for cfg in 128x64:smemsplit:ws:kv1:pp 128x64:smemsplit:ws:kv1; do
                    run "ncu-${cfg//:/-}" 150 python3 benchmarks/ncu_profile.py attention --shape 128x8x512x96 \
                      --config "$cfg" --promote 32 --source --name "fmha-${cfg//:/-}" --out "$out/ncu-${cfg//:/-}.json"
                  done ;;

@@ -46,8 +46,8 @@ SMEM_LIMIT = 227 * 1024
 def smem_bytes(config: dict) -> int:
     """The template's kSmemBytes: every warpgroup's Q rows and two K/V stages, raw and (three
     products) low parts, or with split_in_smem raw stages and one tile of low parts (with
-    warp_specialized `kv_stages` stages, each its own low parts, and eight mbarriers, and with
-    `k_prefetch` one more raw K tile); plus 1 KB to align the 128-byte swizzle to 1024 bytes."""
+    warp_specialized `kv_stages` stages, each its own low parts, and eight mbarriers); plus 1 KB
+    to align the 128-byte swizzle to 1024 bytes."""
     parts = 1 if config.get("terms", 3) == 1 else 2
     smem_split = parts == 2 and config.get("split_in_smem", 0)
     ws = bool(smem_split and config.get("warp_specialized", 0))
@@ -56,8 +56,7 @@ def smem_bytes(config: dict) -> int:
     hd, hdv, bm, bn = config["head_dim"], config["head_dim_v"], config["block_m"], config["block_n"]
     kv_tile = bn * hd + hdv * bn
     lo = kv_tile if smem_split and not ws else 0
-    prefetch = bn * hd if ws and stages == 1 and config.get("k_prefetch") else 0   # odd tiles' raw K
-    return 4 * (parts * bm * hd + stages * stage_parts * kv_tile + lo + prefetch) + 1024 + (64 if ws else 0)
+    return 4 * (parts * bm * hd + stages * stage_parts * kv_tile + lo) + 1024 + (64 if ws else 0)
 
 
 def _ws(plain: dict) -> dict | None:
@@ -68,27 +67,6 @@ def _ws(plain: dict) -> dict | None:
     c = next((c for c in (dict(plain, warp_specialized=1, kv_stages=n) for n in (2, 1))
               if smem_bytes(c) <= SMEM_LIMIT), None)
     return dict(c, pingpong=1) if c and c["block_m"] == 128 else c
-
-
-def lean(config: dict) -> dict:
-    """`config` with `lean_softmax` (the template's: only tiles crossing the diagonal or the keys'
-    end masked, exponentials as ex2 of one FFMA, P's raw bits as its high part): about half the
-    consumer's instructions between Q K^T and P V on an unmasked tile by the SASS (363 against
-    748 at minGPT's config). Not offered by `configs` until measured on a GPU; the check script
-    and the GPU tests build it."""
-    return dict(config, lean_softmax=1)
-
-
-def prefetched(config: dict) -> dict | None:
-    """A one-stage warp-specialized `config` with `k_prefetch` (the template's: K's raw part
-    double-buffered, so the producer copies the next tile's K under this tile's V), or None where
-    it does not apply or fit. Not offered by `configs` until measured on a GPU (profiled without
-    it, the consumers waited on K's mbarrier 15% of the time); the check script and the GPU tests
-    build it."""
-    if not config.get("warp_specialized") or config.get("kv_stages", 2) != 1:
-        return None
-    c = dict(config, k_prefetch=1)
-    return c if smem_bytes(c) <= SMEM_LIMIT else None
 
 
 def warp_specialized(w: AttentionWorkload, max_n: int) -> list[dict]:
@@ -123,10 +101,10 @@ def _plain(w: AttentionWorkload) -> list[dict]:
 def configs(w: AttentionWorkload, max_n: int) -> list[dict]:
     """Parameter sets, best guess first: per promotion and tile (TILES order), the
     warp-specialized config (three products: `_ws`), then those without a producer. Measured on
-    an H200 (raw/h200-2026-11-28-s17b-fmha-ws.json), the warp-specialized config was the fastest
-    at every head dim: 1.238 ms against 1.367 at minGPT's shape (64-key tiles, one K/V stage),
-    1.221 against 1.417 at the Llama decoder's (128 rows, one stage), 0.958 against 1.103 at head
-    dim 64."""
+    an H200 (raw/h200-2026-11-28-s18a-fmha-ws.json, the lean softmax), the warp-specialized config
+    was the fastest at every head dim: 1.199 ms against 1.355 at minGPT's shape (64-key tiles, one
+    K/V stage), 1.197 against 1.399 at the Llama decoder's (128 rows, one stage), 0.900 against
+    1.100 at head dim 64."""
     out = []
     for c in _plain(w):
         ws = _ws(c) if c["split_in_smem"] else None
@@ -141,9 +119,7 @@ def label(config: dict) -> str:
     split = " smemsplit" if config.get("split_in_smem") else ""
     split += " ws" if config.get("warp_specialized") else ""
     split += " kv1" if config.get("warp_specialized") and config.get("kv_stages", 2) == 1 else ""
-    split += " kpf" if config.get("k_prefetch") else ""
     split += " pp" if config.get("pingpong") else ""
-    split += " lean" if config.get("lean_softmax") else ""
     return f"fmha_fp32wg q{config['block_m']} k{config['block_n']} {hd} p{config['promote_k']}{split}{terms}"
 
 
