@@ -1005,3 +1005,27 @@ def test_einsum_regions_compose_as_their_gemms_and_equal_eager():
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     assert sum((standins.CALLS - before).values()) == 3
     gm.graph.lint()
+
+
+def test_attention_ops_return_sdpas_gpu_layout_so_a_models_view_works():
+    """PyTorch's flash, memory-efficient and cuDNN SDPA write o [b, h, s, d] laid out [b, s, h, d],
+    so model code may view `o.transpose(1, 2)` without `.contiguous()` (as the Llama block in
+    benchmarks/problems does). The attention ops (the library's here, the kernels' through the
+    same fake and allocation) return that layout, and say so to torch.compile: before, a composed
+    Llama block raised "view size is not compatible" on an H200 (s18c)."""
+    import torch.nn.functional as F
+
+    from fact_db.kernels.attention.kernel import attention_fake, out_strides
+    from fact_db.kernels.attention.workload import library_op
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 8, 16, generator=g) for _ in range(3))
+    op = library_op("math")
+    o = op(q, k, v, 0.25, True)
+    assert o.stride() == out_strides(2, 4, 8, 16) and not o.is_contiguous()
+    assert torch.allclose(o, F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.25), atol=1e-6)
+    assert o.transpose(1, 2).view(2, 8, 64).shape == (2, 8, 64)
+    assert attention_fake(None)(q.to("meta"), k.to("meta"), v.to("meta"), 0.25, True).stride() == o.stride()
+    torch._dynamo.reset()
+    f = torch.compile(lambda q, k, v: op(q, k, v, 0.25, True).transpose(1, 2).view(2, 8, 64), fullgraph=True,
+                      backend="aot_eager")
+    assert torch.equal(f(q, k, v), o.transpose(1, 2).reshape(2, 8, 64))

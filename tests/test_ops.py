@@ -57,7 +57,7 @@ def test_a_cuda_op_refuses_cpu_tensors_with_the_dispatchers_error():
 
 import torch.nn.functional as F  # noqa: E402
 
-from fact_db.kernels.attention.kernel import attention_fake  # noqa: E402
+from fact_db.kernels.attention.kernel import attention_fake, empty_out  # noqa: E402
 from fact_db.kernels.gemm.kernel import gemm_fake, swiglu_fake, swiglu_op  # noqa: E402
 from fact_db.kernels.norm.kernel import norm_fake  # noqa: E402
 from fact_db.kernels.ops import SCHEMAS, layout_tags  # noqa: E402
@@ -87,8 +87,8 @@ def _cpu_ops() -> dict:
                          lambda a, b, b_lo, bias, c, alpha, beta: gemm_fake(torch.float32)(a, b, bias, c, alpha, beta),
                          dispatch="CPU")
     attention = factdb_op("test_opcheck_attention", SCHEMAS["attention"],
-                          lambda q, k, v, scale, causal: F.scaled_dot_product_attention(
-                              q, k, v, is_causal=causal, scale=scale).contiguous(),
+                          lambda q, k, v, scale, causal: empty_out(*q.shape[:3], v.shape[-1], q.dtype, q.device).copy_(
+                              F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)),
                           attention_fake(None), dispatch="CPU")
     norm_sum = factdb_op("test_opcheck_norm_sum", SCHEMAS["norm"], _norm_cpu(True), norm_fake(True), dispatch="CPU")
     norm = factdb_op("test_opcheck_norm", SCHEMAS["norm"], _norm_cpu(False), norm_fake(False), dispatch="CPU")

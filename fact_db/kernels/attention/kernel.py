@@ -20,6 +20,20 @@ from fact_db.kernels.ops import SCHEMAS, factdb_op
 OUT_DTYPE: dict[str, str] = {}
 
 
+def out_strides(b: int, h: int, lq: int, dv: int) -> tuple[int, int, int, int]:
+    """The strides of an attention output [batch, heads, lq, dv] laid out [batch, lq, heads, dv]
+    in memory, as PyTorch's flash, memory-efficient and cuDNN SDPA return it on a GPU: model code
+    that views `o.transpose(1, 2)` as [batch, lq, heads * dv] without `.contiguous()` (as eager on
+    a GPU allows) works on a fact-db kernel's output too."""
+    return (lq * h * dv, dv, h * dv, 1)
+
+
+def empty_out(b: int, h: int, lq: int, dv: int, dtype, device):
+    """An attention output of `out_strides`' layout."""
+    import torch
+    return torch.empty_strided((b, h, lq, dv), out_strides(b, h, lq, dv), dtype=dtype, device=device)
+
+
 class AttentionKernel:
     """A loaded attention kernel: `o = softmax(scale * q k^T [causal]) v` over grouped heads."""
 
@@ -74,7 +88,7 @@ class AttentionKernel:
         hkv, lk, dv = k.shape[1], k.shape[2], v.shape[-1]
         out_dt = getattr(torch, OUT_DTYPE.get(self.template, "")) if OUT_DTYPE.get(self.template) else q.dtype
         if out is None:
-            out = torch.empty((b, h, lq, dv), dtype=out_dt, device=q.device)
+            out = empty_out(b, h, lq, dv, out_dt, q.device)
         elif tuple(out.shape) != (b, h, lq, dv) or out.dtype != out_dt or out.stride(-1) != 1:
             raise KernelError(f"out must be a {out_dt} tensor of shape {(b, h, lq, dv)} with a contiguous last dim")
         scale = float(scale) if scale is not None else d ** -0.5
@@ -109,10 +123,10 @@ class AttentionKernel:
 
 
 def attention_fake(out_dtype: str | None = None):
-    """The fake of an attention op `(q, k, v, scale, causal) -> o`: o packed in [batch, heads,
-    lq, dv] (what the kernel allocates), in `out_dtype` (a torch dtype name), else q's."""
+    """The fake of an attention op `(q, k, v, scale, causal) -> o`: o [batch, heads, lq, dv]
+    laid out as `empty_out` allocates it, in `out_dtype` (a torch dtype name), else q's."""
     def fake(q, k, v, scale, causal):
         import torch
         dt = getattr(torch, out_dtype) if out_dtype else q.dtype
-        return q.new_empty((*q.shape[:-1], v.shape[-1]), dtype=dt)
+        return empty_out(q.shape[0], q.shape[1], q.shape[2], v.shape[-1], dt, q.device)
     return fake

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, replace
 
 from fact_db.core.errors import FactError
 from fact_db.core.policy import DTYPE_ALIASES, POLICIES, POLICY_DTYPE, policy_mode
+from fact_db.kernels.attention.kernel import empty_out, out_strides
 
 # SDPA backends fact-db can force, and the operand dtypes each accepts.
 BACKENDS = {
@@ -171,9 +172,9 @@ _OPS: dict = {}
 def library_op(backend: str):
     """SDPA with `backend` forced, as `torch.ops.factdb.sdpa_<backend>(q, k, v, scale, causal)`.
 
-    A custom op, so torch.compile keeps the backend instead of re-choosing it. Its output is
-    contiguous in [batch, heads, lq, dv] (a backend that writes another layout is copied),
-    which is what the op's fake implementation promises.
+    A custom op, so torch.compile keeps the backend instead of re-choosing it. Its output is laid
+    out [batch, lq, heads, dv] in memory (`kernel.out_strides`, as the GPU backends write it; the
+    math backend's is copied), which is what the op's fake implementation promises.
     """
     if backend not in BACKENDS:
         raise AttentionError(f"unknown SDPA backend '{backend}': use one of {', '.join(BACKENDS)}")
@@ -186,11 +187,14 @@ def library_op(backend: str):
         @torch.library.custom_op(f"factdb::{name}", mutates_args=(),
                                  schema="(Tensor q, Tensor k, Tensor v, float scale, bool causal) -> Tensor")
         def _op(q, k, v, scale, causal):
-            return sdpa(q, k, v, scale, causal, backend).contiguous()
+            o = sdpa(q, k, v, scale, causal, backend)
+            if o.stride() == out_strides(*o.shape):
+                return o
+            return empty_out(*o.shape, o.dtype, o.device).copy_(o)
 
         @_op.register_fake
         def _(q, k, v, scale, causal):
-            return q.new_empty((*q.shape[:-1], v.shape[-1]))
+            return empty_out(q.shape[0], q.shape[1], q.shape[2], v.shape[-1], q.dtype, q.device)
         existing = getattr(torch.ops.factdb, name)
     _OPS[backend] = existing
     return existing
