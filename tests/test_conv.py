@@ -108,6 +108,26 @@ def test_explain_says_why_a_convolution_did_not_match(model, inputs, rule, reaso
     assert reason in rep.misses[rule].reason
 
 
+def test_explain_says_a_weight_computed_in_forward_cannot_be_laid_out_once():
+    """The layout reason: a convolution's weight is converted to channels-last (CUTLASS's NHWC)
+    once, when composing, so a weight computed in forward matches the rule but is not composed,
+    and discover and plan say why."""
+    class Computed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(32, 16, 3, 3))
+
+        def forward(self, x):
+            return F.conv2d(x, self.w * 2.0)
+    x = torch.randn(2, 16, 8, 8)
+    (region,) = fact_db.discover(Computed().eval(), (x,)).regions
+    assert region.rule == "conv" and "is not a parameter (it is converted to channels-last once" in region.composable
+    (r,) = fact_db.plan(Computed().eval(), (x,), policy="bf16").regions
+    assert r.how == "eager" and any(n.startswith("not composable: the weight") for n in r.notes)
+    (ok,) = fact_db.discover(nn.Conv2d(16, 32, 3).eval(), (x,)).regions
+    assert not ok.composable
+
+
 def test_explain_says_a_training_mode_batchnorm_is_not_folded():
     class TrainBn(nn.Module):
         def __init__(self):
