@@ -154,6 +154,18 @@ TABLES: dict[str, dict] = {
                     ("fast_p vs torch.compile, p = 0 / 1 / 1.5 / 2", "{fast_compile}"),
                     ("geometric mean of the correct rows: vs eager / vs torch.compile", "{geomean}"), *_WHERE_CPU],
     },
+    "kernelbench-gpu": {
+        "about": "KernelBench per level and policy, the GPU scoreboard's rows only (the README's; the CPU plan's "
+                 "with them in docs/benchmarks.md)",
+        "files": ["*-kernelbench*.json"], "rows": "kernelbench", "timed_only": True,
+        "select": "newest per level, policy, timed", "order": ["level", "policy_rank"],
+        "columns": [("level", "{level}"), ("policy", "`{policy}`"), ("problems", "{problems}"),
+                    ("answered (no traceback, internal error or time-out)", "{answered}"),
+                    ("with a region", "{with_regions}"), ("correct (KernelBench's check)", "{correct}"),
+                    ("fast_p vs eager, p = 0 / 1 / 1.5 / 2", "{fast_eager}"),
+                    ("fast_p vs torch.compile, p = 0 / 1 / 1.5 / 2", "{fast_compile}"),
+                    ("geometric mean of the correct rows: vs eager / vs torch.compile", "{geomean}"), *_WHERE_CPU],
+    },
     "kernelbench-conv-l1": {
         "about": "KernelBench's level 1 convolutions, problem by problem, from the GPU scoreboards: times, what "
                  "fact-db returned and what ran each convolution",
@@ -682,6 +694,8 @@ def rows_for(name: str, results: Path) -> list[dict]:
         rows.extend(got)
     if spec.get("problems"):
         rows = [r for r in rows if r.get("problem") in spec["problems"]]
+    if spec.get("timed_only"):
+        rows = [r for r in rows if r.get("timed")]
     if spec.get("select") == "newest per level, policy, timed":
         newest: dict[tuple, dict] = {}
         for r in rows:
