@@ -233,6 +233,14 @@ TABLES: dict[str, dict] = {
                     ("compile s: torch.compile / backend", "{compile_s}"), ("error (eager's)", "{err}"),
                     ("held MiB", "{held:mib}"), *_WHERE],
     },
+    "compile-peers-coverage": {
+        "about": "issue 25: every pair of benchmarks/peers_set.txt (each problem at the policies it runs), its newest "
+                 "compile_peers.py row against the best peer, or none yet",
+        "files": ["*-compile-peers-*.json"], "rows": "compile_peers", "select": "newest per problem, policy",
+        "set": "benchmarks/peers_set.txt", "order": ["problem", "policy_rank"],
+        "columns": [("problem", "`{problem}`"), ("policy", "`{policy}`"), ("fact-db returned", "{returned}"),
+                    ("vs best peer", "{vs_best:x3}"), ("at least 0.98x", "{status}"), *_WHERE],
+    },
     "compile-peers-history": {
         "about": "issue 25: every compile_peers.py run, oldest first",
         "files": ["*-compile-peers-*.json"], "rows": "compile_peers", "order": ["date", "problem", "policy_rank"],
@@ -620,7 +628,21 @@ def rows_compile_peers(doc, name):
         row["compile_s"] = f"{_fmt_s(tc.get('compile_s'))} / {_fmt_s(backend.get('compile_s'))} (torch.compile warm)"
     row["err"] = f"{_fmt_err(fdb.get('err'))} ({_fmt_err(eager.get('err'))})"
     row["held"] = fdb.get("held_mib")
+    row["returned"] = doc.get("returned")
+    row["status"] = DASH if row["vs_best"] is None else "met" if row["vs_best"] >= 0.98 else "**missed**"
     yield row
+
+
+def peers_set(path: Path) -> list[tuple[str, str]]:
+    """The (problem, policy) pairs of a set file (benchmarks/peers_set.txt): a problem and its
+    policies a line, `#` comments."""
+    pairs = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        words = line.split("#", 1)[0].split()
+        if len(words) == 1:
+            raise SystemExit(f"tables.py: {path}:{n}: `{words[0]}` names no policy (a line is: problem policy...)")
+        pairs += [(words[0], pol) for pol in words[1:]]
+    return pairs
 
 
 READERS = {"e2e": rows_e2e, "gemm": rows_gemm, "results": rows_results, "multigpu": rows_multigpu,
@@ -653,12 +675,12 @@ def _fmt_mib(v) -> str:
 
 class _Cells(string.Formatter):
     """`{x:ms}` milliseconds, `{x:x}` a speedup, `{x:err}` an error, `{x:s}` seconds,
-    `{x:us}` milliseconds shown in microseconds, `{x:mib}`, `{x:frac}`, `{x:ratio}`,
+    `{x:us}` milliseconds shown in microseconds, `{x:mib}`, `{x:frac}`, `{x:ratio}`, `{x:x3}`,
     `{x:tflops}`; a missing value is a dash whatever the format."""
 
     FORMATS = {"ms": _fmt_ms, "x": lambda v: f"{v:.2f}x", "err": _fmt_err, "s": _fmt_s,
                "us": lambda v: f"{v * 1000:.1f}", "mib": _fmt_mib, "frac": lambda v: f"{v:.2f}",
-               "ratio": lambda v: f"{v:.2f}x", "tflops": lambda v: f"{v:.0f} TFLOP/s"}
+               "ratio": lambda v: f"{v:.2f}x", "x3": lambda v: f"{v:.3f}x", "tflops": lambda v: f"{v:.0f} TFLOP/s"}
 
     def format_field(self, value, spec):
         if value is None or value == "":
@@ -715,6 +737,10 @@ def rows_for(name: str, results: Path) -> list[dict]:
         for r in rows:
             newest_file[r["gpu"]] = max(newest_file.get(r["gpu"], ("", "")), (r["date"], r["file"]))
         rows = [r for r in rows if (r["date"], r["file"]) == newest_file[r["gpu"]]]
+    if spec.get("set"):   # every pair of the set: its row, or one saying it has none
+        have = {(r["problem"], r["policy"]): r for r in rows}
+        rows = [have.get(pair) or {"problem": pair[0], "policy": pair[1], "file": None, "status": "not yet run"}
+                for pair in peers_set(ROOT / spec["set"])]
     for r in rows:
         r["problem_rank"] = _rank(spec.get("problems") or [], r.get("problem"))
         r["policy_rank"] = _rank(POLICY_ORDER, r.get("policy"))
@@ -738,8 +764,8 @@ def render(name: str, md_path: Path, root: Path, results: Path) -> str:
     if unknown:  # a misspelt field would otherwise print as a dash in every row
         raise SystemExit(f"tables.py: table {name}: no row has {', '.join(unknown)}")
     for r in rows:
-        link = posixpath.relpath(f"benchmarks/results/{r['file']}", md_dir)
-        vals = {**r, "link": f"[{r['file']}]({link})"}
+        link = posixpath.relpath(f"benchmarks/results/{r['file']}", md_dir) if r.get("file") else ""
+        vals = {**r, "link": f"[{r['file']}]({link})" if link else ""}
         row = [cells.format(tpl, **vals).replace("|", "\\|") for _, tpl in spec["columns"]]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)

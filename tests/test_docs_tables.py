@@ -74,6 +74,9 @@ def test_every_table_is_shown_somewhere_and_every_row_names_gpu_date_and_json():
         headers = [h for h, _ in spec["columns"]]
         assert headers[-3:] in (["GPU", "date", "JSON"], ["machine", "date", "JSON"]), name
         for row in tables.rows_for(name, RESULTS):
+            if spec.get("set") and not row.get("file"):   # a pair of the set no run has a row for yet
+                assert row["status"] == "not yet run", (name, row)
+                continue
             assert row["gpu"] and row["gpu"] != "–" and re.match(r"\d{4}-\d{2}-\d{2}", row["date"]), (name, row)
 
 
@@ -115,3 +118,26 @@ def test_a_scoreboard_level_run_on_two_gpu_models_names_both_with_their_rows():
     assert tables._kb_devices(doc, "1", "fp32") == {"gpu": "H100"}
     assert tables._kb_devices({**doc, "device": "NVIDIA H200"}, "1", "fp32") == {"gpu": "H100"}
     assert tables._kb_devices({"results": [{**row, "level": 2}]}, "2", "fp32") == {}
+
+
+def test_the_peers_set_names_real_problems_and_policies_and_the_coverage_table_lists_every_pair(tmp_path):
+    """Issue 25's target covers every problem at every policy it runs: benchmarks/peers_set.txt
+    names them, and the coverage table has a row for each pair, saying so where no run has one."""
+    from fact_db.core.policy import POLICIES
+    tables = _tables()
+    pairs = tables.peers_set(ROOT / "benchmarks" / "peers_set.txt")
+    assert len(pairs) == len(set(pairs))
+    assert {p for p, _ in pairs} == {f.stem for f in (ROOT / "benchmarks" / "problems").glob("*.py")}
+    assert {pol for _, pol in pairs} <= set(POLICIES)
+    one = next(RESULTS.glob("*-compile-peers-batched_gemm-fp32.json"))
+    (tmp_path / one.name).write_text(one.read_text())
+    rows = tables.rows_for("compile-peers-coverage", tmp_path)
+    assert [(r["problem"], r["policy"]) for r in rows] == sorted(pairs, key=lambda p: (p[0], tables._rank(
+        tables.POLICY_ORDER, p[1])))
+    ran = [r for r in rows if r.get("file")]
+    assert [(r["problem"], r["status"]) for r in ran] == [("batched_gemm", "met")]
+    assert all(r["status"] == "not yet run" for r in rows if not r.get("file"))
+    bad = tmp_path / "set.txt"
+    bad.write_text("layernorm\n")
+    with pytest.raises(SystemExit, match="names no policy"):
+        tables.peers_set(bad)
