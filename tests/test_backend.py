@@ -92,6 +92,22 @@ def test_the_inductor_features_relied_on_exist_in_this_torch():
     assert ".".join(torch.__version__.split(".")[:2]) in inductor.TESTED, torch.__version__
 
 
+def test_dynamo_graph_arguments_name_their_parameter_sources():
+    """The backend names a graph input by its dynamo source (`meta["grapharg"].source`, a private
+    API): a torch that drops it fails here."""
+    seen = []
+
+    def capture(gm, example_inputs):
+        seen.extend(inductor.source_name(n) for n in gm.graph.nodes if n.op == "placeholder")
+        return gm.forward
+
+    torch._dynamo.reset()
+    lin = torch.nn.Linear(4, 3)
+    torch.compile(lin, backend=capture)(torch.randn(2, 4))
+    assert any("weight" in name for name in seen) and any("bias" in name for name in seen), seen
+    torch._dynamo.reset()
+
+
 def test_pyproject_declares_the_entry_point_and_register_resolves_factdb():
     import tomllib
     eps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]["torch_dynamo_backends"]

@@ -41,8 +41,14 @@ _FEATURES = (
 )
 
 
+# the layout tag kernel ops carry (fact_db/kernels/ops.py): the first this torch has
+_STRIDE_TAGS = ("needs_exact_strides", "needs_fixed_stride_order")
+
+
 def missing() -> list[str]:
-    """The features above that this torch lacks, as `module.name`; [] where all are there."""
+    """The features above that this torch lacks, as `module.name`; [] where all are there.
+    (That dynamo's graph arguments carry `meta["grapharg"].source` needs a compile to see:
+    tests/test_backend.py checks it.)"""
     import importlib
     out = []
     for mod, name in _FEATURES:
@@ -51,6 +57,9 @@ def missing() -> list[str]:
                 out.append(f"{mod}.{name}")
         except ImportError:
             out.append(f"{mod}.{name}")
+    import torch
+    if not any(hasattr(torch.Tag, t) for t in _STRIDE_TAGS):
+        out.append("torch.Tag." + " or ".join(_STRIDE_TAGS))
     return out
 
 
