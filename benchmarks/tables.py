@@ -50,6 +50,14 @@ _HEADLINE_PROBLEMS = ["mingpt_block", "llama_block", "hf_llama_decoder", "hf_gpt
 _WHERE = [("GPU", "{gpu}"), ("date", "{date}"), ("JSON", "{link}")]
 _WHERE_CPU = [("machine", "{gpu}"), ("date", "{date}"), ("JSON", "{link}")]
 
+# the KernelBench tables' columns: per level and policy
+_KB_COLUMNS = [("level", "{level}"), ("policy", "`{policy}`"), ("problems", "{problems}"),
+               ("answered (no traceback, internal error or time-out)", "{answered}"),
+               ("with a region", "{with_regions}"), ("correct (KernelBench's check)", "{correct}"),
+               ("fast_p vs eager, p = 0 / 1 / 1.5 / 2", "{fast_eager}"),
+               ("fast_p vs torch.compile, p = 0 / 1 / 1.5 / 2", "{fast_compile}"),
+               ("geometric mean of the correct rows: vs eager / vs torch.compile", "{geomean}"), *_WHERE_CPU]
+
 TABLES: dict[str, dict] = {
     "e2e": {
         "about": "end to end, the newest run per problem and policy, less a warm re-run and an ablation",
@@ -147,24 +155,14 @@ TABLES: dict[str, dict] = {
                  "sweep (`benchmarks/kernelbench_cpu_sweep.py`)",
         "files": ["*-kernelbench*.json"], "rows": "kernelbench",
         "select": "newest per level, policy, timed", "order": ["timed", "level", "policy_rank"],
-        "columns": [("level", "{level}"), ("policy", "`{policy}`"), ("problems", "{problems}"),
-                    ("answered (no traceback, internal error or time-out)", "{answered}"),
-                    ("with a region", "{with_regions}"), ("correct (KernelBench's check)", "{correct}"),
-                    ("fast_p vs eager, p = 0 / 1 / 1.5 / 2", "{fast_eager}"),
-                    ("fast_p vs torch.compile, p = 0 / 1 / 1.5 / 2", "{fast_compile}"),
-                    ("geometric mean of the correct rows: vs eager / vs torch.compile", "{geomean}"), *_WHERE_CPU],
+        "columns": _KB_COLUMNS,
     },
     "kernelbench-gpu": {
         "about": "KernelBench per level and policy, the GPU scoreboard's rows only (the README's; the CPU plan's "
                  "with them in docs/benchmarks.md)",
         "files": ["*-kernelbench*.json"], "rows": "kernelbench", "timed_only": True,
         "select": "newest per level, policy, timed", "order": ["level", "policy_rank"],
-        "columns": [("level", "{level}"), ("policy", "`{policy}`"), ("problems", "{problems}"),
-                    ("answered (no traceback, internal error or time-out)", "{answered}"),
-                    ("with a region", "{with_regions}"), ("correct (KernelBench's check)", "{correct}"),
-                    ("fast_p vs eager, p = 0 / 1 / 1.5 / 2", "{fast_eager}"),
-                    ("fast_p vs torch.compile, p = 0 / 1 / 1.5 / 2", "{fast_compile}"),
-                    ("geometric mean of the correct rows: vs eager / vs torch.compile", "{geomean}"), *_WHERE_CPU],
+        "columns": _KB_COLUMNS,
     },
     "kernelbench-conv-l1": {
         "about": "KernelBench's level 1 convolutions, problem by problem, from the GPU scoreboards: times, what "
