@@ -98,6 +98,8 @@ def _print(report, explain: bool):
             line = f"  {r.rule}: matched at `{r.output}` as {r.form or 'its single form'} over {len(r.nodes)} nodes"
             if r.subsumes:
                 line += f"; won over {', '.join(r.subsumes)} (larger fusion)"
+            if r.composable:
+                line += f"; stays eager PyTorch: {r.composable}"
             click.echo(line)
         for rid, miss in sorted(report.misses.items()):
             where = f" nearest candidate `{miss.node.name}`" + (f" ({miss.node.source})" if miss.node.source else "") + ":" if miss.node is not None else ""

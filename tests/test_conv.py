@@ -128,6 +128,23 @@ def test_explain_says_a_weight_computed_in_forward_cannot_be_laid_out_once():
     assert not ok.composable
 
 
+def test_discover_explain_prints_the_layout_reason(tmp_path):
+    from click.testing import CliRunner
+
+    from cli.main import cli
+    problem = tmp_path / "computed_weight.py"
+    problem.write_text(
+        "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\n\n"
+        "class Model(nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n        self.w = nn.Parameter(torch.randn(32, 16, 3, 3))\n\n"
+        "    def forward(self, x):\n        return F.conv2d(x, self.w * 2.0)\n\n\n"
+        "def get_inputs():\n    return [torch.randn(2, 16, 8, 8)]\n\n\n"
+        "def get_init_inputs():\n    return []\n")
+    r = CliRunner().invoke(cli, ["discover", str(problem), "--explain"])
+    assert r.exit_code == 0, r.output
+    assert "conv: matched at" in r.output and "stays eager PyTorch: the weight `mul` is not a parameter" in r.output
+
+
 def test_explain_says_a_training_mode_batchnorm_is_not_folded():
     class TrainBn(nn.Module):
         def __init__(self):
