@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, replace
 
 from fact_db.core.errors import FactError
 from fact_db.core.policy import DTYPE_ALIASES, POLICIES, POLICY_DTYPE, policy_mode
-from fact_db.kernels.attention.kernel import empty_out, out_strides
+from fact_db.kernels.attention.kernel import attention_fake, empty_out, out_strides
 
 # SDPA backends fact-db can force, and the operand dtypes each accepts.
 BACKENDS = {
@@ -192,9 +192,7 @@ def library_op(backend: str):
                 return o
             return empty_out(*o.shape, o.dtype, o.device).copy_(o)
 
-        @_op.register_fake
-        def _(q, k, v, scale, causal):
-            return empty_out(q.shape[0], q.shape[1], q.shape[2], v.shape[-1], q.dtype, q.device)
+        _op.register_fake(attention_fake(None))   # the kernels' fake: their layout, q's dtype
         existing = getattr(torch.ops.factdb, name)
     _OPS[backend] = existing
     return existing
