@@ -54,6 +54,11 @@ def _variants(model_p, fast, policy: str, peers: tuple, with_reduce_overhead: bo
                     lambda: (lambda c: lambda *x: run_at_policy(c, policy, x).clone())(
                         torch.compile(model_p, mode="reduce-overhead"))))
     out.append((f"fact-db ({fast.choice})", lambda: (lambda *x: fast(*x))))
+    chosen = fast.report.choice.candidate(fast.choice) if fast.report.choice is not None else None
+    if chosen is not None and chosen.run is not None:
+        # what optimize's choice timed for it (the graph or compiled module called directly, not
+        # through the returned module): the two differ only by the module's own call path
+        out.append((f"fact-db ({fast.choice}), as the choice timed it", lambda: chosen.run))
     def backend(**mode):
         return lambda: at_policy(torch.compile(model_p, backend="factdb",
                                                options={"policy": policy, "registry": registry, **mode}))
