@@ -329,6 +329,33 @@ def test_run_at_policy_on_plain_tensors_skips_the_pytree_walk_and_casts_as_it_do
         assert bool(walked) == (back != torch.bfloat16)
 
 
+@pytest.mark.parametrize("policy, inside", [("fp32", (False, False)), ("tf32x3", (False, False)),
+                                            ("tf32", (True, True))])
+@pytest.mark.parametrize("before", [(False, True), (True, False), (False, False)])
+def test_float32_policies_set_torchs_tf32_flags_for_the_call_and_restore_them(policy, inside, before):
+    """A float32 policy runs the model with TF32 off (fp32, tf32x3) or on (tf32) for what stays
+    in PyTorch, whatever the caller had (PyTorch's default: cuDNN on, cuBLAS off), and restores
+    the caller's flags after, also when the call raises. The flags are set through torch._C (a
+    tenth of the context manager's host time a call); what torch.backends reads is what ran."""
+    mm, dnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    saved = mm.allow_tf32, dnn.allow_tf32
+    seen = []
+
+    def fn(x, fail=False):
+        seen.append((mm.allow_tf32, dnn.allow_tf32))
+        if fail:
+            raise ValueError("boom")
+        return x + 1
+    try:
+        mm.allow_tf32, dnn.allow_tf32 = before
+        assert torch.equal(run_at_policy(fn, policy, (torch.zeros(2),)), torch.ones(2))
+        with pytest.raises(ValueError, match="boom"):
+            run_at_policy(fn, policy, (torch.zeros(2),), {"fail": True})
+        assert seen == [inside, inside] and (mm.allow_tf32, dnn.allow_tf32) == before
+    finally:
+        mm.allow_tf32, dnn.allow_tf32 = saved
+
+
 # ------------------------------------------------------------------------------------------
 # optimize end to end on the CPU (realization and timing injected), the artifact.
 

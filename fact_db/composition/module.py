@@ -22,7 +22,7 @@ import torch
 
 from fact_db.composition.compose import ComposeError
 from fact_db.core.errors import first_line
-from fact_db.core.policy import policy_mode, torch_dtype
+from fact_db.core.policy import call_in_mode, torch_dtype
 from fact_db.kernels.bench import clear_cublas_workspaces
 
 
@@ -116,18 +116,25 @@ class ComposedModule(torch.nn.Module):
         self._quick = [(q, sig) for sig in (optimized_for, *self.also_for) if (q := _quick_guard(sig)) is not None]
 
     def _target(self, args, kwargs):
+        # Every call comes here first, before its first launch: a loop, not a generator, and the
+        # submodules from _modules, not through nn.Module.__getattr__ (about 1 us a call less).
         sig = None
         if not kwargs:
             for q, known in self._quick:
-                if len(args) == len(q) and all(isinstance(x, torch.Tensor) and x.shape == shp and x.dtype == dt
-                                               and x.device.type == dev for x, (shp, dt, dev) in zip(args, q)):
+                if len(args) != len(q):
+                    continue
+                for x, (shp, dt, dev) in zip(args, q):
+                    if not isinstance(x, torch.Tensor) or x.shape != shp or x.dtype != dt or x.device.type != dev:
+                        break
+                else:
                     sig = known
                     break
         if sig is None:
             sig = signature(args, kwargs)
-        if sig == self.optimized_for or sig in self.also_for:
+        if sig is self.optimized_for or sig == self.optimized_for or sig in self.also_for:
+            mods = self._modules
             if self.prefer_eager:
-                return self.fallback
+                return mods["fallback"] if "fallback" in mods else self.fallback
             if self._chosen is not None and not torch.compiler.is_compiling():
                 return self._chosen
             if self.cuda_graph and not self.graph_note and _can_graph(args, kwargs):
@@ -135,7 +142,7 @@ class ComposedModule(torch.nn.Module):
                 if g is None:
                     g = self._graphs[sig] = _Graphed(self.gm, self)
                 return g
-            return self.gm
+            return mods["gm"] if "gm" in mods else self.gm
         if sig in self._variants:
             return self._variants[sig][0]
         target, why = None, "no kernels for that signature"
@@ -202,6 +209,14 @@ class ComposedModule(torch.nn.Module):
                 for m in mods for name, b in m.named_buffers() if name.rsplit(".", 1)[-1].startswith("_factdb_")}
         pools = list(self._graphs.values()) + ([self._chosen] if isinstance(self._chosen, _Graphed) else [])
         return (sum(made.values()) + (sum(g.held_bytes for g in pools) if graphs else 0)) / 2**20
+
+    def split_mib(self) -> float:
+        """Of held_mib(graphs=False): the weights' TF32 lo parts split once (compose._lo_node),
+        in MiB; 0 where the weights are split per call (split_weights False) or none is split."""
+        mods = [self.gm] + [t for t, _ in self._variants.values() if isinstance(t, torch.fx.GraphModule)]
+        made = {b.untyped_storage().data_ptr(): b.untyped_storage().nbytes()
+                for m in mods for name, b in m.named_buffers() if name.rsplit(".", 1)[-1].startswith("_factdb_b_lo_")}
+        return sum(made.values()) / 2**20
 
     def extra_repr(self) -> str:
         replaced = sum(1 for _, impl in self.regions if impl.kind != "eager")
@@ -336,8 +351,7 @@ def run_at_policy(fn, policy: str, args, kwargs=None):
     inputs in and the output back to the first floating input's dtype; tf32 enables TF32."""
     dt = policy_dtype(policy)
     if dt is None:
-        with policy_mode(policy):
-            return fn(*args, **(kwargs or {}))
+        return call_in_mode(policy, fn, args, kwargs)
     if not kwargs and all(type(x) is torch.Tensor for x in args):
         # Plain positional tensors, the common call: no pytree walk. A model timed from an idle
         # GPU pays this wrapper before its first launch; the walk cost tens of microseconds a

@@ -54,6 +54,45 @@ def torch_dtype(policy: str):
     return getattr(torch, HALF_POLICIES[policy])
 
 
+_FLAGS: list = []  # [(get cuBLAS, get cuDNN, set cuBLAS, set cuDNN, frozen, compiling)] once looked up, or [None]
+
+
+def _flag_functions():
+    if not _FLAGS:
+        import torch
+        c = torch._C
+        fs = tuple(getattr(c, f"_{op}_{lib}_allow_tf32", None) for op in ("get", "set") for lib in ("cublas", "cudnn"))
+        frozen = getattr(torch.backends, "flags_frozen", None)
+        _FLAGS.append(fs + (frozen, torch.compiler.is_compiling) if None not in fs and frozen is not None else None)
+    return _FLAGS[0]
+
+
+def call_in_mode(policy: str, fn, args=(), kwargs=None):
+    """`fn(*args, **kwargs)` under `policy_mode(policy)`, the flags read and set straight through
+    torch._C: a composed module at a float32 policy enters this on every call, and PyTorch's
+    defaults (cuDNN's TF32 on, cuBLAS's off) never match fp32's, so the flags are set and
+    restored each time. Through the context manager that cost 2.5 us of host time a call (a
+    0.12 ms model timed from an idle GPU pays it in full); here about a tenth of it."""
+    fs = _flag_functions()
+    # a torch without them, flags frozen, or traced by Dynamo (which follows torch.backends'
+    # flags, not torch._C's): as torch.backends sets them
+    if fs is None or fs[5]() or fs[4]():
+        with policy_mode(policy):
+            return fn(*args, **(kwargs or {}))
+    get_blas, get_dnn, set_blas, set_dnn, _, _ = fs
+    tf32 = policy == "tf32"
+    old = get_blas(), get_dnn()
+    if old == (tf32, tf32):
+        return fn(*args, **(kwargs or {}))
+    set_blas(tf32)
+    set_dnn(tf32)
+    try:
+        return fn(*args, **(kwargs or {}))
+    finally:
+        set_blas(old[0])
+        set_dnn(old[1])
+
+
 @contextlib.contextmanager
 def policy_mode(policy: str):
     """torch's matmul precision set for `policy` (fp32 and tf32x3: IEEE fp32; tf32: TF32).

@@ -238,17 +238,16 @@ def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max
             close_shared()
         where = "compose"
 
-        def compose(impls: dict):  # the model with these regions' impls in (the others as it wrote them)
+        def compose(impls: dict, split: bool = split_weights):  # the model with these regions' impls in
             derived: dict = {}  # the weights composition makes, shared with compositions for other shapes
             gm, notes = rewrite(disc.graph.program, disc.regions + [z.region for z in added], impls,
-                                split_weights=split_weights, derived=derived)
+                                split_weights=split, derived=derived)
             ran = [dataclasses.replace(z, impl=impls[z.index]) for z in realized]
             return ComposedModule(gm, model_p, policy=policy, optimized_for=signature(inputs), name=name,
                                   regions=[(z.region.rule, z.impl) for z in ran],
-                                  variants=variant_factory(model_p, policy, registry, ran, info, split_weights,
-                                                           derived),
+                                  variants=variant_factory(model_p, policy, registry, ran, info, split, derived),
                                   also_for=[signature(inputs_p)] if inputs_p is not inputs else [],
-                                  cuda_graph=cuda_graph, split_weights=split_weights), notes
+                                  cuda_graph=cuda_graph, split_weights=split), notes
         with stage("compose", report, progress):
             fast, notes = compose({z.index: z.impl for z in realized})
             report.notes += notes
@@ -282,11 +281,17 @@ def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max
                 report.notes.append(f"end-to-end verification failed ({verdict.reason}): the composed module is "
                                     f"not returned; eager PyTorch under the {policy} policy, or torch.compile of it, is")
                 fast = eager_module(model_p, policy, inputs, inputs_p, name)
+        def lean():  # what the module verified is, each weight split per call (choice.within_bound)
+            m, _ = compose({z.index: dataclasses.replace(z.impl) for z in realized}, split=False)
+            return m, check(m)
         where = "choose"
         with stage("choose", report, progress):
             report.choice = choose(fast, model_p, policy, draw, verify, peers=peers, timer=timer, max_held=max_held,
-                                   composed_ok=verdict.ok)
+                                   composed_ok=verdict.ok, lean=lean if split_weights else None)
             report.notes.append(report.choice.note)
+            if report.choice.lean is not None:
+                fast, verdict = report.choice.lean
+                report.verification = verdict
         where = "benchmark"
         if bench:
             with stage("benchmark", report, progress):
@@ -297,7 +302,7 @@ def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max
                     report.notes.append(
                         f"fact-db's module holds {held.held_mib:.1f} MiB between calls beyond the model's parameters "
                         "(weights it concatenated or transposed"
-                        + (" or split into TF32 parts" if split_weights else "")
+                        + (" or split into TF32 parts" if fast.split_weights else "")
                         + (", its CUDA graph's pool" if held.held_mib > fast.held_mib(graphs=False) else "")
                         + "), counted in its peak memory")
     except Exception as e:  # noqa: BLE001  (whatever failed, out of memory included: eager, with the reason)
