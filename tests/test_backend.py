@@ -124,7 +124,7 @@ def test_an_unknown_option_is_named_with_the_ones_accepted():
     with pytest.raises(B.BackendError) as e:
         B.options_from({"polcy": "bf16"})
     assert str(e.value).startswith("torch.compile(backend='factdb') has no option 'polcy' (did you mean 'policy'?); "
-                                   "it accepts: policy, registry, gpu, tune, shapes, rules, mode, inductor, lookup")
+                                   "it accepts: policy, registry, gpu, tune, shapes, rules, mode, inductor, split_weights, lookup")
     with pytest.raises(B.BackendError, match="option policy='fp64' is not a policy: use one of fp32"):
         B.options_from({"policy": "fp64"})
     B.register()
@@ -132,6 +132,34 @@ def test_an_unknown_option_is_named_with_the_ones_accepted():
     torch._dynamo.reset()
     with pytest.raises(Exception, match="has no option 'polcy'"), torch.no_grad():
         torch.compile(model, backend="factdb", options={"polcy": "bf16"})(torch.randn(2, 8))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("split", [True, False])
+def test_split_weights_holds_the_lo_parts_once_or_splits_them_per_call(split):
+    """The `split_weights` option, as optimize's: a kernel that takes B's lo parts gets each
+    weight's split once into a buffer the compiled graph holds (one more copy of the weight),
+    or with False the plain op, which splits per call and holds nothing. The cache key tells
+    the two graphs apart; a value that is not a bool is named."""
+    def lookup(region, w, policy):
+        if not hasattr(w, "epilogue"):
+            return None
+        e = w.epilogue
+        return Impl("gemm", f"stand-in {e}", standins.gemm_op(e), {"build_key": f"standin-lo-{e}"},
+                    op_lo=standins.gemm_lo_op(e), split_lo=standins.split_lo)
+    torch.manual_seed(0)
+    model, x = nn.Sequential(nn.Linear(32, 48), nn.ReLU(), nn.Linear(48, 16)).eval(), torch.randn(4, 32)
+    fast, _ = compiled(model, policy="fp32", lookup=lookup, split_weights=split)
+    with torch.no_grad():
+        before = standins.CALLS.copy()
+        torch.testing.assert_close(fast(x), model(x), rtol=1e-5, atol=1e-5)
+    ran = standins.CALLS - before
+    lo = sum(v for k, v in ran.items() if k.startswith("gemm_lo_"))
+    assert lo == (2 if split else 0) and sum(ran.values()) - lo == 2  # (the lo stand-in computes with the plain one)
+    [g] = B.report().graphs
+    assert g.key == B.cache_key("fp32", g.rows, None, split) and (g.key == B.cache_key("fp32", g.rows)) is split
+    with pytest.raises(B.BackendError, match="option split_weights='no' must be True or False"):
+        B.options_from({"split_weights": "no"})
 
 
 def test_the_mode_option_reaches_inductor_and_a_wrong_one_is_named(monkeypatch):

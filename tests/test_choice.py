@@ -583,3 +583,33 @@ def test_the_note_names_a_compile_only_for_a_compiled_choice():
         note = pick(cands, "bf16").note
         assert note.startswith(f"returns {name}: 3.00x over eager bf16")
         assert ("compiling it took 2.5 s" in note) == compiled, note
+
+
+def test_compile_peers_times_the_choices_own_compiled_peers_not_a_second_compile(monkeypatch):
+    """benchmarks/compile_peers.py's torch.compile peers are the modules optimize's choice
+    compiled (one compile a mode, as the pipeline's benchmark lends them): compiled twice,
+    max-autotune timed 0.491 and 0.525 ms on llama_block at bf16, so a returned max-autotune
+    was compared with another draw of itself, and a large model's GEMM autotuning ran twice.
+    A mode the choice did not compile (or failed to) is compiled by the benchmark."""
+    from conftest import benchmark_script
+    from fact_db.pipeline.choice import Choice
+    cp = benchmark_script("compile_peers")
+    model = torch.nn.Linear(4, 4)
+    own = torch.nn.Identity()
+    tc = Candidate("torch.compile", ms=1.0, verified=True, compile_s=2.0, held_mib=3.0)
+    tc.compiled = own
+    failed = Candidate("torch.compile max-autotune-no-cudagraphs", why="failed to compile: boom")
+    fast = type("F", (), {"choice": "torch.compile"})()
+    fast.report = type("R", (), {"choice": Choice("torch.compile", [Candidate("eager"), tc, failed])})()
+    compiled = []
+    monkeypatch.setattr(cp.torch, "compile", lambda m, **kw: compiled.append(kw.get("mode")) or m)
+    made = dict(cp._variants(model, fast, "bf16", ("compile", "max-autotune"), False, None))
+    x = torch.rand(2, 4)
+    seen = []
+    monkeypatch.setattr(own, "forward", lambda t: seen.append("lent") or t)
+    made["torch.compile"]()(x)
+    assert seen == ["lent"] and compiled == []
+    made["torch.compile max-autotune-no-cudagraphs"]()
+    assert compiled == ["max-autotune-no-cudagraphs"]
+    assert cp.lent_candidate(fast, "torch.compile") is tc and cp.lent_candidate(fast, failed.name) is None
+

@@ -52,6 +52,8 @@ OPTIONS = {
     "mode": "torch.compile's mode for Inductor's part (default, reduce-overhead, max-autotune, "
             "max-autotune-no-cudagraphs): torch.compile takes mode= or options=, not both, so it goes here",
     "inductor": "Inductor config patches (a dict, as torch.compile's options take them for Inductor)",
+    "split_weights": "the fp32/tf32x3 kernels' weights split into TF32 lo parts once and held (one more copy of "
+                     "each weight), or False: split per call, holding nothing; default True",
     "lookup": "lookup(region, workload, policy) -> Impl or None, in place of the registry (tests on the CPU)",
 }
 
@@ -73,6 +75,7 @@ class Options:
     rules: object = None
     mode: str | None = None
     inductor: dict = field(default_factory=dict)
+    split_weights: bool = True
     lookup: object = None
 
 
@@ -94,6 +97,8 @@ def options_from(options: dict | None) -> Options:
         raise BackendError(f"option mode={opts.mode!r} is not a torch.compile mode: use one of {', '.join(MODES)}")
     if not isinstance(opts.inductor, dict):
         raise BackendError(f"option inductor={opts.inductor!r} must be a dict of Inductor config patches")
+    if not isinstance(opts.split_weights, bool):
+        raise BackendError(f"option split_weights={opts.split_weights!r} must be True or False")
     if opts.lookup is not None and not callable(opts.lookup):
         raise BackendError("option lookup must be callable as lookup(region, workload, policy)")
     return opts
@@ -213,12 +218,15 @@ def rules_digest(rules) -> str:
     return digest
 
 
-def cache_key(policy: str, rows: list, rules=None) -> str:
+def cache_key(policy: str, rows: list, rules=None, split_weights: bool = True) -> str:
     """What a rewritten graph depends on besides its own text: fact-db's version, the rules
-    digest, the registry rows used and the policy. Inductor's FX graph cache key includes it."""
+    digest, the registry rows used, the policy, and whether weights are split once or per call.
+    Inductor's FX graph cache key includes it."""
     import fact_db
-    return hashlib.sha256(json.dumps({"factdb": fact_db.__version__, "rules": rules_digest(rules), "policy": policy,
-                                      "rows": sorted(rows)}, sort_keys=True).encode()).hexdigest()
+    what = {"factdb": fact_db.__version__, "rules": rules_digest(rules), "policy": policy, "rows": sorted(rows)}
+    if not split_weights:  # (the default leaves the key as it was: caches already filled stay valid)
+        what["split_weights"] = False
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
 
 
 # ------------------------------------------------------------------------------------------
@@ -403,7 +411,7 @@ def _rewrite(gm, args: list, sources: list, opts: Options, entry: GraphReport):
         entry.note = entry.note or "no region has a kernel in the registry"
         return None
     with entry.timed("rewrite"):
-        gm2, notes = rewrite(disc.graph.program, disc.regions, impls)
+        gm2, notes = rewrite(disc.graph.program, disc.regions, impls, split_weights=opts.split_weights)
     for i, impl in impls.items():
         r = disc.regions[i]
         if impl.kind == "eager":  # the rewrite could not take it
@@ -451,7 +459,7 @@ def _compile_with_kernels(gm, args: list, sources: list, opts: Options, mode, en
     if got is None:
         return None
     gm2, users, state, folded = got
-    entry.key = cache_key(entry.policy, entry.rows, opts.rules)
+    entry.key = cache_key(entry.policy, entry.rows, opts.rules, opts.split_weights)
     try:
         with entry.timed("inductor"):
             compiled = inductor.compile_graph(gm2, [args[i] for i in users], key=entry.key, mode=mode,

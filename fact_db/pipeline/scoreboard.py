@@ -95,7 +95,8 @@ def _did(report, fast=None) -> dict:
     ch = getattr(report, "choice", None)
     if ch is not None:  # every candidate of the choice: a peer left out (failed verification, slower) says why
         out["choice"] = [{"name": c.name, "ms": c.ms, "rounds_ms": c.rounds_ms, "verified": c.verified,
-                          "chosen": c.chosen, "why": first_line(c.why or "", 300), **_clocks(c.clocks)}
+                          "chosen": c.chosen, "held_mib": round(c.held_mib, 3), "why": first_line(c.why or "", 300),
+                          **_clocks(c.clocks)}
                          for c in ch.candidates]
     timed = [v for v in report.variants or [] if v.clocks]
     if timed:  # the GPU's clocks after each timing of the benchmark (its SM clock, and why it was held back)
