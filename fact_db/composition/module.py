@@ -132,7 +132,6 @@ class ComposedModule(torch.nn.Module):
         if sig is None:
             sig = signature(args, kwargs)
         if sig is self.optimized_for or sig == self.optimized_for or sig in self.also_for:
-            mods = self._modules
             if self._chosen is not None and not torch.compiler.is_compiling():
                 return self._chosen
             if self.cuda_graph and not self.graph_note and _can_graph(args, kwargs):
@@ -140,7 +139,7 @@ class ComposedModule(torch.nn.Module):
                 if g is None:
                     g = self._graphs[sig] = _Graphed(self.gm, self)
                 return g
-            return mods["gm"] if "gm" in mods else self.gm
+            return self._modules["gm"] if "gm" in self._modules else self.gm
         if sig in self._variants:
             return self._variants[sig][0]
         target, why = None, "no kernels for that signature"

@@ -169,7 +169,9 @@ def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max
     tf32x3 policies' `presplit`) get each weight's lo parts split once and held (one more copy
     of those weights, counted in the report's held memory); False splits them per call.
     `max_held`: the most memory the returned module may hold between calls, in MiB: "eager"
-    (default) for eager's own per-call peak, a number, or None for no bound.
+    (default) for eager's own per-call peak, a number, or None for no bound. Where weights' lo
+    parts split once put the composed module over it, it is composed again with them split per
+    call, verified, and timed in its place (choice.within_bound).
     `strict_allclose`: every candidate (the composed module, torch.compile, ...) must pass
     KernelBench's allclose against eager on each trial drawn like the problem's inputs, with no
     exemption for an output closer to float64 than eager's (kernels/verify.py: verify_model),
@@ -281,6 +283,7 @@ def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max
                 report.notes.append(f"end-to-end verification failed ({verdict.reason}): the composed module is "
                                     f"not returned; eager PyTorch under the {policy} policy, or torch.compile of it, is")
                 fast = eager_module(model_p, policy, inputs, inputs_p, name)
+
         def lean():  # what the module verified is, each weight split per call (choice.within_bound)
             m, _ = compose({z.index: dataclasses.replace(z.impl) for z in realized}, split=False)
             return m, check(m)
