@@ -170,3 +170,36 @@ def test_wgmma_fused_qkv_views_and_unaligned_v_give_the_packed_bits(kernels):
     v_off.copy_(v)
     assert v_off.data_ptr() % 16 != 0
     assert torch.equal(run(q, k, v_off, d ** -0.5, True), packed)
+
+
+@pytest.mark.parametrize("d", [64, 96, 128])
+def test_every_wgmma_config_reads_strided_views_to_the_packed_bits(kernels, d):
+    """Issue 28's layouts at every head dim: each fmha_fp32wg config (plain, warp-specialized,
+    pingpong, one K/V stage; low parts from the pass or split in shared memory; one product or
+    three) given q, k and v as views of a fused QKV projection's output (strided rows), and v 4
+    bytes off alignment, on ragged lengths (100 rows: no multiple of any block) of zero-mean
+    inputs: the packed inputs' result to the bit, within its policy's bound of float64."""
+    b, h, n = 2, 4, 100
+    g = torch.Generator(device="cuda").manual_seed(11)
+    qkv = torch.randn(b, n, 3, h, d, device="cuda", generator=g)
+    q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+    buf = torch.empty(v.numel() + 1, device="cuda")
+    v_off = buf[1:].view(b, h, n, d)
+    v_off.copy_(v)
+    assert v.stride(2) == 3 * h * d and v_off.data_ptr() % 16 != 0
+    scale = d ** -0.5
+    ref = reference(q, k, v, scale, True)
+    e32 = (eager(q, k, v, scale, True, tf32=False).double() - ref).abs().max().item()
+    etf32 = (eager(q, k, v, scale, True, tf32=True).double() - ref).abs().max().item()
+    ran = 0
+    for fam, c, run in kernels:
+        if fam.TEMPLATE != "fmha_fp32wg_sm90" or c["head_dim"] != d:
+            continue
+        packed = run(q.contiguous(), k.contiguous(), v.contiguous(), scale, True)
+        assert torch.equal(run(q, k, v, scale, True), packed), fam.label(c)
+        assert torch.equal(run(q, k, v_off, scale, True), packed), fam.label(c)
+        err = (packed.double() - ref).abs().max().item()
+        bound = 4 * etf32 if c.get("terms", 3) == 1 else 4 * e32 if c["promote_k"] == 32 else etf32 / 10
+        assert err <= bound, f"{fam.label(c)}: err {err:.3g} against a bound of {bound:.3g}"
+        ran += 1
+    assert ran >= 3, f"only {ran} fmha_fp32wg configs at head dim {d}"
