@@ -45,8 +45,6 @@ def lent_candidate(fast, name: str):
 
 def _variants(model_p, fast, policy: str, peers: tuple, with_reduce_overhead: bool, registry) -> list:
     """(name, make) per variant; make() -> the callable, taking inputs at the policy's dtype."""
-    def lent(name):
-        return lent_candidate(fast, name)
     from fact_db.composition.module import run_at_policy
 
     def at_policy(m):
@@ -61,7 +59,7 @@ def _variants(model_p, fast, policy: str, peers: tuple, with_reduce_overhead: bo
         # lends it: one compile a mode, so the peer and a returned torch.compile are one module
         # (compiled twice, max-autotune timed 0.491 and 0.525 ms on llama_block at bf16), and a
         # row of a large model spends its minutes of GEMM autotuning once, not twice.
-        c = lent(name)
+        c = lent_candidate(fast, name)
         return lambda: at_policy(c.compiled if c is not None else torch.compile(model_p, mode=mode))
     if "compile" in peers:
         out.append(("torch.compile", peer("torch.compile")))
@@ -210,9 +208,8 @@ def main() -> None:
                 if name.startswith("fact-db"):  # warmed by optimize already: what its choice measured
                     row["held_mib"] = fast.report.choice.candidate(fast.choice).held_mib
                     row["compile_s"] = fast.report.choice.candidate(fast.choice).compile_s
-                elif lent_candidate(fast, name) is not None:  # the choice's own compile of it (peer())
-                    row["held_mib"] = lent_candidate(fast, name).held_mib
-                    row["compile_s"] = lent_candidate(fast, name).compile_s
+                elif (lent := lent_candidate(fast, name)) is not None:  # the choice's own compile of it (peer())
+                    row["held_mib"], row["compile_s"] = lent.held_mib, lent.compile_s
                     row["note"] = "compiled once, by optimize's choice (its compile_s and held_mib)"
                 out = fn(*sets_p[0])
                 row["err"] = tree_err(cast_floats(out, torch.float64), ref)

@@ -204,19 +204,21 @@ class ComposedModule(torch.nn.Module):
         once, however many input shapes it has been composed for) and each CUDA graph's
         input copies and private pool, which holds all of the graph's intermediates. A call's
         own peak (bench.peak_mib) does not see it: it was allocated before the call."""
-        mods = [self.gm] + [t for t, _ in self._variants.values() if isinstance(t, torch.fx.GraphModule)]
-        made = {b.untyped_storage().data_ptr(): b.untyped_storage().nbytes()  # variants share buffers
-                for m in mods for name, b in m.named_buffers() if name.rsplit(".", 1)[-1].startswith("_factdb_")}
         pools = list(self._graphs.values()) + ([self._chosen] if isinstance(self._chosen, _Graphed) else [])
-        return (sum(made.values()) + (sum(g.held_bytes for g in pools) if graphs else 0)) / 2**20
+        return (self._made_bytes("_factdb_") + (sum(g.held_bytes for g in pools) if graphs else 0)) / 2**20
 
     def split_mib(self) -> float:
         """Of held_mib(graphs=False): the weights' TF32 lo parts split once (compose._lo_node),
         in MiB; 0 where the weights are split per call (split_weights False) or none is split."""
+        return self._made_bytes("_factdb_b_lo_") / 2**20
+
+    def _made_bytes(self, prefix: str) -> int:
+        """Bytes of the buffers composition made whose names start with `prefix`, in the graph
+        and its variants for other signatures, each storage once (variants share buffers)."""
         mods = [self.gm] + [t for t, _ in self._variants.values() if isinstance(t, torch.fx.GraphModule)]
         made = {b.untyped_storage().data_ptr(): b.untyped_storage().nbytes()
-                for m in mods for name, b in m.named_buffers() if name.rsplit(".", 1)[-1].startswith("_factdb_b_lo_")}
-        return sum(made.values()) / 2**20
+                for m in mods for name, b in m.named_buffers() if name.rsplit(".", 1)[-1].startswith(prefix)}
+        return sum(made.values())
 
     def extra_repr(self) -> str:
         replaced = sum(1 for _, impl in self.regions if impl.kind != "eager")

@@ -30,14 +30,18 @@ SCHEMAS = {
 }
 
 
+# The layout tag kernel ops carry, by the names torch has had for it: the first this torch has
+# (needs_fixed_stride_order before torch 2.7). pipeline/inductor.py checks one of them exists.
+STRIDE_TAGS = ("needs_exact_strides", "needs_fixed_stride_order")
+
+
 def layout_tags() -> tuple:
     """The tag every kernel op carries: Inductor passes its inputs with exactly the strides
     they had when traced. A kernel was tuned and verified for the operand layouts its
     registry key names; an input in a layout Inductor chose instead would cost a copy inside
     the op, or a launch the kernel refuses."""
     import torch
-    tag = getattr(torch.Tag, "needs_exact_strides", None) or torch.Tag.needs_fixed_stride_order  # torch < 2.7
-    return (tag,)
+    return (next(getattr(torch.Tag, t) for t in STRIDE_TAGS if hasattr(torch.Tag, t)),)
 
 
 def factdb_op(name: str, schema: str, impl, fake, *, dispatch: str = "CUDA"):

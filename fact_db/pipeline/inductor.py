@@ -41,10 +41,6 @@ _FEATURES = (
 )
 
 
-# the layout tag kernel ops carry (fact_db/kernels/ops.py): the first this torch has
-_STRIDE_TAGS = ("needs_exact_strides", "needs_fixed_stride_order")
-
-
 def missing() -> list[str]:
     """The features above that this torch lacks, as `module.name`; [] where all are there.
     (That dynamo's graph arguments carry `meta["grapharg"].source` needs a compile to see:
@@ -58,8 +54,10 @@ def missing() -> list[str]:
         except ImportError:
             out.append(f"{mod}.{name}")
     import torch
-    if not any(hasattr(torch.Tag, t) for t in _STRIDE_TAGS):
-        out.append("torch.Tag." + " or ".join(_STRIDE_TAGS))
+
+    from fact_db.kernels.ops import STRIDE_TAGS  # the layout tag kernel ops carry
+    if not any(hasattr(torch.Tag, t) for t in STRIDE_TAGS):
+        out.append("torch.Tag." + " or ".join(STRIDE_TAGS))
     return out
 
 
