@@ -108,6 +108,9 @@ def norm_op(kind: str = "layernorm", eps: float = 1e-5):
     @torch.library.custom_op(f"factdb_test::{name}", mutates_args=(),
                              schema="(Tensor x, Tensor? r, Tensor weight, Tensor? bias) -> (Tensor, Tensor)")
     def op(x, r, weight, bias):
+        if x.dtype != weight.dtype or (r is not None and r.dtype != x.dtype):  # the kernel's contract (NormError)
+            raise RuntimeError(f"norm kernel takes {weight.dtype}, got x {x.dtype}"
+                               + (f", r {r.dtype}" if r is not None else ""))
         CALLS[name] += 1
         s = x + r if r is not None else x
         if kind == "layernorm":
