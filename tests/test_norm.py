@@ -411,13 +411,16 @@ class _LlamaCasts(torch.nn.Module):
         super().__init__()
         self.w = torch.nn.Parameter(torch.rand(width) + 0.5)
         self.lin = torch.nn.Linear(width, width, bias=False)
+        self.register_buffer("inv_freq", 1.0 / 10000 ** (torch.arange(0, 8) / 8))
 
     def forward(self, x):
         dt = x.dtype
         h = x.to(torch.float32)
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
         h = self.w * h.to(dt)
-        cos = torch.cos(torch.arange(x.shape[-2], device=x.device).float())[:, None].to(dt)
+        pos = torch.arange(x.shape[-2], device=x.device).float()[None, :]
+        freq = self.inv_freq.float()[:, None] @ pos  # a product of a buffer upcast and positions: float32 both
+        cos = torch.cos(freq).mean(0)[:, None].to(dt)
         return x + self.lin(h) * cos
 
 
@@ -448,9 +451,9 @@ def test_a_float32_trace_composed_at_bf16_keeps_its_values_and_the_norm_kernels_
     assert sum((standins.CALLS - before).values()) == 1
     assert got.dtype == torch.bfloat16  # the residual stream stayed in bf16
     torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
-    # the casts that change values at trace stay: arange's integers to float32
-    casts = [n for n in gm.graph.nodes if n.target == torch.ops.aten.to.dtype]
-    assert sorted(str(n.args[1]) for n in casts).count("torch.float32") == 1
+    # left as traced: arange's integers to float32, and the buffer's upcast that meets them in a product
+    casts = [n for n in gm.graph.nodes if str(n.target) in ("aten.to.dtype", "aten._to_copy.default")]
+    assert [str(n.args[1]) for n in casts].count("torch.float32") == 2
     # without the policy (the backend's graphs, traced in the dtype they run in) nothing is retargeted:
     # this float32 trace run at bf16 hands the norm kernel float32, which it refuses (or, where
     # export asserts the trace's dtypes before a cast, torch 2.13, fails at the first)

@@ -625,6 +625,25 @@ def rewrite(program, regions: list, impls: dict, split_weights: bool = True, der
 
 
 _CASTS = ("aten.to.dtype", "aten.to.device", "aten.to.dtype_layout", "aten._to_copy.default")
+_PRODUCTS = frozenset({"aten.mm", "aten.bmm", "aten.matmul", "aten.linear", "aten.addmm", "aten.baddbmm",
+                       "aten.einsum"})
+
+
+def _reaches_product(n) -> bool:
+    """Does `n`'s value reach a matrix product through views? (a product does not promote mixed dtypes)"""
+    from fact_db.discovery.aten import VIEW_OPS
+    todo, seen = list(n.users), set()
+    while todo:
+        u = todo.pop()
+        if u in seen or u.op != "call_function":
+            continue
+        seen.add(u)
+        op = _fx_op(u)
+        if op in _PRODUCTS:
+            return True
+        if op in VIEW_OPS:
+            todo += list(u.users)
+    return False
 
 
 def _retarget_trace_casts(g, policy: str | None, program) -> None:
@@ -632,13 +651,15 @@ def _retarget_trace_casts(g, policy: str | None, program) -> None:
     (module.run_at_policy), but the casts its trace recorded still name float32: Llama's
     RMSNorm `x.to(torch.float32)` and its `.to(input_dtype)` back, the rotary embedding's
     `cos.to(x.dtype)`. Each was the identity when traced; run at bf16 it casts to float32,
-    so a residual stream turns float32 from there on and a region reading one gets float32
-    where its kernel takes bf16 (the norm kernel refused Llama's at 4 x 2048). Run as the model
-    runs in that dtype, `.to(x.dtype)` keeps the value in it, so every cast that was a
-    float32 identity in a float32 trace casts to the policy's dtype instead (an upcast meant
-    for precision, `x.float()`, then stays in it too: the policy's choice, and the norm
-    kernels compute in float32 whatever they read). Casts that change the value at trace (an
-    integer to float32, float32 to half) are left; a program traced in another dtype too."""
+    so the residual stream (which export reads through the cast: one tensor when traced)
+    turns float32 and a region reading one gets float32 where its kernel takes bf16. Run as
+    the model runs in that dtype, `.to(x.dtype)` keeps the value in it, so a cast that was a
+    float32 identity in a float32 trace casts to the policy's dtype instead; an upcast meant
+    for precision (`x.float()`) then stays in it too, the policy's choice (the norm kernels
+    compute in float32 whatever they read). Left as traced: casts that change the value (an
+    integer to float32, float32 to half), a cast whose value reaches a matrix product
+    (`inv_freq.float() @ positions.float()`: a product takes one dtype), and every cast of a
+    program traced in another dtype."""
     from fact_db.core.policy import torch_dtype
     dt = torch_dtype(policy) if policy else None
     if dt is None:
@@ -659,7 +680,7 @@ def _retarget_trace_casts(g, policy: str | None, program) -> None:
         if not (isinstance(val, torch.Tensor) and isinstance(sval, torch.Tensor)):
             continue
         if (val.dtype == sval.dtype == torch.float32 and val.device == sval.device and val.shape == sval.shape
-                and val.stride() == sval.stride()):
+                and val.stride() == sval.stride() and not _reaches_product(n)):
             n.target, n.args, n.kwargs = torch.ops.aten.to.dtype, (src, dt), {}
 
 
