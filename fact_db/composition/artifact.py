@@ -308,7 +308,7 @@ def load(directory, *, loader=None):
         impls[i] = impl
         notes.append(f"region {entry['index']} {entry['rule']}: {what}")
     split = bool(manifest.get("split_weights", True))
-    gm, rnotes = rewrite(program, regions, impls, split_weights=split, policy=manifest["policy"])
+    gm, rnotes = rewrite(program, regions, impls, split_weights=split)
     notes += rnotes
     fallback = fallback_ep.module() if fallback_ep is not None else program.module()
     if fallback_ep is None:

@@ -552,8 +552,7 @@ _BUILDERS = {"gemm": _gemm_nodes, "attention": _attention_nodes, "sdpa": _attent
              "region": _region_nodes, "conv": _conv_nodes}
 
 
-def rewrite(program, regions: list, impls: dict, split_weights: bool = True, derived: dict | None = None,
-            policy: str | None = None):
+def rewrite(program, regions: list, impls: dict, split_weights: bool = True, derived: dict | None = None):
     """The unlifted GraphModule of ExportedProgram `program` with every region whose Impl is
     not eager replaced by its op. Regions need `rule`, `nodes`, `output`, `operands`,
     `attrs` and `composable` (discover.Region has them; an artifact stores them). Returns
@@ -563,10 +562,7 @@ def rewrite(program, regions: list, impls: dict, split_weights: bool = True, der
     False splits them per call. Buffers made here (concatenated weights, lo parts) are copies:
     the module serves the weights it was composed with. `derived`: a dict kept across the
     rewrites of one model (its compositions for other input shapes), so they share those
-    buffers instead of each holding its own; this call adds what it makes. `policy`: the
-    policy the module runs the program at; a half policy retargets the casts a float32 trace
-    recorded as identities (`_retarget_trace_casts`). The backend, whose graphs are traced in
-    the dtype they run in, leaves it None.
+    buffers instead of each holding its own; this call adds what it makes.
     """
     if program is None:
         raise ComposeError("no exported program to compose (the graph was traced without one)")
@@ -578,7 +574,6 @@ def rewrite(program, regions: list, impls: dict, split_weights: bool = True, der
     shapes = _shapes(program)
     g = gm.graph
     notes = []
-    _retarget_trace_casts(g, policy, program)
     for i, r in enumerate(regions):
         impl = impls.get(i)
         if impl is None or impl.kind == "eager":
@@ -622,66 +617,6 @@ def rewrite(program, regions: list, impls: dict, split_weights: bool = True, der
     g.lint()
     gm.recompile()
     return gm, notes
-
-
-_CASTS = ("aten.to.dtype", "aten.to.device", "aten.to.dtype_layout", "aten._to_copy.default")
-_PRODUCTS = frozenset({"aten.mm", "aten.bmm", "aten.matmul", "aten.linear", "aten.addmm", "aten.baddbmm",
-                       "aten.einsum"})
-
-
-def _reaches_product(n) -> bool:
-    """Does `n`'s value reach a matrix product through views? (a product does not promote mixed dtypes)"""
-    from fact_db.discovery.aten import VIEW_OPS
-    todo, seen = list(n.users), set()
-    while todo:
-        u = todo.pop()
-        if u in seen or u.op != "call_function":
-            continue
-        seen.add(u)
-        op = _fx_op(u)
-        if op in _PRODUCTS:
-            return True
-        if op in VIEW_OPS:
-            todo += list(u.users)
-    return False
-
-
-def _retarget_trace_casts(g, policy: str | None, program) -> None:
-    """Under a half policy, a program traced in float32 runs in the policy's dtype
-    (module.run_at_policy), but the casts its trace recorded still name float32: Llama's
-    RMSNorm `x.to(torch.float32)` and its `.to(input_dtype)` back, the rotary embedding's
-    `cos.to(x.dtype)`. Each was the identity when traced; run at bf16 it casts to float32,
-    so the residual stream (which export reads through the cast: one tensor when traced)
-    turns float32 and a region reading one gets float32 where its kernel takes bf16. Run as
-    the model runs in that dtype, `.to(x.dtype)` keeps the value in it, so a cast that was a
-    float32 identity in a float32 trace casts to the policy's dtype instead; an upcast meant
-    for precision (`x.float()`) then stays in it too, the policy's choice (the norm kernels
-    compute in float32 whatever they read). Left as traced: casts that change the value (an
-    integer to float32, float32 to half), a cast whose value reaches a matrix product
-    (`inv_freq.float() @ positions.float()`: a product takes one dtype), and every cast of a
-    program traced in another dtype."""
-    from fact_db.core.policy import torch_dtype
-    dt = torch_dtype(policy) if policy else None
-    if dt is None:
-        return
-    # the exported program's placeholders: its inputs, parameters and buffers, as traced
-    floats = [n.meta.get("val") for n in program.graph.nodes if n.op == "placeholder"]
-    floats = [v for v in floats if isinstance(v, torch.Tensor) and v.is_floating_point()]
-    if not floats or any(v.dtype != torch.float32 for v in floats):
-        return
-    for n in list(g.nodes):
-        if n.op == "call_function" and str(n.target) == "aten._assert_tensor_metadata.default" and not n.users:
-            g.erase_node(n)  # the trace's dtype asserted before a cast (torch 2.13's export): not the one it runs in
-            continue
-        if n.op != "call_function" or str(n.target) not in _CASTS or not n.args:
-            continue
-        src, val = n.args[0], n.meta.get("val")
-        sval = src.meta.get("val") if isinstance(src, torch.fx.Node) else None
-        if not (isinstance(val, torch.Tensor) and isinstance(sval, torch.Tensor)):
-            continue
-        if (val.dtype == sval.dtype == torch.float32 and val.device == sval.device and val.shape == sval.shape
-                and val.stride() == sval.stride() and not _reaches_product(n)):
-            n.target, n.args, n.kwargs = torch.ops.aten.to.dtype, (src, dt), {}
 
 
 def _drop_input_checks(gm) -> None:

@@ -243,7 +243,7 @@ def optimize(module, example_inputs, *, policy: str = "fp32", registry=None, max
         def compose(impls: dict, split: bool = split_weights):  # the model with these regions' impls in
             derived: dict = {}  # the weights composition makes, shared with compositions for other shapes
             gm, notes = rewrite(disc.graph.program, disc.regions + [z.region for z in added], impls,
-                                split_weights=split, derived=derived, policy=policy)
+                                split_weights=split, derived=derived)
             ran = [dataclasses.replace(z, impl=impls[z.index]) for z in realized]
             return ComposedModule(gm, model_p, policy=policy, optimized_for=signature(inputs), name=name,
                                   regions=[(z.region.rule, z.impl) for z in ran],

@@ -39,7 +39,6 @@ def variant_factory(model_p, policy: str, registry, realized, info, split_weight
                 used += 1
         if not used:
             return None, "the registry has no built kernel for these shapes"
-        gm, _ = rewrite(disc.graph.program, disc.regions, impls, split_weights=split_weights, derived=derived,
-                        policy=policy)
+        gm, _ = rewrite(disc.graph.program, disc.regions, impls, split_weights=split_weights, derived=derived)
         return gm, f"{used} of {len(disc.regions)} regions from kernels the registry has for these shapes, the rest eager"
     return make

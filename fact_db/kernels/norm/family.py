@@ -57,8 +57,7 @@ def workload(region, graph, policy: str):
         if t is not None and tuple(t.shape or ()) not in (inner, (prod(inner),)):
             return None, (f"norm over {list(inner)} of {list(x.shape)} with a {name} of shape {list(t.shape or ())}: "
                           f"one {name} per normalized element needed")
-    # bf16/fp16 policies run the whole model in that dtype (composition.module.run_at_policy), whatever it was traced in.
-    dtype = HALF_POLICIES.get(policy, x.dtype)
+    dtype = run_dtype(x, graph, policy)
     if dtype not in ELEMENT:
         return None, f"norm on {dtype}: the add_norm template takes {', '.join(ELEMENT)}"
     if "res" in ops:
@@ -79,6 +78,20 @@ def workload(region, graph, policy: str):
         return None, (f"rows of {w.width} elements: the add_norm kernel holds a row in registers, at most "
                       f"{MAX_ROW_VALUES} {dtype} values, so eager runs it")
     return w, ""
+
+
+def run_dtype(x, graph, policy: str) -> str:
+    """The dtype a norm's input has when the model runs under `policy`. A half policy runs
+    the model in its dtype, so a graph traced as written (float32: `factdb discover` and
+    `plan`) says the policy's. A graph traced as the policy runs it (`optimize` traces the
+    model cast to bf16) says it itself: a float32 input there is one the model upcasts on
+    purpose (HF Llama's RMSNorm, `x.to(torch.float32)` before the norm and the cast back after
+    it), and the kernel must take float32 (given bf16's, it refused the float32 it was handed)."""
+    half = HALF_POLICIES.get(policy)
+    if half is None:
+        return x.dtype
+    traced_half = any(n.op in ("input", "parameter", "buffer") and n.dtype == half for n in graph.nodes)
+    return x.dtype if traced_half else half
 
 
 def owns(w) -> bool:
