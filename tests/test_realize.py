@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from click.testing import CliRunner
 
 from fact_db.kernels import build
@@ -105,3 +106,43 @@ def test_an_attention_region_served_by_the_registry_says_so(hit):
     [rz] = [z for z in realize_regions(rep, "bf16", attention_chooser=lambda w: (rows, best), progress=False)
             if z.workload is not None]
     assert rz.how == ("registry" if hit else "tuned") and rz.ms == 0.2 and rz.eager_ms == 0.5
+
+
+class _Upcasts(torch.nn.Module):
+    """A bf16 model that computes two regions in float32 on purpose, as routers and norms do:
+    a projection of an upcast and attention over upcast q, k, v; and one of each in bf16."""
+
+    def __init__(self, width=64):
+        super().__init__()
+        self.router = torch.nn.Linear(width, 8, bias=False)
+        self.proj = torch.nn.Linear(width, width, bias=False)
+
+    def forward(self, x):
+        logits = torch.nn.functional.linear(x.float(), self.router.weight.float())
+        q = x.view(2, 16, 4, 16).transpose(1, 2)
+        up = torch.nn.functional.scaled_dot_product_attention(q.float(), q.float(), q.float())
+        half = torch.nn.functional.scaled_dot_product_attention(q, q, q)
+        return self.proj(x), logits, up, half
+
+
+def test_regions_a_bf16_model_computes_in_float32_stay_eager_with_the_reason():
+    """optimize traces the model as the policy runs it; a region whose operands the model upcast
+    to float32 would hand the bf16 kernels float32: it stays eager, saying why. Traced as
+    written (float32), every region is the policy's."""
+    from fact_db.discovery.discover import analyse
+    from fact_db.discovery.rules import load_rules
+    from fact_db.discovery.trace import trace_module
+    from fact_db.realization.realize import workload_of
+    model, x = _Upcasts().eval(), torch.randn(2, 16, 64)
+
+    def workloads(m, inp):
+        rep = analyse(trace_module(m, (inp,)), load_rules(), arch="sm90", policy="bf16")
+        return [(r.rule, *workload_of(r, p, rep.graph, "bf16")) for r, p in zip(rep.regions, plan(rep, "bf16"))]
+    as_written = workloads(model, x)
+    assert len(as_written) == 4 and all(w is not None and w.dtype == "bfloat16" for _, w, _ in as_written)
+    as_run = workloads(model.bfloat16(), x.bfloat16())
+    kept = sorted(rule for rule, w, _ in as_run if w is not None)
+    eager = [(rule, why) for rule, w, why in as_run if w is None]
+    assert len(kept) == 2 and len(eager) == 2
+    assert all("is float32 in a model run at bf16" in why and "eager runs it" in why for _, why in eager)
+    assert {rule for rule, _ in eager} == set(kept)  # one GEMM and one attention of each kind

@@ -37,6 +37,36 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
 
+def traced_half(graph, policy: str) -> str | None:
+    """The half dtype ("bfloat16", "float16") of a half `policy` where `graph` was traced as the
+    policy runs the model (`optimize` traces it cast to that dtype: its inputs, parameters or
+    buffers are in it), else None (a float32 policy, or a graph traced as written)."""
+    from fact_db.core.policy import HALF_POLICIES
+    half = HALF_POLICIES.get(policy)
+    if half is None or not any(n.op in ("input", "parameter", "buffer") and n.dtype == half for n in graph.nodes):
+        return None
+    return half
+
+
+def upcast_operand(region, graph, policy: str) -> str:
+    """Why a region's kernels, which take the half policy's dtype, cannot run it: an operand the
+    model computes in float32 on purpose (an upcast, such as a router's `F.linear(x.float(),
+    w.float())`) in a graph traced as the policy runs it; "" otherwise. Given the policy's dtype
+    they would be handed float32 and refuse it; eager keeps the precision the model asked for."""
+    half = traced_half(graph, policy)
+    if half is None:
+        return ""
+    for role, name in (region.operands or {}).items():
+        try:
+            node = graph[name] if isinstance(name, str) else None
+        except KeyError:
+            continue
+        if node is not None and node.dtype == "float32":
+            return (f"operand {role} (`{name}`) is float32 in a model run at {policy}: the model computes this "
+                    f"region in float32 on purpose, and the {policy} kernels take {half}, so eager runs it")
+    return ""
+
+
 @dataclass
 class Context:
     """What realizing a workload may use: where, with what budget, and the test hooks.

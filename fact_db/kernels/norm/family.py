@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from fact_db.core.policy import HALF_POLICIES
-from fact_db.kernels.family import Context, Outcome, build_batch, registry_first, stored_winner
+from fact_db.kernels.family import Context, Outcome, build_batch, registry_first, stored_winner, traced_half
 from fact_db.kernels.impl import Impl, stored
 from fact_db.kernels.norm.workload import ELEMENT, TEMPLATE, NormError, NormWorkload
 
@@ -88,10 +88,9 @@ def run_dtype(x, graph, policy: str) -> str:
     purpose (HF Llama's RMSNorm, `x.to(torch.float32)` before the norm and the cast back after
     it), and the kernel must take float32 (given bf16's, it refused the float32 it was handed)."""
     half = HALF_POLICIES.get(policy)
-    if half is None:
+    if half is None or traced_half(graph, policy):
         return x.dtype
-    traced_half = any(n.op in ("input", "parameter", "buffer") and n.dtype == half for n in graph.nodes)
-    return x.dtype if traced_half else half
+    return half
 
 
 def owns(w) -> bool:
