@@ -612,4 +612,12 @@ def test_compile_peers_times_the_choices_own_compiled_peers_not_a_second_compile
     made["torch.compile max-autotune-no-cudagraphs"]()
     assert compiled == ["max-autotune-no-cudagraphs"]
     assert cp.lent_candidate(fast, "torch.compile") is tc and cp.lent_candidate(fast, failed.name) is None
+    # the returned peer is timed once more, last, from the same lent module
+    names = [n for n, _ in cp._variants(model, fast, "bf16", ("compile", "max-autotune"), False, None)]
+    assert names[-1] == "torch.compile, timed again" and names.count("torch.compile") == 1
+    seen.clear()
+    made["torch.compile, timed again"]()(x)
+    assert seen == ["lent"]
+    fast.choice = "composed"  # not a peer's compile: no second row
+    assert not any(n.endswith("timed again") for n, _ in cp._variants(model, fast, "bf16", ("compile",), False, None))
 
