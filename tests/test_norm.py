@@ -438,6 +438,10 @@ def test_an_upcast_norm_in_a_bf16_trace_runs_its_kernel_in_float32():
     rep = _analyse(half, xb)
     found = norm_workloads(rep)
     assert [w.dtype for w in found.values()] == ["float32"]
+    # and realize's operand check passes it: its operand is float32, as its kernel takes
+    from fact_db.realization.realize import plan, workload_of
+    for i in found:
+        assert workload_of(rep.regions[i], plan(rep, "bf16")[i], rep.graph, "bf16")[0] == found[i]
     impls = {i: Impl("norm", "stand-in", standins.norm_op(w.kind, w.eps), {}) for i, w in found.items()}
     gm, notes = rewrite(rep.graph.program, rep.regions, impls)
     assert notes == []

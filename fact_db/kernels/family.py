@@ -48,22 +48,25 @@ def traced_half(graph, policy: str) -> str | None:
     return half
 
 
-def upcast_operand(region, graph, policy: str) -> str:
-    """Why a region's kernels, which take the half policy's dtype, cannot run it: an operand the
-    model computes in float32 on purpose (an upcast, such as a router's `F.linear(x.float(),
-    w.float())`) in a graph traced as the policy runs it; "" otherwise. Given the policy's dtype
-    they would be handed float32 and refuse it; eager keeps the precision the model asked for."""
-    half = traced_half(graph, policy)
-    if half is None:
+def operand_dtype_mismatch(region, graph, policy: str, workload) -> str:
+    """Why `workload`'s kernels cannot run `region`: in a graph traced as a half policy runs the
+    model, an operand whose floating dtype is not the one the kernel takes (`workload.dtype`).
+    That is a region the model computes in float32 on purpose (a router's `F.linear(x.float(),
+    w.float())`): kernels built for bf16 would be handed float32 and refuse it, so eager keeps
+    the precision the model asked for. A norm over an upcast takes float32 itself
+    (norm.family.run_dtype) and passes. "" where nothing differs, or the graph was traced as
+    written (float32, run later in the policy's dtype)."""
+    want = getattr(workload, "dtype", None)
+    if want is None or traced_half(graph, policy) is None:
         return ""
     for role, name in (region.operands or {}).items():
         try:
             node = graph[name] if isinstance(name, str) else None
         except KeyError:
             continue
-        if node is not None and node.dtype == "float32":
-            return (f"operand {role} (`{name}`) is float32 in a model run at {policy}: the model computes this "
-                    f"region in float32 on purpose, and the {policy} kernels take {half}, so eager runs it")
+        if node is not None and node.dtype in ("float32", "bfloat16", "float16") and node.dtype != want:
+            return (f"operand {role} (`{name}`) is {node.dtype} in a model run at {policy}, and this region's "
+                    f"kernels take {want}: the model computes it in {node.dtype} on purpose, so eager runs it")
     return ""
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from fact_db.core.device import build_arch
 from fact_db.kernels import build as build_mod
 from fact_db.kernels import families
-from fact_db.kernels.family import Context, upcast_operand
+from fact_db.kernels.family import Context, operand_dtype_mismatch
 from fact_db.kernels.gemm import family as gemm_family
 from fact_db.kernels.gemm.workload import GemmWorkload
 from fact_db.kernels.region import family as region_family
@@ -129,11 +129,14 @@ def workload_of(region, planned: Planned, graph, policy: str):
     """(workload, note) of a region: the plan's GEMM workload, else the workload of the family
     that claims it (kernels.families), else None with the reason it has none."""
     if planned.workload is not None:
-        if why := upcast_operand(region, graph, policy):
-            return None, why
-        return planned.workload, planned.note
-    w, note = families.workload_of(region, graph, policy)
-    return w, (note or planned.note if w is None else note)
+        w, note = planned.workload, planned.note
+    else:
+        w, note = families.workload_of(region, graph, policy)
+        if w is None:
+            return None, note or planned.note
+    if why := operand_dtype_mismatch(region, graph, policy, w):
+        return None, why
+    return w, note
 
 
 def registry_answer(registry, w, arch: str, gpu: str) -> tuple[str, float | None]:

@@ -9,7 +9,7 @@ explicit form) always among the candidates.
 from __future__ import annotations
 
 from fact_db.kernels.attention.workload import AttentionError, AttentionWorkload, library_op
-from fact_db.kernels.family import Context, Outcome, upcast_operand
+from fact_db.kernels.family import Context, Outcome
 from fact_db.kernels.impl import Impl, stored
 
 NAME = "attention"
@@ -32,8 +32,6 @@ def workload(region, graph, policy: str):
         return None, "attention operands unknown"
     if q is None or k is None or v is None or len(q) != 4 or len(k) != 4 or len(v) != 4:
         return None, "attention on tensors that are not [batch, heads, length, dim]"
-    if why := upcast_operand(region, graph, policy):
-        return None, why
     try:
         w = AttentionWorkload(q[0], q[1], k[1], q[2], k[2], q[3], v[3], causal=bool(attrs.get("causal")),
                               scale=attrs.get("scale"), policy=policy, rule=region.rule)

@@ -19,7 +19,7 @@ from fact_db.discovery.conv import geometry
 from fact_db.kernels.conv.kernel import TEMPLATE, ConvConfig, why_not
 from fact_db.kernels.conv.layout import arrives_channels_last, converted_anyway
 from fact_db.kernels.conv.workload import ELEMENT, ConvError, ConvWorkload, canonical_chain
-from fact_db.kernels.family import Context, Outcome, build_batch, registry_first, stored_winner, upcast_operand
+from fact_db.kernels.family import Context, Outcome, build_batch, registry_first, stored_winner
 from fact_db.kernels.impl import Impl, stored
 
 NAME = "conv"
@@ -65,8 +65,6 @@ def workload(region, graph, policy: str):
         x = graph[ops["x"]]
     except (KeyError, TypeError):
         return None, "the convolution's input is not in the graph"
-    if why := upcast_operand(region, graph, policy):
-        return None, why
     dtype = HALF_POLICIES.get(policy, x.dtype)
     if dtype not in ELEMENT:
         return None, f"convolution on {dtype}: the conv template takes {', '.join(ELEMENT)}"
