@@ -115,8 +115,11 @@ with torch.device(device):
 model_p = at_policy(model, policy)
 dt = policy_dtype(policy)
 x = cast_floats(x, dt) if dt else x
-if which == "factdb":
+if which.startswith("factdb"):
     from fact_db.store.registry import Registry
+    if which == "factdb-nowarm":  # the backend before 2026-11-29: Inductor's compile workers started late
+        from fact_db.pipeline import inductor as fi
+        fi.warm_compile_workers = lambda: None
     fb.register()
     c = torch.compile(model_p, backend="factdb", options={"policy": policy, "registry": Registry.open(db or None)})
 else:
@@ -127,15 +130,17 @@ with torch.no_grad():
 if device == "cuda":
     torch.cuda.synchronize()
 out = {"compile_s": time.perf_counter() - t}
-if which == "factdb":  # where the backend's time went, per graph and phase
+if which.startswith("factdb"):  # where the backend's time went, per graph and phase; the kernels it put in
     out["phases_s"] = [g.seconds for g in fb.report().graphs]
+    out["kernels"] = sum(len(g.kernels) for g in fb.report().graphs)
 print(json.dumps(out))
 """
 
 
 def cold_compile_s(problem: str, policy: str, which: str, db: str | None = None, device: str = "cuda") -> dict:
     """The first call of torch.compile(model) (`which` "inductor") or of torch.compile(model,
-    backend="factdb") (`which` "factdb": the registry's kernels, none tuned) in a fresh process
+    backend="factdb") (`which` "factdb": the registry's kernels, none tuned; "factdb-nowarm": the
+    same without starting Inductor's compile workers first) in a fresh process
     with empty Inductor and Triton caches: both compile from nothing, where in this process
     torch.compile's graph was already in Inductor's cache from optimize's choice, and the
     backend's was not. {"compile_s"} or {"error"}."""

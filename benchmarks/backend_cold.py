@@ -1,0 +1,73 @@
+"""torch.compile(model, backend="factdb")'s compile time from nothing, against plain
+torch.compile's, each in a fresh process with empty Inductor and Triton caches
+(compile_peers.cold_compile_s), interleaved run by run: plain torch.compile ("inductor"), the
+backend ("factdb"), and the backend without starting Inductor's compile workers first
+("factdb-nowarm", as it was before 2026-11-29), so the rows show what the warm-up saves. Run on
+a GPU host; the registry is --db (default: $FACTDB_HOME's), whose kernels the backend puts in
+(with an empty one every region stays with Inductor, and the rows time the backend's fixed cost):
+
+    python benchmarks/backend_cold.py layernorm square_gemm_fp32 mingpt_block --policy fp32 --runs 2
+
+Writes benchmarks/results/<gpu>-<date>-backend-cold.json (device, date, commit) unless --out.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from datetime import date
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+WHICH = ("inductor", "factdb", "factdb-nowarm")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("problems", nargs="+", help="names in benchmarks/problems/ or paths")
+    ap.add_argument("--policy", default="fp32")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--db", default=None)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    sys.path.insert(0, str(HERE))
+    from _provenance import commit
+    from compile_peers import cold_compile_s
+
+    import torch
+
+    from fact_db.core.environment import device_info
+    rows = []
+    for prob in a.problems:
+        path = prob if "/" in prob or prob.endswith(".py") else str(HERE / "problems" / f"{prob}.py")
+        row = {"problem": Path(path).stem, "policy": a.policy, **{w: [] for w in WHICH}, "errors": [], "runs": []}
+        for _ in range(a.runs):
+            for w in WHICH:
+                got = cold_compile_s(path, a.policy, w, a.db, a.device)
+                row["runs"].append({"which": w, **got})
+                if "error" in got:
+                    row["errors"].append(f"{w}: {got['error']}")
+                else:
+                    row[w].append(got["compile_s"])
+        for w in WHICH:
+            row[f"{w}_median_s"] = statistics.median(row[w]) if row[w] else None
+        base = row["inductor_median_s"]
+        for w in WHICH[1:]:
+            row[f"{w}_over_torch_compile"] = row[f"{w}_median_s"] / base if base and row[f"{w}_median_s"] else None
+        print(f"{row['problem']:<24} torch.compile {base}  factdb {row['factdb_median_s']}  "
+              f"nowarm {row['factdb-nowarm_median_s']}  {'; '.join(row['errors'])}", flush=True)
+        rows.append(row)
+    info = device_info(torch.device(a.device))
+    info["gpu"] = info["gpu"] or "cpu"
+    doc = {"device": info["name"], "gpu": info["gpu"], "date": date.today().isoformat(), "commit": commit(),
+           "torch": torch.__version__, "policy": a.policy, "runs": a.runs, "rows": rows}
+    out = Path(a.out) if a.out else HERE / "results" / f"{info['gpu']}-{date.today().isoformat()}-backend-cold.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1, default=str))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
