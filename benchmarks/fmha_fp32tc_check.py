@@ -10,7 +10,6 @@ benchmarks/results/<gpu>-<date>-fmha-fp32tc.json.
     python benchmarks/fmha_fp32tc_check.py --quick
     python benchmarks/fmha_fp32tc_check.py --quick --families fp32wg
     python benchmarks/fmha_fp32tc_check.py --quick --families fp32wg --ws   # and the warp-specialized configs
-    python benchmarks/fmha_fp32tc_check.py --quick --families fp32wg --ws --kpf   # and their k_prefetch twins
 """
 from __future__ import annotations
 
@@ -64,18 +63,16 @@ def launcher(path, template: str = "fmha_fp32tc_sm90"):
     return run
 
 
-def variants_of(fam, quick: bool, ws: bool = False, kpf: bool = False) -> list[dict]:
+def variants_of(fam, quick: bool, ws: bool = False) -> list[dict]:
     """The configs checked and timed: every tile, presplit and promotion of fmha_fp32tc (fewer
     with --quick), and fmha_fp32wg's fp32 and tf32x3 configs (`ws`: its warp-specialized fp32
-    ones with and without turns; `kpf`: and each one-stage one's k_prefetch twin beside it)."""
+    ones with and without turns)."""
     out = []
     for hd in (64, 96, 128):
         if fam is fmha_fp32wg:
             w32 = AttentionWorkload(1, 1, 1, 64, 64, hd, hd, policy="fp32")
             if ws:   # two tiles' (four with --full)
-                for c in fam.warp_specialized(w32, 2 if quick else 4):
-                    pf = fam.prefetched(c) if kpf else None
-                    out += [c] + ([pf] if pf else [])
+                out += fam.warp_specialized(w32, 2 if quick else 4)
             for pol, few in (("fp32", 2), ("tf32x3", 1)):
                 cs = fam.configs(AttentionWorkload(1, 1, 1, 64, 64, hd, hd, policy=pol), 12)
                 if quick:
@@ -140,8 +137,6 @@ def main():
                     help="comma-separated: fp32tc (mma.sync), fp32wg (wgmma); default both")
     ap.add_argument("--ws", action="store_true",
                     help="fp32wg: also the warp-specialized configs (a producer warpgroup, consumers on mbarriers)")
-    ap.add_argument("--kpf", action="store_true",
-                    help="fp32wg with --ws: each one-stage config's k_prefetch twin too (K's raw part double-buffered)")
     ap.add_argument("--out", default="", help="results file (default benchmarks/results/<gpu>-<date>-fmha-fp32tc.json)")
     args = ap.parse_args()
     torch.manual_seed(0)
@@ -151,7 +146,7 @@ def main():
         if name.strip() not in FAMILIES:
             ap.error(f"--families: unknown family {name!r} (choose from {', '.join(FAMILIES)})")
         fams.append(FAMILIES[name.strip()])
-    variants = [(fam, c) for fam in fams for c in variants_of(fam, args.quick, args.ws, args.kpf)]
+    variants = [(fam, c) for fam in fams for c in variants_of(fam, args.quick, args.ws)]
     w0 = AttentionWorkload(1, 1, 1, 64, 64, 64, 64)
     built = build([fam.source(w0, c) for fam, c in variants], jobs=16)
     runs = {}

@@ -2,7 +2,7 @@
 # The kernel checks that have not run on a GPU yet (attention, norm and conv families), in one
 # device call, each step under its own wall-clock limit so one slow compile cannot cost the
 # others their results. Results JSON and logs go to OUTDIR (on the device tool: $OUT).
-# Usage: bash benchmarks/kernels_device.sh OUTDIR [STEP...]; steps: fmha-fp32tc fmha-ws fmha-kpf fmha-tests fmha-ncu attention norm tests conv conv-tests
+# Usage: bash benchmarks/kernels_device.sh OUTDIR [STEP...]; steps: fmha-fp32tc fmha-ws fmha-ncu attention norm tests conv conv-tests
 # LIMIT_S=N caps every step's limit at N seconds (to share a device call with other work).
 # Needs the project installed (pip install --no-deps --no-build-isolation -e .) and the wheels
 # of ../shared/gpu-host/wheels.sh on PYTHONPATH.
@@ -22,9 +22,6 @@ for s in $steps; do
     fmha-fp32tc) run fmha-fp32tc 170 python3 benchmarks/fmha_fp32tc_check.py --quick --out "$out/fmha-fp32tc.json" ;;
     fmha-ws)     run fmha-ws 200 python3 benchmarks/fmha_fp32tc_check.py --quick --families fp32wg --ws \
                    --out "$out/fmha-ws.json" ;;   # fmha_fp32wg's producer configs, with and without turns
-    fmha-kpf)    run fmha-kpf 240 python3 benchmarks/fmha_fp32tc_check.py --quick --families fp32wg --ws --kpf \
-                   --out "$out/fmha-kpf.json" ;;   # and each one-stage config's k_prefetch twin
-    fmha-tests)  run fmha-tests 200 python3 -m pytest -q tests/test_attention_fp32tc_gpu.py ;;
     fmha-ncu)    # where fmha_fp32wg's warps wait, by instruction: 64-key tiles with one K/V stage,
                  # with and without turns (minGPT's shape)
                  for cfg in 128x64:smemsplit:ws:kv1:pp 128x64:smemsplit:ws:kv1; do
@@ -37,6 +34,6 @@ for s in $steps; do
                    tests/test_attention_gpu.py ;;
     conv)        run conv 470 python3 benchmarks/conv_realize.py --quick --out "$out/conv.json" ;;
     conv-tests)  run conv-tests 470 python3 -m pytest -q -s tests/test_conv_gpu.py ;;
-    *) echo "unknown step $s (fmha-fp32tc fmha-ws fmha-kpf fmha-tests fmha-ncu attention norm tests conv conv-tests)"; exit 2 ;;
+    *) echo "unknown step $s (fmha-fp32tc fmha-ws fmha-ncu attention norm tests conv conv-tests)"; exit 2 ;;
   esac
 done

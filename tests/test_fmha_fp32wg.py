@@ -147,22 +147,3 @@ def test_every_config_renders_the_lean_softmax():
             assert "scores(cute::false_type{})" in code
             assert f"kOneTerm = {'true' if c['terms'] == 1 else 'false'};" in code
             assert "lean" not in fmha_fp32wg.label(c) and "k_prefetch" not in c
-
-
-def test_k_prefetch_applies_to_one_stage_configs_that_still_fit():
-    """`prefetched`: one more raw K tile of shared memory, for a warp-specialized config with one
-    K/V stage (minGPT's first config: 217 KB), none for two stages or without a producer; not
-    offered by `configs`; the template told so, and a config without it renders no trace of it."""
-    first = fmha_fp32wg.configs(MINGPT, 1)[0]
-    pf = fmha_fp32wg.prefetched(first)
-    assert pf == dict(first, k_prefetch=1)
-    assert fmha_fp32wg.smem_bytes(pf) == fmha_fp32wg.smem_bytes(first) + 4 * 64 * 96 <= fmha_fp32wg.SMEM_LIMIT
-    assert fmha_fp32wg.label(pf) == "fmha_fp32wg q128 k64 hd96 p32 smemsplit ws kv1 kpf pp"
-    assert "kKPrefetchAsked = true;" in fmha_fp32wg.source(MINGPT, pf).code
-    assert "kKPrefetchAsked = false;" in fmha_fp32wg.source(MINGPT, first).code
-    hd64 = fmha_fp32wg.configs(MINGPT.with_(d=64, dv=64), 1)[0]
-    assert hd64["kv_stages"] == 2 and fmha_fp32wg.prefetched(hd64) is None
-    plain = next(c for c in fmha_fp32wg.configs(MINGPT, 99) if not c.get("warp_specialized"))
-    assert fmha_fp32wg.prefetched(plain) is None
-    assert fmha_fp32wg.prefetched(fmha_fp32wg.configs(LLAMA, 1)[0]) is not None   # 128 rows at head dim 128
-    assert not any(c.get("k_prefetch") for c in fmha_fp32wg.configs(MINGPT, 99))

@@ -46,8 +46,8 @@ SMEM_LIMIT = 227 * 1024
 def smem_bytes(config: dict) -> int:
     """The template's kSmemBytes: every warpgroup's Q rows and two K/V stages, raw and (three
     products) low parts, or with split_in_smem raw stages and one tile of low parts (with
-    warp_specialized `kv_stages` stages, each its own low parts, and eight mbarriers, and with
-    `k_prefetch` one more raw K tile); plus 1 KB to align the 128-byte swizzle to 1024 bytes."""
+    warp_specialized `kv_stages` stages, each its own low parts, and eight mbarriers); plus 1 KB
+    to align the 128-byte swizzle to 1024 bytes."""
     parts = 1 if config.get("terms", 3) == 1 else 2
     smem_split = parts == 2 and config.get("split_in_smem", 0)
     ws = bool(smem_split and config.get("warp_specialized", 0))
@@ -56,8 +56,7 @@ def smem_bytes(config: dict) -> int:
     hd, hdv, bm, bn = config["head_dim"], config["head_dim_v"], config["block_m"], config["block_n"]
     kv_tile = bn * hd + hdv * bn
     lo = kv_tile if smem_split and not ws else 0
-    prefetch = bn * hd if ws and stages == 1 and config.get("k_prefetch") else 0   # odd tiles' raw K
-    return 4 * (parts * bm * hd + stages * stage_parts * kv_tile + lo + prefetch) + 1024 + (64 if ws else 0)
+    return 4 * (parts * bm * hd + stages * stage_parts * kv_tile + lo) + 1024 + (64 if ws else 0)
 
 
 def _ws(plain: dict) -> dict | None:
@@ -68,19 +67,6 @@ def _ws(plain: dict) -> dict | None:
     c = next((c for c in (dict(plain, warp_specialized=1, kv_stages=n) for n in (2, 1))
               if smem_bytes(c) <= SMEM_LIMIT), None)
     return dict(c, pingpong=1) if c and c["block_m"] == 128 else c
-
-
-def prefetched(config: dict) -> dict | None:
-    """A one-stage warp-specialized `config` with `k_prefetch` (the template's: K's raw part
-    double-buffered, the next tile's K committed after this tile's V and left in flight while the
-    producer waits for V), or None where it does not apply or fit. Not offered by `configs` until
-    measured on a GPU (profiled with one stage, the consumers waited on K's mbarrier 15% of the
-    time; the first k_prefetch, which committed K before V, was 10-14% slower); the check script
-    (`--kpf`) and the GPU tests build it."""
-    if not config.get("warp_specialized") or config.get("kv_stages", 2) != 1:
-        return None
-    c = dict(config, k_prefetch=1)
-    return c if smem_bytes(c) <= SMEM_LIMIT else None
 
 
 def warp_specialized(w: AttentionWorkload, max_n: int) -> list[dict]:
@@ -133,7 +119,6 @@ def label(config: dict) -> str:
     split = " smemsplit" if config.get("split_in_smem") else ""
     split += " ws" if config.get("warp_specialized") else ""
     split += " kv1" if config.get("warp_specialized") and config.get("kv_stages", 2) == 1 else ""
-    split += " kpf" if config.get("k_prefetch") else ""
     split += " pp" if config.get("pingpong") else ""
     return f"fmha_fp32wg q{config['block_m']} k{config['block_n']} {hd} p{config['promote_k']}{split}{terms}"
 
