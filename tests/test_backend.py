@@ -211,28 +211,6 @@ def test_the_graph_runs_registry_kernels_and_inductor_compiles_the_rest():
     assert "graph 1 (2x16x64, fp32): 5 kernel(s)" in str(B.report())
 
 
-def test_inductors_compile_workers_start_before_discovery_and_inductor(monkeypatch):
-    """The backend starts Inductor's compile workers first, as torch's own "inductor" backend
-    does (it calls compile_fx itself, so the pool would otherwise start only at Inductor's first
-    Triton kernel, with the compile waiting on it), on the rewrite path and on a graph it leaves
-    to Inductor alike."""
-    import fact_db.discovery.discover as disc
-    order = []
-    monkeypatch.setattr(inductor, "warm_compile_workers", lambda: order.append("warm"))
-    real_discover, real_compile = disc.discover, inductor.compile_graph
-    monkeypatch.setattr(disc, "discover", lambda *a, **k: (order.append("discover"), real_discover(*a, **k))[1])
-    monkeypatch.setattr(inductor, "compile_graph", lambda *a, **k: (order.append("inductor"), real_compile(*a, **k))[1])
-    monkeypatch.setattr(B, "_on_gpu", lambda tensors: True)
-    torch.manual_seed(0)
-    model, x = nn.Sequential(nn.Linear(32, 48), nn.ReLU()).eval(), torch.randn(4, 32)
-    for lookup in (lookup_for(), lookup_for(verified=lambda w: False)):
-        order.clear()
-        fast, _ = compiled(model, policy="fp32", lookup=lookup)
-        with torch.no_grad():
-            torch.testing.assert_close(fast(x), model(x), rtol=1e-5, atol=1e-5)
-        assert order[:3] == ["warm", "discover", "inductor"] and order.count("warm") == 1
-
-
 def test_convolutions_run_their_registry_kernels_with_batchnorm_folded_and_one_conversion():
     """A ResNet-50 bottleneck (eval mode) under the backend: its three conv-bn regions run their
     kernels (the 1x1s the pointwise GEMM kernel's [hi(w); lo(w)] weight, the BatchNorms folded

@@ -554,7 +554,6 @@ def factdb(gm, example_inputs, *, options: dict | None = None, mode: str | None 
     """The torch.compile backend (see the module docstring): called by dynamo per captured graph."""
     opts = options_from(options)
     mode = opts.mode or mode
-    inductor.warm_compile_workers()   # under discovery and lookup, not in front of Inductor's first kernel
     if _dynamic(gm, example_inputs):
         return _PerShape(gm, list(example_inputs), opts, mode)
     entry = GraphReport(len(_REPORT.graphs) + 1)

@@ -17,8 +17,6 @@ listed, so an untried version is found by a test, not by a user). The features:
   makes the cache bypass the graph), so a cached graph is never served across fact-db
   versions, rules, registry rows or policies.
 - `torch._inductor.list_mode_options(mode)`: a torch.compile mode as Inductor config.
-- `torch._inductor.async_compile.maybe_warm_pool()`: starts Inductor's compile workers, as
-  torch's own "inductor" backend does before it compiles (`warm_compile_workers`).
 - custom ops with fake implementations and the `needs_exact_strides` tag (fact_db/kernels/ops.py):
   Inductor runs them as fallback kernels and plans the memory around their outputs.
 - `torch._dynamo.utils.counters["graph_break"]`: the graph breaks a compile report lists.
@@ -35,7 +33,6 @@ _FEATURES = (
     ("torch._inductor.compile_fx", "compile_fx"),
     ("torch._inductor.custom_graph_pass", "CustomGraphPass"),
     ("torch._inductor", "list_mode_options"),
-    ("torch._inductor.async_compile", "maybe_warm_pool"),
     ("torch._inductor.config", "post_grad_custom_post_pass"),
     ("torch._dynamo.utils", "counters"),
     ("torch._dynamo", "register_backend"),
@@ -94,17 +91,6 @@ def compile_graph(gm, example_inputs, *, key: str | None = None, mode: str | Non
     if key is not None:
         config["post_grad_custom_post_pass"] = _key_pass(key)
     return compile_fx(gm, list(example_inputs), config_patches=config)
-
-
-def warm_compile_workers() -> None:
-    """Start Inductor's pool of compile worker processes now, in the background, as torch's own
-    "inductor" backend does first thing: fact-db's backend calls compile_fx itself, so without
-    this the pool started only when Inductor first had a Triton kernel to compile, and the
-    compile waited for the workers to import torch, instead of their start-up running under
-    fact-db's discovery and lookup and Inductor's lowering. A no-op where Inductor would not use
-    the pool (no Triton, TORCH_WARM_POOL=0)."""
-    from torch._inductor.async_compile import maybe_warm_pool
-    maybe_warm_pool()
 
 
 def graph_breaks() -> dict:
