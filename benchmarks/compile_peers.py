@@ -142,10 +142,10 @@ print(json.dumps(out))
 def cold_compile_s(problem: str, policy: str, which: str, db: str | None = None, device: str = "cuda") -> dict:
     """torch.compile(model) (`which` "inductor") or torch.compile(model, backend="factdb")
     (`which` "factdb": the registry's kernels, none tuned), from the torch.compile call through
-    the end of the first call, in a fresh process
-    with empty Inductor and Triton caches: both compile from nothing, where in this process
-    torch.compile's graph was already in Inductor's cache from optimize's choice, and the
-    backend's was not. {"compile_s"} or {"error"}."""
+    the end of the first call, in a fresh process with empty Inductor and Triton caches: both
+    compile from nothing, where in this process torch.compile's graph was already in Inductor's
+    cache from optimize's choice, and the backend's was not. {"compile_s"} (the backend's also
+    "phases_s" and "kernels") or {"error"}."""
     import os
     import subprocess
     import tempfile

@@ -622,7 +622,6 @@ def test_compile_peers_times_the_choices_own_compiled_peers_not_a_second_compile
     assert not any(n.endswith("timed again") for n, _ in cp._variants(model, fast, "bf16", ("compile",), False, None))
 
 
-
 @pytest.mark.slow
 def test_cold_compile_times_both_from_the_torch_compile_call(tmp_path):
     """benchmarks/compile_peers.py's compile_cold_s, torch.compile's and the backend's alike, runs
