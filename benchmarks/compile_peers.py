@@ -260,7 +260,7 @@ def main() -> None:
     info = device_info(torch.device("cuda"))
     doc = {"problem": Path(a.problem).stem, "policy": a.policy, "device": info["name"], "gpu": info["gpu"],
            "date": date.today().isoformat(), "time": datetime.now(timezone.utc).strftime("%H:%M:%SZ"),
-           "commit": commit(), "torch": torch.__version__,
+           "commit": commit(), "torch": torch.__version__, "compile_cold_from": "the torch.compile call",
            "toolchain": toolchain_info(), "optimize_s": optimize_s, "returned": fast.choice,
            "choice": fast.report.choice.as_dict() if fast.report.choice is not None else None,
            "variants": rows, "backend_report": str(backend.report()), "notes": fast.report.notes}

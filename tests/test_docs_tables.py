@@ -141,3 +141,21 @@ def test_the_peers_set_names_real_problems_and_policies_and_the_coverage_table_l
     bad.write_text("layernorm\n")
     with pytest.raises(SystemExit, match="names no policy"):
         tables.peers_set(bad)
+
+
+def test_a_cold_compile_row_says_whether_torch_compiles_own_import_was_counted():
+    """compile_peers.py times both cold compiles from the torch.compile call since 2026-11-29
+    (its JSON says so: "compile_cold_from"); a row from before, timed from the first call after
+    plain torch.compile had imported Inductor, says that its torch.compile time leaves it out."""
+    tables = _tables()
+    doc = {"problem": "p", "policy": "fp32", "date": "2026-11-29", "device": "NVIDIA H200", "commit": "abc",
+           "returned": "composed", "variants": [
+               {"name": "eager", "ms": 2.0},
+               {"name": "torch.compile", "ms": 1.5, "compile_cold_s": 3.0},
+               {"name": "fact-db (composed)", "ms": 1.0},
+               {"name": 'torch.compile(backend="factdb")', "ms": 1.0, "compile_cold_s": 3.5}]}
+    [old] = tables.rows_compile_peers(doc, "h200-2026-11-28-compile-peers-p-fp32.json")
+    [new] = tables.rows_compile_peers(dict(doc, compile_cold_from="the torch.compile call"),
+                                      "h200-2026-11-29-compile-peers-p-fp32.json")
+    assert old["compile_s"] == "3 s / 3.5 s (both cold; torch.compile's Inductor import not counted)"
+    assert new["compile_s"] == "3 s / 3.5 s (both cold)"
