@@ -8,7 +8,10 @@ time the backend's fixed cost: issue 25 allows it 20% over torch.compile's compi
 
     python benchmarks/backend_cold.py layernorm square_gemm_fp32 mingpt_block --policy fp32 --runs 2
 
-Writes benchmarks/results/<gpu>-<date>-backend-cold.json (device, date, commit) unless --out.
+Writes benchmarks/results/<gpu>-<date>-backend-cold.json (device, date, commit) unless --out,
+after each problem (a run cut short keeps the problems done). --profile DIR adds a profiled run
+of each (cProfile over the timed block: DIR/<problem>-<which>.prof, and .prof.txt with the top
+functions by cumulative and by own time), kept out of the medians.
 """
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ def main() -> None:
     ap.add_argument("--db", default=None)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--profile", default=None, help="a folder for one more, profiled run of each (see above)")
     a = ap.parse_args()
     sys.path.insert(0, str(HERE))
     from _provenance import commit
@@ -39,7 +43,14 @@ def main() -> None:
     import torch
 
     from fact_db.core.environment import device_info
-    rows = []
+    info = device_info(torch.device(a.device))
+    info["gpu"] = info["gpu"] or "cpu"
+    out = Path(a.out) if a.out else HERE / "results" / f"{info['gpu']}-{date.today().isoformat()}-backend-cold.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"device": info["name"], "gpu": info["gpu"], "date": date.today().isoformat(), "commit": commit(),
+           "torch": torch.__version__, "policy": a.policy, "runs": a.runs, "rows": []}
+    if a.profile:
+        Path(a.profile).mkdir(parents=True, exist_ok=True)
     for prob in a.problems:
         path = prob if "/" in prob or prob.endswith(".py") else str(HERE / "problems" / f"{prob}.py")
         row = {"problem": Path(path).stem, "policy": a.policy, **{w: [] for w in WHICH}, "errors": [], "runs": []}
@@ -57,14 +68,12 @@ def main() -> None:
         row["factdb_over_torch_compile"] = ours / base if base and ours else None
         print(f"{row['problem']:<24} torch.compile {base}  factdb {row['factdb_median_s']}  "
               f"{'; '.join(row['errors'])}", flush=True)
-        rows.append(row)
-    info = device_info(torch.device(a.device))
-    info["gpu"] = info["gpu"] or "cpu"
-    doc = {"device": info["name"], "gpu": info["gpu"], "date": date.today().isoformat(), "commit": commit(),
-           "torch": torch.__version__, "policy": a.policy, "runs": a.runs, "rows": rows}
-    out = Path(a.out) if a.out else HERE / "results" / f"{info['gpu']}-{date.today().isoformat()}-backend-cold.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=1, default=str))
+        if a.profile:  # one more run each, profiled: where the time goes, not how much
+            row["profiled"] = {w: cold_compile_s(path, a.policy, w, a.db, a.device,
+                                                 profile=str(Path(a.profile) / f"{row['problem']}-{w}.prof"))
+                               for w in WHICH}
+        doc["rows"].append(row)
+        out.write_text(json.dumps(doc, indent=1, default=str))
     print(f"wrote {out}")
 
 

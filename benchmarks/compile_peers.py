@@ -119,6 +119,11 @@ if device == "cuda":
 # From the torch.compile call on, for both: plain torch.compile imports Inductor when it is
 # called (1.7 s on a 2-core CPU), the backend at its first graph. Timed from the first call
 # alone (before 2026-11-29), torch.compile's import fell outside its time and inside the backend's.
+prof = None
+if len(sys.argv) > 6 and sys.argv[6]:  # where the timed block's profile goes (backend_cold.py --profile)
+    import cProfile
+    prof = cProfile.Profile()
+    prof.enable()
 t = time.perf_counter()
 if which == "factdb":
     from fact_db.pipeline import backend as fb
@@ -132,6 +137,14 @@ with torch.no_grad():
 if device == "cuda":
     torch.cuda.synchronize()
 out = {"compile_s": time.perf_counter() - t}
+if prof is not None:
+    prof.disable()
+    prof.dump_stats(sys.argv[6])
+    import io, pstats
+    text = io.StringIO()
+    pstats.Stats(sys.argv[6], stream=text).sort_stats("cumulative").print_stats(60)
+    pstats.Stats(sys.argv[6], stream=text).sort_stats("tottime").print_stats(40)
+    open(sys.argv[6] + ".txt", "w").write(text.getvalue())
 if which == "factdb":  # where the backend's time went, per graph and phase; the kernels it put in
     out["phases_s"] = [g.seconds for g in fb.report().graphs]
     out["kernels"] = sum(len(g.kernels) for g in fb.report().graphs)
@@ -139,21 +152,24 @@ print(json.dumps(out))
 """
 
 
-def cold_compile_s(problem: str, policy: str, which: str, db: str | None = None, device: str = "cuda") -> dict:
+def cold_compile_s(problem: str, policy: str, which: str, db: str | None = None, device: str = "cuda",
+                   profile: str = "") -> dict:
     """torch.compile(model) (`which` "inductor") or torch.compile(model, backend="factdb")
     (`which` "factdb": the registry's kernels, none tuned), from the torch.compile call through
     the end of the first call, in a fresh process with empty Inductor and Triton caches: both
     compile from nothing, where in this process torch.compile's graph was already in Inductor's
     cache from optimize's choice, and the backend's was not. {"compile_s"} (the backend's also
-    "phases_s" and "kernels") or {"error"}."""
+    "phases_s" and "kernels") or {"error"}. `profile`: a path for cProfile's statistics of the
+    timed block (and PATH.txt, the top 60 by cumulative time and 40 by own time); profiling slows
+    what it times."""
     import os
     import subprocess
     import tempfile
     with tempfile.TemporaryDirectory(prefix="factdb-cold-") as tmp:
         env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": f"{tmp}/inductor", "TRITON_CACHE_DIR": f"{tmp}/triton",
                "PYTHONPATH": os.pathsep.join(p for p in (str(HERE.parent), os.environ.get("PYTHONPATH", "")) if p)}
-        r = subprocess.run([sys.executable, "-c", COLD, problem, policy, which, db or "", device], env=env,
-                           capture_output=True, text=True, timeout=1800)
+        r = subprocess.run([sys.executable, "-c", COLD, problem, policy, which, db or "", device, profile],
+                           env=env, capture_output=True, text=True, timeout=1800)
     if r.returncode != 0:
         return {"error": (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1][:300]}
     return json.loads(r.stdout.strip().splitlines()[-1])
