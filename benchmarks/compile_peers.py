@@ -124,19 +124,40 @@ if len(sys.argv) > 6 and sys.argv[6]:  # where the timed block's profile goes (b
     import cProfile
     prof = cProfile.Profile()
     prof.enable()
-t = time.perf_counter()
+import gc
+gcs = []  # (generation, seconds) of each collection in the timed block
+def _gc(phase, info, _t=[0.0]):
+    if phase == "start":
+        _t[0] = time.perf_counter()
+    else:
+        gcs.append((info["generation"], time.perf_counter() - _t[0]))
+gc.callbacks.append(_gc)
+marks = {}  # seconds of each step of the timed block, in order
+t = last = time.perf_counter()
+def mark(name):
+    global last
+    now = time.perf_counter()
+    marks[name] = now - last
+    last = now
 if which == "factdb":
     from fact_db.pipeline import backend as fb
     from fact_db.store.registry import Registry
     fb.register()
-    c = torch.compile(model_p, backend="factdb", options={"policy": policy, "registry": Registry.open(db or None)})
+    mark("import fact-db's backend and registry")
+    reg = Registry.open(db or None)
+    mark("open the registry")
+    c = torch.compile(model_p, backend="factdb", options={"policy": policy, "registry": reg})
 else:
     c = torch.compile(model_p)
+mark("the torch.compile call")
 with torch.no_grad():
     run_at_policy(c, policy, x)
 if device == "cuda":
     torch.cuda.synchronize()
-out = {"compile_s": time.perf_counter() - t}
+mark("the first call")
+out = {"compile_s": time.perf_counter() - t, "marks_s": marks,
+       "gc_s": {f"gen{g}": sum(s for gg, s in gcs if gg == g) for g in sorted({g for g, _ in gcs})}}
+gc.callbacks.remove(_gc)
 if prof is not None:
     prof.disable()
     prof.dump_stats(sys.argv[6])
@@ -159,7 +180,8 @@ def cold_compile_s(problem: str, policy: str, which: str, db: str | None = None,
     the end of the first call, in a fresh process with empty Inductor and Triton caches: both
     compile from nothing, where in this process torch.compile's graph was already in Inductor's
     cache from optimize's choice, and the backend's was not. {"compile_s"} (the backend's also
-    "phases_s" and "kernels") or {"error"}. `profile`: a path for cProfile's statistics of the
+    "phases_s" and "kernels"; both "marks_s", the seconds of each step, and "gc_s", the garbage
+    collector's by generation) or {"error"}. `profile`: a path for cProfile's statistics of the
     timed block (and PATH.txt, the top 60 by cumulative time and 40 by own time); profiling slows
     what it times."""
     import os

@@ -641,7 +641,7 @@ def _from_registry(registry, key, w: GemmWorkload, result: TuneResult, cached_on
     """The registry's row for `key` as a TuneResult, its kernel loaded from the build cache, or
     built (said on stderr with `progress`; `compile_s` then counts it) where the cache lacks it;
     with `cached_only`, None where it would have to be built."""
-    hit = registry.lookup(key)
+    hit = registry.lookup(key, nearest=False)  # only the exact row serves (a nearer shape's would not run)
     if hit is None or not hit.exact:
         return None
     rec = hit.record
