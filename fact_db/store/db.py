@@ -40,7 +40,7 @@ import sqlalchemy as sa
 from sqlalchemy.pool import NullPool, StaticPool
 
 from fact_db.core import paths
-from fact_db.core.errors import FactError
+from fact_db.store.errors import RegistryError
 from fact_db.store.migrations import MIGRATIONS, SCHEMA_VERSION
 
 # the tables a registry of any schema may hold (schema 4's per-family tables too: such a file is
@@ -60,10 +60,6 @@ _IN_PROCESS = "in-process read-only connection"
 _WRITE_LOCKS: dict = {}
 _LOCKS_GUARD = threading.Lock()
 _NOLOCK = nullcontext()
-
-
-class RegistryError(FactError):
-    """The registry cannot be opened or used as asked."""
 
 
 class RegistryBusy(RegistryError):

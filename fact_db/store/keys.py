@@ -36,7 +36,7 @@ from typing import ClassVar
 
 from fact_db.core.device import DeviceError, canonical_arch, canonical_gpu
 from fact_db.core.policy import POLICIES
-from fact_db.store.db import RegistryError
+from fact_db.store.errors import RegistryError
 
 DTYPES = ("float32", "float16", "bfloat16", "float64", "float8_e4m3fn", "float8_e5m2", "int8", "int32")
 DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "f32": "float32", "fp16": "float16", "half": "float16",

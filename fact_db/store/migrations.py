@@ -35,8 +35,7 @@ import time
 import sqlalchemy as sa
 
 from fact_db.store.bulk import insert_rows
-
-SCHEMA_VERSION = 7  # the newest schema this fact-db writes; see MIGRATIONS
+from fact_db.store.rows import SCHEMA_VERSION  # the newest schema this fact-db writes; see MIGRATIONS
 
 
 def _m001_initial(conn: sa.Connection) -> None:

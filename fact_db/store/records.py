@@ -35,7 +35,7 @@ from datetime import datetime, timezone
 
 from fact_db.core.environment import FIELDS as ENV_FIELDS
 from fact_db.core.environment import Environment
-from fact_db.store.db import RegistryError
+from fact_db.store.errors import RegistryError
 from fact_db.store.keys import SLUG, Key
 
 KERNEL_STATUSES = ("verified", "stale", "failed")

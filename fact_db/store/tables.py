@@ -11,7 +11,8 @@ tests/test_registry.py checks that the migrated columns match the models.
 
 One `kernels` table holds every family: `key` is the key's canonical JSON, `near`, `div` and
 `dims` serve the nearest lookup (fact_db.store.nearest), `rule`, `arch`, `gpu`, `policy` and
-`dtype` the filters, and eight columns the environment key (ENV_COLUMNS).
+`dtype` the filters, and eight columns the environment key (ENV_COLUMNS). A kernel row read
+back as a record (kernel_record) is fact_db.store.rows', which the lean reader shares.
 """
 from __future__ import annotations
 
@@ -25,11 +26,8 @@ from sqlmodel import Field, SQLModel
 from fact_db.core.environment import Environment
 from fact_db.store.keys import Key, canonical_json
 from fact_db.store.records import KernelRecord, TrialRecord
+from fact_db.store.rows import ENV_COLUMNS, KERNEL_OWN as _KERNEL_OWN, env_of, kernel_record, key_of  # noqa: F401
 
-# Environment field -> column (`torch` alone would read as the library in SQL and in code)
-ENV_COLUMNS = {"gpu_sku": "gpu_sku", "driver": "driver_version", "cuda": "cuda_version", "torch": "torch_version",
-               "cublas": "cublas_version", "cudnn": "cudnn_version", "cutlass": "cutlass_version",
-               "nvcc": "nvcc_version"}
 
 
 class _Base(SQLModel, registry=_sa_registry()):
@@ -177,9 +175,6 @@ TR = TrialRow.__table__
 LEASES = LeaseRow.__table__
 OUTBOX = OutboxRow.__table__
 BINARIES = BinaryRow.__table__
-_KERNEL_OWN = ("template", "label", "time_ms", "baseline", "baseline_ms", "rel_err", "baseline_rel_err", "status",
-               "provenance", "source_hash", "template_hash", "source", "factdb_version", "error", "stale_reason",
-               "notes", "created_at", "updated_at")
 _TRIAL_OWN = ("template", "status", "time_ms", "rel_err", "error", "config_hash", "template_hash", "factdb_version",
               "created_at", "id")
 
@@ -188,21 +183,10 @@ def env_columns(env: Environment) -> dict:
     return {col: getattr(env, f) for f, col in ENV_COLUMNS.items()}
 
 
-def env_of(m) -> Environment:
-    """The Environment of a row's columns (a mapping or a Row)."""
-    m = getattr(m, "_mapping", m)
-    return Environment(**{f: m[col] for f, col in ENV_COLUMNS.items()})
-
-
 def key_columns(key: Key) -> dict:
     return {"digest": key.digest(), "family": key.FAMILY, "key": canonical_json(key.as_dict()), "near": key.near(),
             "div": key.div, "rule": key.rule_name, "arch": key.arch, "gpu": key.gpu, "policy": key.policy,
             "dtype": key.dtype_name, "dims": canonical_json(key.dims())}
-
-
-def key_of(m) -> Key:
-    m = getattr(m, "_mapping", m)
-    return Key.from_dict(m["family"], json.loads(m["key"]))
 
 
 def kernel_row(rec: KernelRecord) -> dict:
@@ -211,11 +195,6 @@ def kernel_row(rec: KernelRecord) -> dict:
     d.update(env_columns(rec.env))
     d["config"] = canonical_json(rec.config)
     return d
-
-
-def kernel_record(row) -> KernelRecord:
-    m = getattr(row, "_mapping", row)
-    return KernelRecord(key=key_of(m), env=env_of(m), config=json.loads(m["config"]), **{f: m[f] for f in _KERNEL_OWN})
 
 
 def export_dict(row) -> dict:
