@@ -38,6 +38,16 @@ def registry_file() -> Path:
     return home() / "fact.duckdb"
 
 
+def seed_file() -> Path | None:
+    """The seed registry a new registry imports: $FACTDB_SEED (empty: none), else index/kernels.jsonl
+    (fact_db.store.registry.seed_path; here so that the lean reader can check it without a
+    database library)."""
+    env = os.environ.get("FACTDB_SEED")
+    if env is not None:
+        return Path(env) if env else None
+    return ROOT / "index" / "kernels.jsonl"
+
+
 def cutlass_examples_dir() -> Path | None:
     """The `examples/` directory of the installed nvidia-cutlass package, or None if absent."""
     spec = importlib.util.find_spec("cutlass_library")

@@ -320,10 +320,17 @@ def _find(opts: Options, region, workload, policy: str, gpu: str | None):
 
 
 def _open_registry(opts: Options):
-    """opts.registry as an open Registry (opened once, from the option's URL or the default)."""
+    """opts.registry opened once, from the option's URL or the default: the lean reader
+    (fact_db.store.reader: no SQLAlchemy to import, a compile's fixed cost) where the registry is
+    a local DuckDB file it can read as it is, else the Registry (which creates, migrates, seeds,
+    waits for a busy file, serves a team registry, and takes the `tune` option's writes)."""
     if opts.registry is None or isinstance(opts.registry, str):
-        from fact_db.store.registry import Registry
-        opts.registry = Registry.open(opts.registry)
+        from fact_db.store.reader import Reader
+        reg = None if opts.tune else Reader.open(opts.registry)
+        if reg is None:
+            from fact_db.store.registry import Registry
+            reg = Registry.open(opts.registry)
+        opts.registry = reg
     return opts.registry
 
 

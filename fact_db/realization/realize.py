@@ -24,7 +24,6 @@ from fact_db.kernels.gemm import family as gemm_family
 from fact_db.kernels.gemm.workload import GemmWorkload
 from fact_db.kernels.region import family as region_family
 from fact_db.kernels.impl import Impl
-from fact_db.store import lease
 
 # The last GRACE of the tuning budget starts no compile: it tunes the workloads whose candidates
 # were compiled before it, on those (timing takes seconds; the compiles are paid for). Where the
@@ -76,6 +75,8 @@ def realize_problem(problem: str, *, policy: str = "tf32", arch: str = "sm90a", 
         w = planned[i].workload
         return None if w is None or w in done else with_rule(w).key(arch, gpu)
     team = registry is not None and registry.coordinated
+    if team:
+        from fact_db.store import lease  # (SQLAlchemy: imported where a team registry is used, not by plan's users)
     for i in lease.each(range(len(planned)), lease_key, registry.claim) if team else range(len(planned)):
         p, r = planned[i], None
         if p.workload is not None:
@@ -215,6 +216,7 @@ def realize_regions(report, policy: str, *, registry=None, arch: str = "sm90a", 
     with build_mod.sharing(registry if team else None), build_mod.compile_deadline(deadline):
         numbers = itertools.count(1)
         if team:   # taken a few at a time, each few built in one batch, then tuned
+            from fact_db.store import lease
             size = claim_size(max_candidates)
             for group in lease.groups(order, lease_key, registry.claim, size):
                 if runner is None:

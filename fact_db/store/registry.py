@@ -118,10 +118,7 @@ FILTERS = ("family", "rule", "arch", "gpu", "policy", "status", "dtype", "proven
 
 def seed_path() -> Path | None:
     """The seed registry imported into a new database: $FACTDB_SEED (empty: none), else index/kernels.jsonl."""
-    env = os.environ.get("FACTDB_SEED")
-    if env is not None:
-        return Path(env) if env else None
-    return paths.ROOT / "index" / "kernels.jsonl"
+    return paths.seed_file()
 
 
 _BINARY_WARNED: set[str] = set()  # registries whose host role may not write kernel_binaries: said once
