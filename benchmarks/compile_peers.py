@@ -139,14 +139,11 @@ def mark(name):
     now = time.perf_counter()
     marks[name] = now - last
     last = now
-if which == "factdb":
+if which == "factdb":  # as a user would: the registry named (default: $FACTDB_HOME's), opened by the backend
     from fact_db.pipeline import backend as fb
-    from fact_db.store.registry import Registry
     fb.register()
-    mark("import fact-db's backend and registry")
-    reg = Registry.open(db or None)
-    mark("open the registry")
-    c = torch.compile(model_p, backend="factdb", options={"policy": policy, "registry": reg})
+    mark("import fact-db's backend")
+    c = torch.compile(model_p, backend="factdb", options={"policy": policy, "registry": db or None})
 else:
     c = torch.compile(model_p)
 mark("the torch.compile call")
