@@ -29,7 +29,6 @@ from fact_db.store.records import KernelRecord, TrialRecord
 from fact_db.store.rows import ENV_COLUMNS, KERNEL_OWN as _KERNEL_OWN, env_of, kernel_record, key_of  # noqa: F401
 
 
-
 class _Base(SQLModel, registry=_sa_registry()):
     pass
 
