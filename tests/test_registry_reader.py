@@ -140,3 +140,32 @@ def test_a_file_that_cannot_be_read_says_so(filled):
     filled.write_bytes(b"\0" * 8 + b"DUCK" + b"\0" * 100)        # no longer a database DuckDB reads
     with pytest.raises(RegistryError, match="cannot be read now"):
         reader.lookup(make_key(), nearest=False, **KW)
+
+
+def test_the_backends_finders_answer_through_the_reader_as_through_the_registry(tmp_path, monkeypatch):
+    """pipeline.lookup.kernel_for (what the backend asks per region) over the reader and over the
+    registry on one file: the same kernel, the same row for the cache key, the same reasons."""
+    import types
+
+    from fact_db.kernels.attention import tune as attention_tune
+    from fact_db.kernels.attention.workload import AttentionWorkload
+    from fact_db.pipeline.lookup import kernel_for
+    monkeypatch.setenv("FACTDB_SEED", "")
+    path = tmp_path / "fact.duckdb"
+    w = AttentionWorkload(2, 4, 4, 64, 64, 32, 32, causal=True, policy="bf16")
+    other = AttentionWorkload(2, 4, 4, 128, 128, 32, 32, causal=True, policy="bf16")
+    trials = [attention_tune.AttnTrial("sdpa-flash", "library", "ok", 0.01, 1e-3),
+              attention_tune.AttnTrial("explicit", "eager", "ok", 0.05, 1e-3)]
+    with Registry.open(str(path)) as reg:
+        attention_tune.record(w, attention_tune.AttnResult(w, trials, []), reg, "sm90a", "h100")
+    reader = Reader.open(str(path))
+    assert reader is not None
+    explicit = types.SimpleNamespace(rule="attention-causal", template="fmha_sm90")
+    called = types.SimpleNamespace(rule="sdpa-attention", template="fmha_sm90")
+    with Registry.open(str(path)) as reg:
+        for region, wl in ((explicit, w), (called, w), (explicit, other)):
+            a = kernel_for(reader, region, wl, arch="sm90a", gpu="h100")
+            b = kernel_for(reg, region, wl, arch="sm90a", gpu="h100")
+            assert (a.row, a.why, a.impl is None) == (b.row, b.why, b.impl is None)
+            assert a.impl is None or a.impl.record == b.impl.record
+    assert kernel_for(reader, explicit, w, arch="sm90a", gpu="h100").row == "attention:sdpa-flash"
