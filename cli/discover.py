@@ -157,7 +157,7 @@ def _ask(report, db, no_registry) -> None:
     if no_registry:
         return
     url = db or os.environ.get("FACTDB_DB")
-    if url is None and not paths.registry_file().exists():  # fact_db.store.db.default_path(), without importing SQLAlchemy
+    if url is None and not paths.registry_file().exists():  # the default registry, without importing SQLAlchemy
         report.registry_note = f"none yet at {paths.registry_file()} (every region a miss)"
         return
     with sandbox.trusted_imports():

@@ -33,9 +33,26 @@ def home() -> Path:
 
 
 def registry_file() -> Path:
-    """The default registry, `$FACTDB_HOME/fact.duckdb` (fact_db.store.db.default_path; here so that
-    asking whether it exists imports no database library)."""
+    """The default registry, `$FACTDB_HOME/fact.duckdb` (registry_url's default; here so that asking
+    whether it exists imports no database library)."""
     return home() / "fact.duckdb"
+
+
+def registry_url(url: str | None = None) -> str:
+    """The SQLAlchemy URL of the registry to open: `url`, else $FACTDB_DB, else the default DuckDB
+    file (fact_db.store.db.resolve_url; here so that the lean reader resolves it alike without a
+    database library). `memory` (or `:memory:`) is a fresh in-memory DuckDB; a plain path is a
+    DuckDB file.
+
+    >>> registry_url("memory")
+    'duckdb:///:memory:'
+    """
+    url = url or os.environ.get("FACTDB_DB") or f"duckdb:///{registry_file()}"
+    if url in ("memory", ":memory:"):
+        return "duckdb:///:memory:"
+    if "://" not in url:
+        return f"duckdb:///{Path(url).expanduser().resolve()}"
+    return url
 
 
 def seed_file() -> Path | None:

@@ -113,24 +113,7 @@ def lock_keys(conn: sa.Connection, digests=None) -> None:
                      {"ns": LOCK_NS + 1, "k": int(d[:8], 16) - 2 ** 31})
 
 
-def default_path() -> Path:
-    return paths.registry_file()
-
-
-def resolve_url(url: str | None = None) -> str:
-    """The SQLAlchemy URL to open: `url`, else $FACTDB_DB, else the default DuckDB file.
-
-    `memory` (or `:memory:`) is a fresh in-memory DuckDB; a plain path is a DuckDB file.
-
-    >>> resolve_url("memory")
-    'duckdb:///:memory:'
-    """
-    url = url or os.environ.get("FACTDB_DB") or f"duckdb:///{default_path()}"
-    if url in ("memory", ":memory:"):
-        return "duckdb:///:memory:"
-    if "://" not in url:
-        return f"duckdb:///{Path(url).expanduser().resolve()}"
-    return url
+resolve_url = paths.registry_url   # (in paths, so that the lean reader resolves it alike without SQLAlchemy)
 
 
 def resolve_timeout(timeout: float | None = None) -> float:

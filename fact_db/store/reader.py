@@ -15,7 +15,6 @@ in-memory registry, a file that is not DuckDB's, and a file DuckDB will not open
 from __future__ import annotations
 
 import hashlib
-import os
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -28,18 +27,14 @@ _DUCKDB_MAGIC = b"DUCK"   # bytes 8..12 of every DuckDB database file (fact_db.s
 
 
 def local_path(url: str | None = None) -> Path | None:
-    """The DuckDB file `url` names (None: $FACTDB_DB, else the default registry), or None where
-    it names something else: a server, an in-memory database, a URL with options."""
-    url = url or os.environ.get("FACTDB_DB") or str(paths.registry_file())
-    if url in ("memory", ":memory:") or "?" in url:
+    """The DuckDB file `url` names as the registry resolves it (paths.registry_url: None is
+    $FACTDB_DB, else the default registry), or None where it names something else: a server,
+    an in-memory database, a URL with options."""
+    url = paths.registry_url(url)
+    if not url.startswith("duckdb:///") or "?" in url:
         return None
-    if "://" in url:
-        if not url.startswith("duckdb:///"):
-            return None
-        url = url[len("duckdb:///"):]
-        if url in ("", ":memory:"):
-            return None
-    return Path(url).expanduser().resolve()
+    path = url[len("duckdb:///"):]
+    return None if path in ("", ":memory:") else Path(path).expanduser().resolve()
 
 
 def _seed_sha() -> str | None:
@@ -57,7 +52,6 @@ class Reader:
 
     def __init__(self, path: Path):
         self.path = path
-        self.where = str(path)
         self._held = None   # the connection pinned() holds
 
     @classmethod
@@ -134,6 +128,3 @@ class Reader:
             return None
         why = Current(env, template_hashes).staleness(rec)
         return Lookup(rec, 0.0, True, bool(why), why)
-
-    def close(self) -> None:
-        """Nothing is held between calls (pinned() closes its own)."""
