@@ -91,6 +91,8 @@ def warp_specialized(w: AttentionWorkload, max_n: int) -> list[dict]:
         if c is not None:
             out += [c, {k: v for k, v in c.items() if k != "pingpong"}] if c.get("pingpong") else [c]
             out += [q] if (q := _q_in_regs(c)) is not None else []
+            out += [dict(c, v_lo_pass=1)] if c.get("pingpong") else []
+            out += [dict(q, v_lo_pass=1)] if c.get("pingpong") and q is not None else []
     return out
 
 
@@ -133,6 +135,7 @@ def label(config: dict) -> str:
     split += " kv1" if config.get("warp_specialized") and config.get("kv_stages", 2) == 1 else ""
     split += " pp" if config.get("pingpong") else ""
     split += " qr" if config.get("q_in_regs") else ""
+    split += " vlp" if config.get("v_lo_pass") else ""
     return f"fmha_fp32wg q{config['block_m']} k{config['block_n']} {hd} p{config['promote_k']}{split}{terms}"
 
 
