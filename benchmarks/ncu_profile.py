@@ -25,7 +25,6 @@ the device notes): the JSON says which GPU it ran on.
     python benchmarks/ncu_profile.py attention --shape 128x8x512x96 --config 128x32:smemsplit:ws --promote 32
     python benchmarks/ncu_profile.py attention --shape 128x8x512x96 --config 128x32:smemsplit:ws:pp --promote 32
     python benchmarks/ncu_profile.py attention --shape 128x8x512x96 --config 128x64:smemsplit:ws:kv1:pp --promote 32
-    python benchmarks/ncu_profile.py attention --shape 128x8x512x96 --config 128x64:smemsplit:ws:kv1:pp:qr --promote 32
     python benchmarks/ncu_profile.py attention --shape 128x8x512x96 --config 128x32:smemsplit:ws --promote 32 --source
 
 The GEMM is `gemm_fp32tc_sm90` (fp32 operands on TF32 tensor cores; `--transform presplit` or
@@ -265,8 +264,7 @@ def _attention_child(a) -> None:
     cfg = {"head_dim": fp32_family.padded(d), "head_dim_v": fp32_family.padded(d),
            "block_m": bm, "block_n": bn, "promote_k": a.promote, "terms": fmha_fp32wg.TERMS[a.policy],
            "split_in_smem": int("smemsplit" in flags or "ws" in flags), "warp_specialized": int("ws" in flags),
-           "pingpong": int("pp" in flags), "kv_stages": 1 if "kv1" in flags else 2, "q_in_regs": int("qr" in flags),
-           "v_lo_pass": int("vlp" in flags)}
+           "pingpong": int("pp" in flags), "kv_stages": 1 if "kv1" in flags else 2}
     (built,) = build.build([fmha_fp32wg.source(w, cfg)], progress=False)
     if not built.ok:
         sys.exit(f"build failed: {built.error[:500]}")
@@ -311,9 +309,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tile", default="128x128x16", help="gemm CTA tile")
     ap.add_argument("--config", default="256x128x64:coop",
                     help="conv: TMxTNxTK[:coop|ws|gemm] (gemm: the pointwise fp32 kernel); "
-                         "attention: BLOCK_MxBLOCK_N[:smemsplit][:ws][:kv1][:pp][:qr][:vlp] (ws: warp-specialized, "
-                         "split in smem; kv1: one K/V stage; pp: its two consumers taking turns; qr: Q in "
-                         "registers, K's second stage in its shared rows; vlp: V's low parts from the pass)")
+                         "attention: BLOCK_MxBLOCK_N[:smemsplit][:ws][:kv1][:pp] (ws: warp-specialized, split "
+                         "in smem; kv1: one K/V stage; pp: its two consumers taking turns)")
     ap.add_argument("--policy", default=None,
                     help="conv: bf16 (default), fp16, tf32, fp32; attention: fp32 (default), tf32x3, tf32")
     ap.add_argument("--source", action="store_true",

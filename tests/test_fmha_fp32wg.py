@@ -110,22 +110,20 @@ def test_warp_specialized_configs_fit_shared_memory_and_come_first():
     assert k32["kv_stages"] == 2 and fmha_fp32wg.smem_bytes(k32) == 4 * (2 * 128 * 96 + 2 * 2 * 2 * 32 * 96) + 1024 + 64
     assert fmha_fp32wg.smem_bytes(dict(ws[0], kv_stages=2)) > fmha_fp32wg.SMEM_LIMIT
     assert [(c["block_m"], c["block_n"], c["kv_stages"]) for c in fmha_fp32wg.warp_specialized(LLAMA, 9)] == \
-        [(128, 32, 1)] * 5 + [(64, 64, 1), (64, 32, 2)]
-    # two consumers (block_m 128): with turns at the tensor cores first, then without, then (one
-    # K/V stage) with Q in registers; one consumer (64 rows) has no one to take turns with
-    assert [fmha_fp32wg.label(c) for c in ws[:5]] == ["fmha_fp32wg q128 k64 hd96 p32 smemsplit ws kv1 pp",
+        [(128, 32, 1), (128, 32, 1), (64, 64, 1), (64, 32, 2)]
+    # two consumers (block_m 128): with turns at the tensor cores first, then without; one
+    # consumer (64 rows) has no one to take turns with
+    assert [fmha_fp32wg.label(c) for c in ws[:4]] == ["fmha_fp32wg q128 k64 hd96 p32 smemsplit ws kv1 pp",
                                                      "fmha_fp32wg q128 k64 hd96 p32 smemsplit ws kv1",
-                                                     "fmha_fp32wg q128 k64 hd96 p32 smemsplit ws kv1 pp qr",
-                                                     "fmha_fp32wg q128 k64 hd96 p32 smemsplit ws kv1 pp vlp",
-                                                     "fmha_fp32wg q128 k64 hd96 p32 smemsplit ws kv1 pp qr vlp"]
-    assert [c.get("pingpong", 0) for c in fmha_fp32wg.warp_specialized(MINGPT, 1)] == [1, 0, 1, 1, 1]
+                                                     "fmha_fp32wg q128 k32 hd96 p32 smemsplit ws pp",
+                                                     "fmha_fp32wg q128 k32 hd96 p32 smemsplit ws"]
+    assert [c.get("pingpong", 0) for c in fmha_fp32wg.warp_specialized(MINGPT, 1)] == [1, 0]
     assert not any(c.get("pingpong") for c in fmha_fp32wg.warp_specialized(LLAMA, 9) if c["block_m"] == 64)
     src = fmha_fp32wg.source(MINGPT, ws[0])
     assert "kWS = true;" in src.code and "kWS = false;" in fmha_fp32wg.source(MINGPT, offered[2]).code
     assert "kPingPongAsked = true;" in src.code and "kPingPongAsked = false;" in fmha_fp32wg.source(MINGPT, ws[1]).code
     assert "kKVStagesAsked = 1;" in src.code and "kKVStagesAsked = 2;" in fmha_fp32wg.source(MINGPT, k32).code
-    assert [c for c in ws if (c.get("pingpong") or c["block_m"] == 64) and not c.get("q_in_regs")
-            and not c.get("v_lo_pass")] == \
+    assert [c for c in ws if c.get("pingpong") or c["block_m"] == 64] == \
         [c for c in offered if c.get("warp_specialized")], "the tuner gets those with turns where there are two consumers"
 
 
@@ -149,18 +147,3 @@ def test_every_config_renders_the_lean_softmax():
             assert "scores(cute::false_type{})" in code
             assert f"kOneTerm = {'true' if c['terms'] == 1 else 'false'};" in code
             assert "lean" not in fmha_fp32wg.label(c) and "k_prefetch" not in c
-
-
-def test_q_in_registers_only_where_its_shared_rows_can_be_k_s_second_stage():
-    """Q's raw part in the consumers' registers frees its shared rows for K's second stage: only
-    with one K/V stage (where two do not fit), two consumers and three products, and the
-    template is told so."""
-    qr = [c for w in (MINGPT, LLAMA, MINGPT.with_(d=64, dv=64))
-          for c in fmha_fp32wg.warp_specialized(w, 9) if c.get("q_in_regs") and not c.get("v_lo_pass")]
-    assert [(c["head_dim"], c["block_n"]) for c in qr] == [(96, 64), (128, 32)]
-    assert all(c["kv_stages"] == 1 and c["block_m"] == 128 and c["terms"] == 3 for c in qr)
-    # the same shared memory: the second K stage lives in Q's raw rows
-    assert fmha_fp32wg.smem_bytes(qr[0]) == fmha_fp32wg.smem_bytes({k: v for k, v in qr[0].items() if k != "q_in_regs"})
-    assert "kQRegsAsked = true;" in fmha_fp32wg.source(MINGPT, qr[0]).code
-    assert "kQRegsAsked = false;" in fmha_fp32wg.source(MINGPT, fmha_fp32wg.configs(MINGPT, 1)[0]).code
-    assert fmha_fp32wg.label(qr[1]) == "fmha_fp32wg q128 k32 hd128 p32 smemsplit ws kv1 pp qr"

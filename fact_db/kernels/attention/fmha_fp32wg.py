@@ -69,20 +69,9 @@ def _ws(plain: dict) -> dict | None:
     return dict(c, pingpong=1) if c and c["block_m"] == 128 else c
 
 
-def _q_in_regs(ws: dict) -> dict | None:
-    """The config of a warp-specialized one with Q's raw part in the consumers' registers (RS
-    wgmma), its shared rows K's second stage: where the producer has one K/V stage and two
-    consumers, with three products; None elsewhere. It adds head_dim / 2 registers a consumer
-    thread: none spills at head dim 96 (64-key tiles), 27 stores at 128 (32-key tiles; ptxas
-    13.0, the consumers at 232 registers)."""
-    ok = ws.get("kv_stages", 2) == 1 and ws["block_m"] == 128 and ws.get("terms", 3) == 3
-    return dict(ws, q_in_regs=1) if ok else None
-
-
 def warp_specialized(w: AttentionWorkload, max_n: int) -> list[dict]:
     """The warp-specialized configs of the first `max_n` tiles that fit, those with two consumers
-    with turns (as `configs` offers them) and without, and with turns and Q in registers
-    (`_q_in_regs`) where it applies: for the check script and the GPU tests."""
+    with turns (as `configs` offers them) and without: for the check script and the GPU tests."""
     out = []
     for tile in _plain(w):
         if not tile["split_in_smem"] or len({(o["block_m"], o["block_n"]) for o in out}) >= max(0, max_n):
@@ -90,9 +79,6 @@ def warp_specialized(w: AttentionWorkload, max_n: int) -> list[dict]:
         c = _ws(tile)
         if c is not None:
             out += [c, {k: v for k, v in c.items() if k != "pingpong"}] if c.get("pingpong") else [c]
-            out += [q] if (q := _q_in_regs(c)) is not None else []
-            out += [dict(c, v_lo_pass=1)] if c.get("pingpong") else []
-            out += [dict(q, v_lo_pass=1)] if c.get("pingpong") and q is not None else []
     return out
 
 
@@ -134,8 +120,6 @@ def label(config: dict) -> str:
     split += " ws" if config.get("warp_specialized") else ""
     split += " kv1" if config.get("warp_specialized") and config.get("kv_stages", 2) == 1 else ""
     split += " pp" if config.get("pingpong") else ""
-    split += " qr" if config.get("q_in_regs") else ""
-    split += " vlp" if config.get("v_lo_pass") else ""
     return f"fmha_fp32wg q{config['block_m']} k{config['block_n']} {hd} p{config['promote_k']}{split}{terms}"
 
 
