@@ -123,6 +123,32 @@ print(type(reg).__name__, hit.exact, sorted(m for m in ("sqlalchemy", "sqlmodel"
     assert out.stdout.split() == ["Reader", "True", "[]"]
 
 
+def test_a_lookup_binds_no_parameter_so_imports_no_data_frame_library(filled, tmp_path):
+    """DuckDB's Python client imports pandas (and numpy) to bind a process's first query
+    parameter where pandas is installed: 0.3-0.7 s of the backend's lookup on an H200 host. A
+    stand-in pandas on the path shows whether a lookup imports it; a digest that is not hex
+    (the literal the query carries) is refused."""
+    (tmp_path / "fake" / "pandas").mkdir(parents=True)
+    (tmp_path / "fake" / "pandas" / "__init__.py").write_text("")
+    fields = make_key().as_dict()
+    code = f"""
+import sys
+from fact_db.store.keys import GemmKey
+from fact_db.store.reader import Reader
+hit = Reader.open({str(filled)!r}).lookup(GemmKey(**{fields!r}), nearest=False)
+print(hit.exact, "pandas" in sys.modules)
+"""
+    path = [str(tmp_path / "fake"), str(ROOT), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["True", "False"]
+    bad = make_key()
+    object.__setattr__(bad, "digest", lambda: "x' or '1'='1")
+    with pytest.raises(RegistryError, match="hex digits"):
+        Reader.open(str(filled)).lookup(bad, nearest=False)
+
+
 def test_the_backend_opens_the_registry_where_the_reader_cannot(tmp_path, monkeypatch):
     from fact_db.pipeline import backend
     monkeypatch.setenv("FACTDB_SEED", "")
