@@ -125,7 +125,7 @@ print(type(reg).__name__, hit.exact, sorted(m for m in ("sqlalchemy", "sqlmodel"
 
 def test_a_lookup_binds_no_parameter_so_imports_no_data_frame_library(filled, tmp_path):
     """DuckDB's Python client imports pandas (and numpy) to bind a process's first query
-    parameter where pandas is installed: 0.3-0.7 s of the backend's lookup on an H200 host. A
+    parameter where pandas is installed: 0.26-0.72 s of a first lookup on an H200 host. A
     stand-in pandas on the path shows whether a lookup imports it; a digest that is not hex
     (the literal the query carries) is refused."""
     (tmp_path / "fake" / "pandas").mkdir(parents=True)

@@ -125,7 +125,7 @@ class Reader:
         with self._connection() as conn:
             # the digest as a literal, not a bound parameter: binding a process's first parameter
             # makes DuckDB's Python client import pandas and numpy where they are installed
-            # (0.3-0.7 s of the lookup on an H200 host, 1 ms without; benchmarks/lookup_time.py)
+            # (0.26-0.72 s of a first lookup on an H200 host, 16-28 ms without; benchmarks/lookup_time.py)
             cur = conn.execute(f"select * from kernels where digest = '{digest}' and status != 'failed'")
             row = cur.fetchone()
             names = [d[0] for d in cur.description] if row is not None else []
