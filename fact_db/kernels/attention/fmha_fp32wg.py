@@ -19,7 +19,7 @@ head dim 96), then the configs without a producer.
 >>> applies(w, "sm90a") is None
 True
 >>> label(configs(w, 4)[0])
-'fmha_fp32wg q128 k64 hd96 p32 smemsplit ws kv1 pp'
+'fmha_fp32wg q128 k64 hd96 p32 smemsplit ws kv1'
 """
 from __future__ import annotations
 
@@ -98,17 +98,30 @@ def _plain(w: AttentionWorkload) -> list[dict]:
             for smem_split in ((1, 0) if TERMS[w.policy] == 3 else (0,))]
 
 
+def _turns_first(ws: dict) -> list[dict]:
+    """A warp-specialized config with two consumers, with and without turns (`pingpong`), the
+    one measured faster first: without turns where K and V have one stage (0.3-0.8% at
+    minGPT's shape, 1.5-2.7% at the Llama decoder's, in each of five H200 runs since the lean
+    softmax: raw/h200-2026-11-29-s2{1c,2c,3a,3b,3c}-*.json), with them where they have two
+    (0.8-1% at head dim 64, four of the five)."""
+    if not ws.get("pingpong"):
+        return [ws]
+    without = {k: v for k, v in ws.items() if k != "pingpong"}
+    return [without, ws] if ws.get("kv_stages", 2) == 1 else [ws, without]
+
+
 def configs(w: AttentionWorkload, max_n: int) -> list[dict]:
     """Parameter sets, best guess first: per promotion and tile (TILES order), the
-    warp-specialized config (three products: `_ws`), then those without a producer. Measured on
-    an H200 (raw/h200-2026-11-28-s18a-fmha-ws.json, the lean softmax), the warp-specialized config
+    warp-specialized configs (three products: `_ws`, with and without turns in the order
+    `_turns_first` gives), then those without a producer. Measured on an H200
+    (raw/h200-2026-11-28-s18a-fmha-ws.json, the lean softmax), the warp-specialized config
     was the fastest at every head dim: 1.199 ms against 1.355 at minGPT's shape (64-key tiles, one
     K/V stage), 1.197 against 1.399 at the Llama decoder's (128 rows, one stage), 0.900 against
     1.100 at head dim 64."""
     out = []
     for c in _plain(w):
         ws = _ws(c) if c["split_in_smem"] else None
-        out += [ws] if ws is not None and ws not in out else []
+        out += [x for x in _turns_first(ws) if x not in out] if ws is not None else []
         out += [c] if smem_bytes(c) <= SMEM_LIMIT else []
     return out[:max(0, max_n)]
 
