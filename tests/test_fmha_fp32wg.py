@@ -95,8 +95,8 @@ def test_warp_specialized_configs_fit_shared_memory_and_come_first():
     """The warp-specialized configs (each stage its own low parts, eight mbarriers): first among
     `configs` for three products (measured fastest at head dims 64, 96 and 128), split_in_smem
     only, two K/V stages where they fit, else one (64-key tiles at head dim 96, 128 rows at 128),
-    the template told so; with two consumers with turns (pingpong), and `warp_specialized` lists
-    them also without for the checks."""
+    the template told so; with two consumers with turns (pingpong) and without, both offered
+    (`_turns_first`'s order) as `warp_specialized` lists them for the checks."""
     offered = fmha_fp32wg.configs(MINGPT, 99)
     assert offered[0]["warp_specialized"] and not offered[0].get("pingpong") and offered[1]["pingpong"]
     assert not any(c.get("warp_specialized") for c in fmha_fp32wg.configs(MINGPT.with_(policy="tf32"), 99))
