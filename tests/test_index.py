@@ -444,3 +444,37 @@ def test_every_family_is_indexed_and_found(tmp_path):
     assert hits[0].id == norm_key().digest()
     hits = index.search("causal attention kv heads", kind="kernel", url=str(db), embedder=embed.HashEmbedder()).hits
     assert hits[0].id == attn_key().digest()
+
+
+def test_search_values_are_literals_quoted_and_bind_nothing(full, tmp_path):
+    """The search writes its values into the query (a quote doubled) instead of binding them:
+    binding a process's first parameter makes DuckDB's Python client import pandas where it is
+    installed (0.21 s of a `factdb query`). A query with quotes and SQL in it is searched as
+    text; a stand-in pandas on the path shows a search imports none."""
+    import os
+    import subprocess
+    import sys
+
+    search_mod = importlib.import_module("fact_db.store.index.search")   # the package re-exports search()
+    assert search_mod._lit("it's") == "'it''s'"
+    assert search_mod._lit(["a", None]) == "['a', NULL]::VARCHAR[]"
+    with pytest.raises(index.IndexError_, match="NUL"):
+        search_mod._lit("a\x00b")
+    db, _ = full
+    nasty = "gemm' OR 1=1; DROP TABLE texts; --"
+    res = index.search(nasty, op="gemm'", n=5, url=str(db), embedder=embed.HashEmbedder())
+    assert res.hits == []                            # no op is called "gemm'": the filter held
+    assert index.search("gemm", n=5, url=str(db), embedder=embed.HashEmbedder()).hits   # nothing dropped
+    (tmp_path / "fake" / "pandas").mkdir(parents=True)
+    (tmp_path / "fake" / "pandas" / "__init__.py").write_text("")
+    code = f"""
+import sys
+from fact_db.store import embed, index
+res = index.search("fused gemm epilogue", arch="sm90", n=5, url={str(db)!r}, embedder=embed.HashEmbedder())
+print(bool(res.hits), "pandas" in sys.modules)
+"""
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "fake"), str(root), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300, cwd=root)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["True", "False"]

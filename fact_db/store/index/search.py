@@ -212,29 +212,43 @@ def _searcher(store: Path, *, url, auto_build: bool, embedder, timeout) -> _Sear
     return s
 
 
-def _filters(kind=None, arch=None, dtype=None, op=None) -> tuple[str, list, dict]:
-    conds, params, shown = [], [], {}
+def _lit(v) -> str:
+    """`v` (a str or None, or a list of them) as a SQL literal. The search writes its values into the
+    query instead of binding them: binding a process's first parameter makes DuckDB's Python
+    client import pandas where it is installed (0.21 s of a 2 s `factdb query` on the 2-core
+    CPU; the torch.compile backend's registry lookup met the same, docs/torch_compile.md). A
+    quote is doubled, which is all a DuckDB string literal escapes."""
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_lit(x) for x in v) + "]::VARCHAR[]"
+    if v is None:
+        return "NULL"
+    if not isinstance(v, str):
+        raise TypeError(f"a search value must be a string, got {type(v).__name__}")
+    if "\x00" in v:
+        raise IndexError_("a search value cannot contain a NUL character")
+    return "'" + v.replace("'", "''") + "'"
+
+
+def _filters(kind=None, arch=None, dtype=None, op=None) -> tuple[str, dict]:
+    """The filters' WHERE clause (values as literals, `_lit`) and what they show."""
+    conds, shown = [], {}
     if kind:
         if kind not in KINDS:
             raise IndexError_(f"kind {kind!r} is not one of {', '.join(KINDS)}")
-        conds.append("kind = ?")
-        params.append(kind)
+        conds.append(f"kind = {_lit(kind)}")
         shown["kind"] = kind
     if arch:
         a = norm_arch(arch)
-        conds.append("(len(archs) = 0 OR list_contains(archs, ?))")
-        params.append(a)
+        conds.append(f"(len(archs) = 0 OR list_contains(archs, {_lit(a)}))")
         shown["arch"] = a
     if dtype:
         t = norm_dtype(dtype)
-        conds.append("(len(dtypes) = 0 OR list_contains(dtypes, ?))")
-        params.append(t)
+        conds.append(f"(len(dtypes) = 0 OR list_contains(dtypes, {_lit(t)}))")
         shown["dtype"] = t
     if op:
-        conds.append("list_contains(ops, ?)")
-        params.append(op.strip().lower())
+        conds.append(f"list_contains(ops, {_lit(op.strip().lower())})")
         shown["op"] = op.strip().lower()
-    return " AND ".join(conds), params, shown
+    return " AND ".join(conds), shown
 
 
 def _vec_literal(v) -> str:
@@ -259,7 +273,7 @@ def search(text: str, *, kind: str | None = None, arch: str | None = None, dtype
         raise IndexError_(f"mode {mode!r} is not hybrid, lexical or vector")
     if n < 1:
         raise IndexError_(f"-n must be at least 1, got {n}")
-    where, params, shown = _filters(kind, arch, dtype, op)
+    where, shown = _filters(kind, arch, dtype, op)
     warn: list = []
     store = store_path(url)
     emb = None
@@ -285,10 +299,10 @@ def search(text: str, *, kind: str | None = None, arch: str | None = None, dtype
     with s.lock:
         if used in ("hybrid", "lexical"):
             q = lexical_normalize(text)
-            sql = (f"SELECT text_id, score FROM (SELECT text_id, fts_main_texts.match_bm25(text_id, ?) AS score "
-                   f"FROM texts {'WHERE ' + where if where else ''}) WHERE score IS NOT NULL "
+            sql = (f"SELECT text_id, score FROM (SELECT text_id, fts_main_texts.match_bm25(text_id, {_lit(q)}) "
+                   f"AS score FROM texts {'WHERE ' + where if where else ''}) WHERE score IS NOT NULL "
                    f"ORDER BY score DESC, text_id LIMIT {pool}")
-            lex = s.con.execute(sql, [q, *params]).fetchall()
+            lex = s.con.execute(sql).fetchall()
         if used in ("hybrid", "vector"):
             qvec = emb.encode([text])[0]
             if s.nvec < hnsw_min():
@@ -306,7 +320,7 @@ def search(text: str, *, kind: str | None = None, arch: str | None = None, dtype
                 sql = (f"SELECT text_id, 1.0 - array_cosine_similarity(vec, {qv}) AS d FROM vectors "
                        f"{'WHERE ' + where if where else ''} ORDER BY array_cosine_similarity(vec, {qv}) DESC, "
                        f"text_id LIMIT {pool}")
-                vec = s.con.execute(sql, params).fetchall()
+                vec = s.con.execute(sql).fetchall()
         fused = _fuse(lex, vec, fusion, used)
         top = ranked(fused)[:n]
         # kernels of one description share a text: show the fastest of each unless kernels are asked for
@@ -365,15 +379,15 @@ def _expand(con, top: list, fused: dict, n: int, per_text: int) -> list:
         return []
     # list_contains() is evaluated in the scan, so only the matching rows' columns are read;
     # `IN (...)` was planned as a join that read every row's metadata (25 ms vs 5 ms at 100,000)
-    info = con.execute("SELECT text_id, n_docs, best_id FROM texts WHERE list_contains(?, text_id)", [top]).fetchall()
+    info = con.execute(f"SELECT text_id, n_docs, best_id FROM texts WHERE list_contains({_lit(top)}, text_id)").fetchall()
     groups = {t: g for t, g, _ in info}
     cols = "id, kind, title, text_id, archs, dtypes, ops, features, meta"
     if per_text == 1:   # the fastest document of each text, found at build time
-        sql, arg = f"SELECT {cols}, 1 AS rn FROM docs WHERE list_contains(?, id)", [b for _, _, b in info]
+        sql = f"SELECT {cols}, 1 AS rn FROM docs WHERE list_contains({_lit([b for _, _, b in info])}, id)"
     else:
-        sql, arg = (f"SELECT {cols}, row_number() OVER (PARTITION BY text_id ORDER BY time_ms ASC NULLS LAST, id) AS rn "
-                    f"FROM docs WHERE list_contains(?, text_id) QUALIFY rn <= {int(per_text)}"), top
-    rows = [(*r[:9], groups[r[3]], r[9]) for r in con.execute(sql, [arg]).fetchall()]
+        sql = (f"SELECT {cols}, row_number() OVER (PARTITION BY text_id ORDER BY time_ms ASC NULLS LAST, id) AS rn "
+               f"FROM docs WHERE list_contains({_lit(top)}, text_id) QUALIFY rn <= {int(per_text)}")
+    rows = [(*r[:9], groups[r[3]], r[9]) for r in con.execute(sql).fetchall()]
     order = {t: i for i, t in enumerate(top)}
     rows.sort(key=lambda r: (order[r[3]], r[10]))
     hits = []
