@@ -264,7 +264,8 @@ def _attention_child(a) -> None:
     cfg = {"head_dim": fp32_family.padded(d), "head_dim_v": fp32_family.padded(d),
            "block_m": bm, "block_n": bn, "promote_k": a.promote, "terms": fmha_fp32wg.TERMS[a.policy],
            "split_in_smem": int("smemsplit" in flags or "ws" in flags), "warp_specialized": int("ws" in flags),
-           "pingpong": int("pp" in flags), "kv_stages": 1 if "kv1" in flags else 2}
+           "pingpong": int("pp" in flags), "kv_stages": 1 if "kv1" in flags else 2,
+           "tma_kv": int("tma" in flags)}
     (built,) = build.build([fmha_fp32wg.source(w, cfg)], progress=False)
     if not built.ok:
         sys.exit(f"build failed: {built.error[:500]}")

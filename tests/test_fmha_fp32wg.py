@@ -100,24 +100,24 @@ def test_warp_specialized_configs_fit_shared_memory_and_come_first():
     offered = fmha_fp32wg.configs(MINGPT, 99)
     assert offered[0]["warp_specialized"] and not offered[0].get("pingpong") and offered[1]["pingpong"]
     assert not any(c.get("warp_specialized") for c in fmha_fp32wg.configs(MINGPT.with_(policy="tf32"), 99))
-    ws = fmha_fp32wg.warp_specialized(MINGPT, 9)
+    ws = [c for c in fmha_fp32wg.warp_specialized(MINGPT, 9) if not c.get("tma_kv")]   # tma_kv: the test below
     assert ws and all(c["warp_specialized"] and c["split_in_smem"] for c in ws)
     assert all(fmha_fp32wg.smem_bytes(c) <= fmha_fp32wg.SMEM_LIMIT for c in ws)
     # 2 parts x 128 x 96 of Q, and one stage of 64 x 96 K and 96 x 64 V, raw and low parts
     assert (ws[0]["block_n"], ws[0]["kv_stages"]) == (64, 1)
-    assert fmha_fp32wg.smem_bytes(ws[0]) == 4 * (2 * 128 * 96 + 2 * 2 * 64 * 96) + 1024 + 64
+    assert fmha_fp32wg.smem_bytes(ws[0]) == 4 * (2 * 128 * 96 + 2 * 2 * 64 * 96) + 1024 + 96
     k32 = next(c for c in ws if c["block_n"] == 32 and c["block_m"] == 128)
-    assert k32["kv_stages"] == 2 and fmha_fp32wg.smem_bytes(k32) == 4 * (2 * 128 * 96 + 2 * 2 * 2 * 32 * 96) + 1024 + 64
+    assert k32["kv_stages"] == 2 and fmha_fp32wg.smem_bytes(k32) == 4 * (2 * 128 * 96 + 2 * 2 * 2 * 32 * 96) + 1024 + 96
     assert fmha_fp32wg.smem_bytes(dict(ws[0], kv_stages=2)) > fmha_fp32wg.SMEM_LIMIT
-    assert [(c["block_m"], c["block_n"], c["kv_stages"]) for c in fmha_fp32wg.warp_specialized(LLAMA, 9)] == \
-        [(128, 32, 1), (128, 32, 1), (64, 64, 1), (64, 32, 2)]
+    assert [(c["block_m"], c["block_n"], c["kv_stages"]) for c in fmha_fp32wg.warp_specialized(LLAMA, 9)
+            if not c.get("tma_kv")] == [(128, 32, 1), (128, 32, 1), (64, 64, 1), (64, 32, 2)]
     # two consumers (block_m 128): with turns at the tensor cores first, then without; one
     # consumer (64 rows) has no one to take turns with
     assert [fmha_fp32wg.label(c) for c in ws[:4]] == ["fmha_fp32wg q128 k64 hd96 p32 smemsplit ws kv1 pp",
                                                      "fmha_fp32wg q128 k64 hd96 p32 smemsplit ws kv1",
                                                      "fmha_fp32wg q128 k32 hd96 p32 smemsplit ws pp",
                                                      "fmha_fp32wg q128 k32 hd96 p32 smemsplit ws"]
-    assert [c.get("pingpong", 0) for c in fmha_fp32wg.warp_specialized(MINGPT, 1)] == [1, 0]
+    assert [c.get("pingpong", 0) for c in fmha_fp32wg.warp_specialized(MINGPT, 1) if not c.get("tma_kv")] == [1, 0]
     assert not any(c.get("pingpong") for c in fmha_fp32wg.warp_specialized(LLAMA, 9) if c["block_m"] == 64)
     src = fmha_fp32wg.source(MINGPT, ws[0])
     plain = next(c for c in offered if not c.get("warp_specialized"))
@@ -160,3 +160,14 @@ def test_turns_come_first_only_where_they_measured_faster():
         assert {k: v for k, v in first.items() if k != "pingpong"} == {k: v for k, v in second.items() if k != "pingpong"}
         assert bool(first.get("pingpong")) == first_turns and bool(second.get("pingpong")) != first_turns
         assert (first.get("kv_stages", 2) == 2) == first_turns
+
+
+def test_tma_kv_is_offered_to_the_checks_with_the_faster_turns():
+    """K and V by TMA (`tma_kv`): one more warp-specialized config a tile for the checks, with
+    the turns `_turns_first` puts first, and the template told so."""
+    tma = [c for c in fmha_fp32wg.warp_specialized(MINGPT, 9) if c.get("tma_kv")]
+    assert tma and all(c["warp_specialized"] for c in tma)
+    assert not tma[0].get("pingpong") and tma[0]["kv_stages"] == 1   # one stage: without turns
+    assert "kTmaKVAsked = true;" in fmha_fp32wg.source(MINGPT, tma[0]).code
+    assert fmha_fp32wg.label(tma[0]).endswith(" tma")
+    assert not any(c.get("tma_kv") for c in fmha_fp32wg.configs(MINGPT, 99)), "the tuner gets it once timed"

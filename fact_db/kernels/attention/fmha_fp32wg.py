@@ -46,7 +46,7 @@ SMEM_LIMIT = 227 * 1024
 def smem_bytes(config: dict) -> int:
     """The template's kSmemBytes: every warpgroup's Q rows and two K/V stages, raw and (three
     products) low parts, or with split_in_smem raw stages and one tile of low parts (with
-    warp_specialized `kv_stages` stages, each its own low parts, and eight mbarriers); plus 1 KB
+    warp_specialized `kv_stages` stages, each its own low parts, and twelve mbarriers); plus 1 KB
     to align the 128-byte swizzle to 1024 bytes."""
     parts = 1 if config.get("terms", 3) == 1 else 2
     smem_split = parts == 2 and config.get("split_in_smem", 0)
@@ -56,7 +56,7 @@ def smem_bytes(config: dict) -> int:
     hd, hdv, bm, bn = config["head_dim"], config["head_dim_v"], config["block_m"], config["block_n"]
     kv_tile = bn * hd + hdv * bn
     lo = kv_tile if smem_split and not ws else 0
-    return 4 * (parts * bm * hd + stages * stage_parts * kv_tile + lo) + 1024 + (64 if ws else 0)
+    return 4 * (parts * bm * hd + stages * stage_parts * kv_tile + lo) + 1024 + (96 if ws else 0)
 
 
 def _ws(plain: dict) -> dict | None:
@@ -79,6 +79,7 @@ def warp_specialized(w: AttentionWorkload, max_n: int) -> list[dict]:
         c = _ws(tile)
         if c is not None:
             out += [c, {k: v for k, v in c.items() if k != "pingpong"}] if c.get("pingpong") else [c]
+            out += [dict(x, tma_kv=1) for x in _turns_first(c)[:1]]   # K and V by TMA, the faster turns
     return out
 
 
@@ -133,6 +134,7 @@ def label(config: dict) -> str:
     split += " ws" if config.get("warp_specialized") else ""
     split += " kv1" if config.get("warp_specialized") and config.get("kv_stages", 2) == 1 else ""
     split += " pp" if config.get("pingpong") else ""
+    split += " tma" if config.get("tma_kv") else ""
     return f"fmha_fp32wg q{config['block_m']} k{config['block_n']} {hd} p{config['promote_k']}{split}{terms}"
 
 
