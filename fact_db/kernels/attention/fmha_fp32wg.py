@@ -13,13 +13,16 @@ accumulator) and P V every key tile. The `warp_specialized` configs come first (
 producer warpgroup copies and splits each tile's K and V into its stage and hands each over on
 its own mbarrier, consumer warpgroups compute with no block-wide barrier and, two of them, take
 turns at the tensor cores; one K/V stage where two do not fit, which lets 64-key tiles fit at
-head dim 96), then the configs without a producer.
+head dim 96), K and V by TMA first (`tma_kv`: one producer thread issues a tile's 128-byte
+column boxes into the swizzled stage and the producer's threads only split once the tile's
+bytes have arrived; cp.async where a tensor map cannot be encoded), then the configs without a
+producer.
 
 >>> w = AttentionWorkload(128, 8, 8, 512, 512, 96, 96, causal=True)
 >>> applies(w, "sm90a") is None
 True
 >>> label(configs(w, 4)[0])
-'fmha_fp32wg q128 k64 hd96 p32 smemsplit ws kv1'
+'fmha_fp32wg q128 k64 hd96 p32 smemsplit ws kv1 tma'
 """
 from __future__ import annotations
 
@@ -79,7 +82,7 @@ def warp_specialized(w: AttentionWorkload, max_n: int) -> list[dict]:
         c = _ws(tile)
         if c is not None:
             out += [c, {k: v for k, v in c.items() if k != "pingpong"}] if c.get("pingpong") else [c]
-            out += [dict(x, tma_kv=1) for x in _turns_first(c)[:1]]   # K and V by TMA, the faster turns
+            out += [dict(x, tma_kv=1) for x in _turns_first(c)]   # K and V by TMA, both turns
     return out
 
 
@@ -113,16 +116,19 @@ def _turns_first(ws: dict) -> list[dict]:
 
 def configs(w: AttentionWorkload, max_n: int) -> list[dict]:
     """Parameter sets, best guess first: per promotion and tile (TILES order), the
-    warp-specialized configs (three products: `_ws`, with and without turns in the order
-    `_turns_first` gives), then those without a producer. Measured on an H200
-    (raw/h200-2026-11-28-s18a-fmha-ws.json, the lean softmax), the warp-specialized config
-    was the fastest at every head dim: 1.199 ms against 1.355 at minGPT's shape (64-key tiles, one
-    K/V stage), 1.197 against 1.399 at the Llama decoder's (128 rows, one stage), 0.900 against
-    1.100 at head dim 64."""
+    warp-specialized configs (three products: `_ws`) with K and V by TMA (`tma_kv`), then the
+    same without, each with and without turns in the order `_turns_first` gives, then those
+    without a producer. Measured on an H200 (raw/h200-2026-11-28-s18a-fmha-ws.json, the lean
+    softmax), the warp-specialized config was the fastest at every head dim: 1.199 ms against
+    1.355 at minGPT's shape (64-key tiles, one K/V stage), 1.197 against 1.399 at the Llama
+    decoder's (128 rows, one stage), 0.900 against 1.100 at head dim 64; and with K and V by TMA
+    (raw/h200-2026-11-29-s24a-fmha-ws.json) 0.940 against 1.206, 0.972 against 1.171 and 0.761
+    against 0.903."""
     out = []
     for c in _plain(w):
         ws = _ws(c) if c["split_in_smem"] else None
-        out += [x for x in _turns_first(ws) if x not in out] if ws is not None else []
+        both = _turns_first(ws) if ws is not None else []
+        out += [x for x in [dict(x, tma_kv=1) for x in both] + both if x not in out]
         out += [c] if smem_bytes(c) <= SMEM_LIMIT else []
     return out[:max(0, max_n)]
 
