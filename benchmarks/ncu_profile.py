@@ -26,12 +26,21 @@ the device notes): the JSON says which GPU it ran on.
     python benchmarks/ncu_profile.py attention --shape 128x8x512x96 --config 128x32:smemsplit:ws:pp --promote 32
     python benchmarks/ncu_profile.py attention --shape 128x8x512x96 --config 128x64:smemsplit:ws:kv1:pp --promote 32
     python benchmarks/ncu_profile.py attention --shape 128x8x512x96 --config 128x32:smemsplit:ws --promote 32 --source
+    python benchmarks/ncu_profile.py gemm-op --shape 512x2048x1024x128 --layout-b row --policy tf32x3 --label split3
+    python benchmarks/ncu_profile.py gemm-op --shape 65536x2304x768 --policy tf32 --label eager
 
 The GEMM is `gemm_fp32tc_sm90` (fp32 operands on TF32 tensor cores; `--transform presplit` or
 `regsplit`: B's lo parts split once, as composition holds a weight), A row-major and B a Linear weight
 (N x K); the convolution a `conv_sm90` config on a `benchmarks/conv_realize.py` shape; the
 attention `fmha_fp32wg_sm90` (fp32 causal self-attention, BxHxLxD, q, k and v contiguous, so the
 kernel reads them as they are: the one launch profiled is the attention kernel itself).
+
+`gemm-op` profiles one call of a GEMM workload as the tuner times it (`--shape MxNxK[xBATCH]`,
+`--layout-b`, `--policy`): the first of the tuner's own candidates whose label contains `--label`,
+or `--label eager` for the library path under the policy (cuBLAS SGEMM at `fp32`, cuBLAS TF32 at
+`tf32`): every launch of that call (a split pass, an operand copy, the kernel, a split-K
+reduction), each with its figures, and `total_us` their sum. The call is marked with
+cudaProfilerStart/Stop, so any kernel name is caught and the warm-up call is not.
 """
 from __future__ import annotations
 
@@ -277,7 +286,52 @@ def _attention_child(a) -> None:
     print(f"LABEL {fmha_fp32wg.label(cfg)}")
 
 
-CHILDREN = {"gemm": _gemm_child, "conv": _conv_child, "attention": _attention_child}
+def gemm_op_workload(a):
+    """The GemmWorkload of `gemm-op`'s --shape (MxNxK or MxNxKxBATCH), --layout-b and --policy."""
+    from fact_db.kernels.gemm.workload import GemmWorkload
+    dims = [int(x) for x in a.shape.split("x")]
+    if len(dims) not in (3, 4):
+        sys.exit(f"--shape {a.shape!r}: gemm-op takes MxNxK or MxNxKxBATCH")
+    m, n, k, batch = (*dims, 1)[:4]
+    return GemmWorkload(m=m, n=n, k=k, batch=batch, layout_b=a.layout_b, policy=a.policy)
+
+
+def _gemm_op_child(a) -> None:
+    import torch
+
+    from fact_db.kernels.gemm.kernel import GemmKernel, GemmSpec
+    from fact_db.kernels.gemm.tune import build_candidates, candidate_list, spec_of
+    w = gemm_op_workload(a)
+    if a.label == "eager":
+        label = f"torch eager ({w.policy})"
+
+        def run():
+            return w.eager(inputs)
+    else:
+        cands, _ = candidate_list(w, gpu="h100", max_candidates=99)
+        c = next((c for c in cands if c.template != "eager" and a.label in c.label), None)
+        if c is None:
+            sys.exit(f"--label {a.label!r}: none of the tuner's {len(cands) - 1} candidates for {w.shape} "
+                     f"{w.policy} has it; they are:\n  " + "\n  ".join(c.label for c in cands[1:]))
+        b = build_candidates([c], progress=False)[c.config_hash]
+        if not b.ok:
+            sys.exit(f"build failed: {b.error[:500]}")
+        kern = GemmKernel(b.path, c.template, GemmSpec(**spec_of(w, c)), c.options)
+        label = c.label
+
+        def run():
+            return kern(inputs["a"], inputs["b"])
+    inputs = w.make_inputs("randn")
+    run()   # the warm-up call (builds plans, workspaces, cuBLAS heuristics), outside the profiled range
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    run()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+    print(f"LABEL {label}")
+
+
+CHILDREN = {"gemm": _gemm_child, "conv": _conv_child, "attention": _attention_child, "gemm-op": _gemm_op_child}
 KERNEL_NAMES = {"gemm": "device_kernel", "conv": "device_kernel", "attention": "fmha_kernel"}
 
 
@@ -288,6 +342,9 @@ def _flops(a) -> tuple[float, str]:
     if a.family == "gemm":
         m, n, k = (int(x) for x in a.shape.split("x"))
         return 2.0 * m * n * k, a.shape
+    if a.family == "gemm-op":
+        w = gemm_op_workload(a)
+        return float(w.flops), f"{w.shape} B {w.layout_b}"
     import math
 
     import conv_realize as CR
@@ -301,7 +358,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("family", choices=tuple(CHILDREN))
     ap.add_argument("--shape", required=True,
-                    help="gemm: MxNxK; conv: a benchmarks/conv_realize.py shape name; attention: BxHxLxD")
+                    help="gemm: MxNxK; gemm-op: MxNxK or MxNxKxBATCH; conv: a benchmarks/conv_realize.py shape "
+                         "name; attention: BxHxLxD")
+    ap.add_argument("--layout-b", default="col", choices=("row", "col"),
+                    help="gemm-op: B stored K x N (row) or as a Linear weight, N x K (col)")
+    ap.add_argument("--label", default="eager",
+                    help="gemm-op: the first tuner candidate whose label contains this, or `eager` (the library)")
     ap.add_argument("--name", default="", help="the results file's name part (default: from the shape)")
     ap.add_argument("--transform", default="presplit", choices=("presplit", "regsplit", "split3", "round"), help="gemm")
     ap.add_argument("--promote", type=int, default=2,
@@ -313,7 +375,8 @@ def main(argv=None) -> int:
                          "attention: BLOCK_MxBLOCK_N[:smemsplit][:ws][:kv1][:pp] (ws: warp-specialized, split "
                          "in smem; kv1: one K/V stage; pp: its two consumers taking turns)")
     ap.add_argument("--policy", default=None,
-                    help="conv: bf16 (default), fp16, tf32, fp32; attention: fp32 (default), tf32x3, tf32")
+                    help="conv: bf16 (default), fp16, tf32, fp32; attention and gemm-op: fp32 (default), "
+                         "tf32x3, tf32")
     ap.add_argument("--source", action="store_true",
                     help="also ncu's SourceCounters: warp-stall samples by SASS instruction (where the warps "
                          "wait), summed by opcode, the top instructions in the JSON's `source`")
@@ -321,7 +384,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
-    a.policy = a.policy or ("fp32" if a.family == "attention" else "bf16")
+    a.policy = a.policy or ("fp32" if a.family in ("attention", "gemm-op") else "bf16")
     if a.child:
         CHILDREN[a.family](a)
         return 0
@@ -332,9 +395,11 @@ def main(argv=None) -> int:
     # in one profile, exported, then read twice: the sections' figures (details) and the counters (raw)
     import tempfile
     rep = Path(tempfile.mkdtemp(prefix="ncu-")) / "profile"
-    cmd = [a.ncu, "--clock-control", "none", "--kernel-name", f"regex:{KERNEL_NAMES[a.family]}", "--launch-skip", "1",
-           "--launch-count", "1", *[x for s in SECTIONS + (("SourceCounters",) if a.source else ())
-                                     for x in ("--section", s)], "-o", str(rep), *child]
+    # gemm-op: every launch between cudaProfilerStart and Stop (the child's one profiled call)
+    which = (["--profile-from-start", "off", "--launch-count", "16"] if a.family == "gemm-op" else
+             ["--kernel-name", f"regex:{KERNEL_NAMES[a.family]}", "--launch-skip", "1", "--launch-count", "1"])
+    cmd = [a.ncu, "--clock-control", "none", *which, *[x for s in SECTIONS + (("SourceCounters",) if a.source else ())
+                                                        for x in ("--section", s)], "-o", str(rep), *child]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     label = next((line[6:] for line in r.stdout.splitlines() if line.startswith("LABEL ")), "")
     if r.returncode != 0 or not rep.with_suffix(".ncu-rep").is_file():
@@ -366,15 +431,21 @@ def main(argv=None) -> int:
     doc = {"device": info["name"], "gpu": info["gpu"], "date": today, "commit": commit(),
            "ncu": ver[-1] if ver else "", "command": " ".join(cmd), "family": a.family, "kernel": label,
            "shape": shape, "flops": flops, "launches": launches}
+    if a.family == "gemm-op":   # the call's launches together (a pass, a copy, the kernel, a reduction)
+        doc["policy"] = a.policy
+        doc["total_us"] = sum(one.get("duration_us") or 0.0 for one in launches)
+        doc["total_tflops"] = flops / (doc["total_us"] * 1e-6) / 1e12 if doc["total_us"] else None
     if source is not None:
         doc["source"] = source
     out = a.out or HERE / "results" / f"{info['gpu']}-{today}-ncu-{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1) + "\n")
     for one in launches:
-        print(f"{label}: {one.get('duration_us', float('nan')):.1f} us, {one.get('tflops', float('nan')):.1f} TFLOP/s, "
+        print(f"{label} [{one.get('kernel', '')[:60]}]: {one.get('duration_us', float('nan')):.1f} us, {one.get('tflops', float('nan')):.1f} TFLOP/s, "
               f"SM {one.get('sm_throughput_pct')}%, memory {one.get('memory_throughput_pct')}% "
               f"(limiter: {one.get('limiter')}), issue slots {one.get('issue_slots_busy_pct')}%")
+    if doc.get("total_us"):
+        print(f"total {doc['total_us']:.1f} us over {len(launches)} launch(es), {doc['total_tflops']:.1f} TFLOP/s")
     if source and "by_opcode" in source:
         print("stall samples by opcode: " + ", ".join(f"{op} {share:.0%}" for op, _, share in source["by_opcode"][:8]))
     print(f"wrote {out}")

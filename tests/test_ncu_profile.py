@@ -80,7 +80,22 @@ def test_attention_flops_count_both_products_under_the_causal_mask():
     flops, shape = ncu._flops(a)
     assert flops == 2.0 * 128 * 8 * 512 * 512 * 96
     assert shape == "128x8x512x96 causal"
-    assert ncu.KERNEL_NAMES["attention"] == "fmha_kernel" and set(ncu.CHILDREN) == {"gemm", "conv", "attention"}
+    assert ncu.KERNEL_NAMES["attention"] == "fmha_kernel"
+    assert set(ncu.CHILDREN) == {"gemm", "conv", "attention", "gemm-op"}
+
+
+def test_gemm_op_reads_a_batched_shape_and_counts_every_product():
+    """`gemm-op`'s --shape is the tuner's workload: MxNxK or MxNxKxBATCH, B as --layout-b says,
+    under --policy; its FLOPs count every batch; a malformed shape is refused by name."""
+    import argparse
+    a = argparse.Namespace(family="gemm-op", shape="512x2048x1024x128", layout_b="row", policy="tf32x3")
+    w = ncu.gemm_op_workload(a)
+    assert (w.m, w.n, w.k, w.batch, w.layout_b, w.policy) == (512, 2048, 1024, 128, "row", "tf32x3")
+    assert ncu._flops(a) == (2.0 * 128 * 512 * 2048 * 1024, f"{w.shape} B row")
+    one = ncu.gemm_op_workload(argparse.Namespace(shape="65536x768x3072", layout_b="col", policy="tf32"))
+    assert (one.batch, one.layout_b) == (1, "col")
+    with pytest.raises(SystemExit, match="MxNxK or MxNxKxBATCH"):
+        ncu.gemm_op_workload(argparse.Namespace(shape="64x64", layout_b="col", policy="fp32"))
 
 
 SOURCE_HEAD = ('"Address","Source","Warp Stall Sampling (All Samples)","Warp Stall Sampling (Not-issued Samples)",'
