@@ -108,6 +108,16 @@ TABLES: dict[str, dict] = {
                     ("DRAM %", "{dram_pct:frac}"),
                     ("SM clock GHz", "{ghz:frac}"), ("ncu's limiter", "{limiter}"), *_WHERE],
     },
+    "ncu-gemm-op": {
+        "about": "Nsight Compute's figures for every launch of one GEMM call as the tuner times it "
+                 "(`benchmarks/ncu_profile.py gemm-op`: a pass, a copy, the kernel, a reduction; cuBLAS as `eager`)",
+        "files": ["*-ncu-op-*.json"], "rows": "ncu", "order": ["shape", "policy", "call"],
+        "columns": [("shape", "{shape}"), ("policy", "`{policy}`"), ("call", "{call}"), ("launch", "{launch}"),
+                    ("us", "{us:frac}"), ("call us", "{total_us:frac}"), ("call TFLOP/s", "{total_tflops:frac}"),
+                    ("tensor pipe busy %", "{tensor_pct:frac}"), ("issue slots busy %", "{issue_pct:frac}"),
+                    ("DRAM %", "{dram_pct:frac}"), ("L1 %", "{l1_pct:frac}"), ("ncu's limiter", "{limiter}"),
+                    *_WHERE],
+    },
     "multi-gpu": {
         "about": "the verify-and-time phase of one tune on one and two GPUs (`benchmarks/multi_gpu_sweep.py`)",
         "files": ["*-multigpu.json"], "rows": "multigpu",
@@ -372,6 +382,15 @@ def rows_results(doc, name):
         yield {**r, **_base(doc, name)}
 
 
+def _launch_name(one) -> str:
+    """A profiled launch's kernel, short: CUTLASS's device_kernel as such, others up to their
+    argument list (cuBLAS's names say their algorithm and tile)."""
+    k = (one.get("kernel") or "").removeprefix("void ")
+    if k.startswith(("cutlass::device_kernel", "device_kernel")):
+        return "CUTLASS device_kernel"
+    return k.split("(")[0][:70]
+
+
 def rows_ncu(doc, name):
     """One row per profiled launch of benchmarks/ncu_profile.py: the sections' figures and the
     counters that say which unit binds (tensor pipe busy, shared-memory wavefronts, SM clock)."""
@@ -382,7 +401,10 @@ def rows_ncu(doc, name):
             v = c.get(key)
             return v.get("value") if isinstance(v, dict) else v
         clock = counter("gpc__cycles_elapsed.avg.per_second")
-        yield {**_base(doc, name), "kernel": doc["kernel"], "shape": doc["shape"], "us": one.get("duration_us"),
+        yield {**_base(doc, name), "kernel": doc["kernel"], "call": doc["kernel"], "launch": _launch_name(one),
+               "policy": doc.get("policy", DASH), "total_us": doc.get("total_us"),
+               "total_tflops": doc.get("total_tflops"), "issue_pct": one.get("issue_slots_busy_pct"),
+               "l1_pct": one.get("l1_throughput_pct"), "shape": doc["shape"], "us": one.get("duration_us"),
                "tflops": one.get("tflops"),
                "tensor_pct": counter("sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active"),
                "lsu_pct": counter("l1tex__data_pipe_lsu_wavefronts.avg.pct_of_peak_sustained_elapsed"),
