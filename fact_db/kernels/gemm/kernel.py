@@ -134,8 +134,10 @@ class GemmKernel:
         lay = operand_layout(x)
         if lay is not None and lay[0] == want:
             return x, lay[1]
-        if lay is not None and self._transpose is not None and x.dtype == _float32() and x.is_cuda:
-            return self._transposed(x, *lay), x.shape[-2] if want == "col" else x.shape[-1]
+        if (lay is not None and self._transpose is not None and x.dtype == _float32() and x.is_cuda
+                and (x.dim() == 2 or x.shape[0] <= 65535)):   # the transpose's grid holds 65535 batches
+            x = self._transposed(x, *lay)
+            return x, operand_layout(x)[1]
         x = x.contiguous() if want == "row" else x.transpose(-1, -2).contiguous().transpose(-1, -2)
         return x, operand_layout(x)[1]
 
