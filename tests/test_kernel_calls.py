@@ -28,7 +28,7 @@ def _kernel(spec: GemmSpec, launch: Launch, ws: int = 0) -> GemmKernel:
     k = GemmKernel.__new__(GemmKernel)
     k.path, k.template, k.spec, k.options, k.build_key = Path("/nowhere/k.so"), "stand_in", spec, None, "b"
     k._launch, k._ws, k._has_ex, k._opts = launch, (lambda m, n, kk, batch: ws), False, None
-    k._launch_blo = k._transpose = None
+    k._launch_blo = None
     k._op = k._op_blo = None
     k._plans = {}
     return k
@@ -111,42 +111,3 @@ def test_a_wrong_dtype_is_refused_before_any_plan():
     with pytest.raises(KernelError, match="float32 operands"):
         k(a.half(), b, bias=bias, c=c)
     assert k._plans == {}
-
-
-def _emulated_transpose(inp, out, rows, cols, ld, bs, batch, stream):
-    """What the library's `fact_<template>_transpose` does (kernels_cpp/_sm90_fp32tc_mainloop.j2's
-    transpose32), on CPU memory by address: out[l][c][r] = in[l * bs + r * ld + c]."""
-    import ctypes
-    span = (batch - 1) * bs + (rows - 1) * ld + cols
-    src = torch.frombuffer((ctypes.c_float * span).from_address(inp), dtype=torch.float32)
-    dst = torch.frombuffer((ctypes.c_float * (batch * rows * cols)).from_address(out), dtype=torch.float32)
-    held = src.as_strided((batch, rows, cols), (bs, ld, 1))
-    dst.view(batch, cols, rows).copy_(held.transpose(-1, -2))
-    return 0
-
-
-@pytest.mark.parametrize("held_as", ["row", "col"])
-@pytest.mark.parametrize("batched", [False, True])
-def test_an_mn_major_operand_is_copied_by_the_kernels_transpose_into_the_other_layout(held_as, batched):
-    """`_transposed` hands the library's transpose the matrix as held (rows, cols, leading
-    dimension past the extent, batch stride) and returns the same values in the other layout,
-    packed, with the leading dimension `_prepare` reports; a failed launch names the operand copy."""
-    k = _kernel(GemmSpec("float32", "row", "col"), Launch())
-    k._transpose = _emulated_transpose
-    lead = (3,) if batched else ()
-    rows, cols = 5, 7   # the logical operand: rows x cols
-    if held_as == "row":
-        wide = torch.randn(*lead, rows, cols + 4)
-        x = wide[..., :cols]
-    else:
-        wide = torch.randn(*lead, cols, rows + 4)
-        x = wide[..., :rows].transpose(-1, -2)
-    assert kmod.operand_layout(x) == (held_as, (cols if held_as == "row" else rows) + 4)
-    y = k._transposed(x, *kmod.operand_layout(x))
-    assert torch.equal(y, x)
-    assert kmod.operand_layout(y) == ("col" if held_as == "row" else "row", rows if held_as == "row" else cols)
-    if batched:
-        assert y.stride(0) == rows * cols
-    k._transpose = lambda *args: 1000 + 2
-    with pytest.raises(KernelError, match="copying an operand to K-major failed"):
-        k._transposed(x, *kmod.operand_layout(x))

@@ -269,29 +269,10 @@ MN_MAJOR_CASES = [  # KernelBench's transposed matmuls (L1-16 to L1-18) in small
 OVER_FP32_BOUND = {(512, 384, 1024)}
 
 
-def _padded_mn_major(x):
-    """x's values in x's layout (its last two dims row- or column-major) with a leading dimension
-    4 past the extent: a slice of a wider buffer."""
-    from fact_db.kernels.gemm.kernel import operand_layout
-    lay, _ = operand_layout(x)
-    if lay == "row":
-        wide = torch.full((*x.shape[:-1], x.shape[-1] + 4), float("nan"), device=x.device)
-        wide[..., : x.shape[-1]] = x
-        out = wide[..., : x.shape[-1]]
-    else:
-        wide = torch.full((*x.shape[:-2], x.shape[-1], x.shape[-2] + 4), float("nan"), device=x.device)
-        wide[..., : x.shape[-2]] = x.transpose(-1, -2)
-        out = wide[..., : x.shape[-2]].transpose(-1, -2)
-    assert operand_layout(out) == (lay, x.shape[-1 if lay == "row" else -2] + 4)
-    return out
-
-
 @pytest.mark.parametrize("w", MN_MAJOR_CASES, ids=lambda w: f"{w.policy}-{w.shape}-{w.layout_a}{w.layout_b}")
 def test_fp32tc_presplit_serves_mn_major_operands_through_a_k_major_copy(w):
-    """presplit is built K-major (kernel_layouts); an MN-major operand is copied on the way in
-    (by the kernel library's tiled transpose), and the result verifies under the policy and equals
-    the K-major operands' bit for bit, also with the MN-major operands held at a leading dimension
-    past their extent."""
+    """presplit is built K-major (kernel_layouts); an MN-major operand is copied on the way in,
+    and the result verifies under the policy and equals the K-major operands' bit for bit."""
     from fact_db.kernels.gemm.tune import kernel_layouts as layouts
     assert layouts(w, "gemm_fp32tc_sm90", "presplit") == ("row", "col")
     kmajor = w.with_(layout_a="row", layout_b="col")
@@ -300,13 +281,7 @@ def test_fp32tc_presplit_serves_mn_major_operands_through_a_k_major_copy(w):
     a, b = inputs["a"], inputs["b"]
     kw = {"bias": inputs.get("bias"), "c": inputs.get("c"), "beta": 1.0 if "c" in inputs else 0.0}
     copied = pre(a.contiguous(), b.transpose(-1, -2).contiguous().transpose(-1, -2), **kw)
-    assert pre._transpose is not None, "the kernel copies an MN-major operand itself (its tiled transpose)"
     assert torch.equal(pre(a, b, **kw), copied)  # the copy changes no bit: the kernel's numbers are K-major's
-    # MN-major operands held with a leading dimension past their extent (a slice of a wider buffer)
-    a_wide, b_wide = (_padded_mn_major(x) if lay != want else x
-                      for x, lay, want in ((a, w.layout_a, "row"), (b, w.layout_b, "col")))
-    assert torch.equal(a_wide, a) and torch.equal(b_wide, b)
-    assert torch.equal(pre(a_wide, b_wide, **kw), copied)
     v = verify(_run(pre), w, trials=5)  # w's inputs: MN-major where w says so
     if (w.m, w.n, w.k) in OVER_FP32_BOUND:  # the kernel's own limit at this shape (the gate's case), not the copy's
         assert not v.ok and "exceeds the fp32 bound" in v.reason, v

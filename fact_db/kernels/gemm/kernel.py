@@ -59,11 +59,6 @@ def _geometry(a, b, bias, c, b_lo) -> tuple:
             None if b_lo is None else (b_lo.shape, b_lo.stride(), b_lo.dtype, b_lo.device))
 
 
-def _float32():
-    import torch
-    return torch.float32
-
-
 def operand_layout(t, logical_rows_dim: int = -2) -> tuple[str, int] | None:
     """(layout, leading dimension) of the last two dims of `t`, or None if neither is unit-stride."""
     if t.dim() < 2:
@@ -117,44 +112,17 @@ class GemmKernel:
             self._split = getattr(self._lib, f"fact_{template}_split_lo")
             self._split.argtypes = [vp, vp] + [i64] * 5 + [vp]
             self._split.restype = ctypes.c_int
-        # Its own copy of an MN-major operand to K-major (fp32tc presplit and regsplit: a tiled
-        # transpose, where PyTorch's strided copy ran at a quarter of the bandwidth); older
-        # builds have none and PyTorch copies.
-        self._transpose = getattr(self._lib, f"fact_{template}_transpose", None)
-        if self._transpose is not None:
-            self._transpose.argtypes = [vp, vp] + [i64] * 5 + [vp]
-            self._transpose.restype = ctypes.c_int
         self._op = self._op_blo = None
         self._plans: dict = {}  # call geometry -> _Plan: a repeated call skips the checks and sizing
 
     # ----------------------------------------------------------------------------------
     def _prepare(self, x, want: str):
-        """x with its last two dims in layout `want` (a copy only if it is not already): by the
-        kernel's own transpose where it has one and x is held in the other layout, else PyTorch."""
+        """x with its last two dims in layout `want` (a copy only if it is not already)."""
         lay = operand_layout(x)
         if lay is not None and lay[0] == want:
             return x, lay[1]
-        if (lay is not None and self._transpose is not None and x.dtype == _float32() and x.is_cuda
-                and (x.dim() == 2 or x.shape[0] <= 65535)):   # the transpose's grid holds 65535 batches
-            x = self._transposed(x, *lay)
-            return x, operand_layout(x)[1]
         x = x.contiguous() if want == "row" else x.transpose(-1, -2).contiguous().transpose(-1, -2)
         return x, operand_layout(x)[1]
-
-    def _transposed(self, x, held_as: str, ld: int):
-        """x (2-D or batched) held in layout `held_as` with leading dimension `ld`, copied into
-        the other layout, packed: the matrix in memory, P (rows x cols, row-major: x itself when
-        held "row", x^T when "col"), written as P^T."""
-        import torch
-        rows, cols = (x.shape[-2], x.shape[-1]) if held_as == "row" else (x.shape[-1], x.shape[-2])
-        batch = x.shape[0] if x.dim() == 3 else 1
-        bs = x.stride(0) if x.dim() == 3 else 0
-        pt = torch.empty((batch, cols, rows) if x.dim() == 3 else (cols, rows), dtype=x.dtype, device=x.device)
-        rc = self._transpose(x.data_ptr(), pt.data_ptr(), rows, cols, ld, bs, batch, raw_stream(x.device))
-        if rc != 0:
-            raise KernelError(f"{self.template} kernel {self.path.parent.name}: copying an operand to K-major failed: "
-                              f"{launch_status(rc)}")
-        return pt.transpose(-1, -2) if held_as == "row" else pt
 
     def workspace_size(self, m: int, n: int, k: int, batch: int, b_lo: bool = False) -> int:
         if b_lo:
