@@ -111,8 +111,8 @@ TABLES: dict[str, dict] = {
     "ncu-gemm-op": {
         "about": "Nsight Compute's figures for every launch of one GEMM call as the tuner times it "
                  "(`benchmarks/ncu_profile.py gemm-op`: a pass, a copy, the kernel, a reduction; cuBLAS as `eager`)",
-        "files": ["*-ncu-op-*.json"], "rows": "ncu", "order": ["shape", "policy", "call"],
-        "columns": [("shape", "{shape}"), ("policy", "`{policy}`"), ("call", "{call}"), ("launch", "{launch}"),
+        "files": ["*-ncu-op-*.json"], "rows": "ncu", "order": ["shape", "policy", "kernel"],
+        "columns": [("shape", "{shape}"), ("policy", "`{policy}`"), ("call", "{kernel}"), ("launch", "{launch}"),
                     ("us", "{us:frac}"), ("call us", "{total_us:frac}"), ("call TFLOP/s", "{total_tflops:frac}"),
                     ("tensor pipe busy %", "{tensor_pct:frac}"), ("issue slots busy %", "{issue_pct:frac}"),
                     ("DRAM %", "{dram_pct:frac}"), ("L1 %", "{l1_pct:frac}"), ("ncu's limiter", "{limiter}"),
@@ -401,7 +401,7 @@ def rows_ncu(doc, name):
             v = c.get(key)
             return v.get("value") if isinstance(v, dict) else v
         clock = counter("gpc__cycles_elapsed.avg.per_second")
-        yield {**_base(doc, name), "kernel": doc["kernel"], "call": doc["kernel"], "launch": _launch_name(one),
+        yield {**_base(doc, name), "kernel": doc["kernel"], "launch": _launch_name(one),
                "policy": doc.get("policy", DASH), "total_us": doc.get("total_us"),
                "total_tflops": doc.get("total_tflops"), "issue_pct": one.get("issue_slots_busy_pct"),
                "l1_pct": one.get("l1_throughput_pct"), "shape": doc["shape"], "us": one.get("duration_us"),
