@@ -124,7 +124,7 @@ def test_warp_specialized_configs_fit_shared_memory_and_come_first():
     assert "kWS = true;" in src.code and "kWS = false;" in fmha_fp32wg.source(MINGPT, plain).code
     assert "kPingPongAsked = true;" in src.code and "kPingPongAsked = false;" in fmha_fp32wg.source(MINGPT, ws[1]).code
     assert "kKVStagesAsked = 1;" in src.code and "kKVStagesAsked = 2;" in fmha_fp32wg.source(MINGPT, k32).code
-    checked = fmha_fp32wg.warp_specialized(MINGPT, 9)
+    checked = [c for c in fmha_fp32wg.warp_specialized(MINGPT, 9) if not c.get("v_direct")]
     assert sorted(map(fmha_fp32wg.label, checked)) == \
         sorted(fmha_fp32wg.label(c) for c in offered if c.get("warp_specialized")), \
         "the tuner gets those with turns and without where there are two consumers, with TMA and without"
@@ -184,3 +184,24 @@ def test_tma_kv_comes_first_with_both_turns():
     assert "kTmaKVAsked = false;" in fmha_fp32wg.source(MINGPT, dict(tma[0], tma_kv=0)).code
     assert fmha_fp32wg.label(tma[0]).endswith(" tma")
     assert not any(c.get("tma_kv") for c in fmha_fp32wg.configs(MINGPT.with_(policy="tf32"), 99))
+
+
+def test_v_direct_is_checked_beside_tma_kv_where_its_staging_tile_fits():
+    """`v_direct` (V by TMA as v stores it into a staging tile of block_n x head_dim_v, transposed
+    and split by the producer: no pass over V) comes in the check list after the TMA configs of
+    each tile, both turns, where the staging tile still fits; its shared memory is tma_kv's plus
+    that tile and one more mbarrier (16 bytes with the rounding); the template is told so."""
+    for w in (MINGPT, LLAMA, MINGPT.with_(d=64, dv=64)):
+        checked = fmha_fp32wg.warp_specialized(w, 9)
+        vd = [c for c in checked if c.get("v_direct")]
+        assert vd and all(c["tma_kv"] and fmha_fp32wg.smem_bytes(c) <= fmha_fp32wg.SMEM_LIMIT for c in vd)
+        for c in vd:
+            base = {k: v for k, v in c.items() if k != "v_direct"}
+            assert base in checked and checked.index(base) < checked.index(c)
+            assert fmha_fp32wg.smem_bytes(c) == fmha_fp32wg.smem_bytes(base) + 4 * c["block_n"] * c["head_dim_v"] + 16
+            assert fmha_fp32wg.label(c) == fmha_fp32wg.label(base) + " vd"
+    first = next(c for c in fmha_fp32wg.warp_specialized(MINGPT, 1) if c.get("v_direct"))
+    assert (first["block_n"], first["kv_stages"]) == (64, 1)
+    assert fmha_fp32wg.smem_bytes(first) == 4 * (2 * 128 * 96 + 2 * 2 * 64 * 96 + 64 * 96) + 1024 + 112
+    assert "kVDirectAsked = true;" in fmha_fp32wg.source(MINGPT, first).code
+    assert "kVDirectAsked = false;" in fmha_fp32wg.source(MINGPT, dict(first, v_direct=0)).code

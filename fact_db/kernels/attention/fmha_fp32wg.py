@@ -49,8 +49,9 @@ SMEM_LIMIT = 227 * 1024
 def smem_bytes(config: dict) -> int:
     """The template's kSmemBytes: every warpgroup's Q rows and two K/V stages, raw and (three
     products) low parts, or with split_in_smem raw stages and one tile of low parts (with
-    warp_specialized `kv_stages` stages, each its own low parts, and twelve mbarriers); plus 1 KB
-    to align the 128-byte swizzle to 1024 bytes."""
+    warp_specialized `kv_stages` stages, each its own low parts, and twelve mbarriers; with
+    `v_direct` V's staging tile and a thirteenth, rounded to 16 bytes); plus 1 KB to align the
+    128-byte swizzle to 1024 bytes."""
     parts = 1 if config.get("terms", 3) == 1 else 2
     smem_split = parts == 2 and config.get("split_in_smem", 0)
     ws = bool(smem_split and config.get("warp_specialized", 0))
@@ -59,7 +60,8 @@ def smem_bytes(config: dict) -> int:
     hd, hdv, bm, bn = config["head_dim"], config["head_dim_v"], config["block_m"], config["block_n"]
     kv_tile = bn * hd + hdv * bn
     lo = kv_tile if smem_split and not ws else 0
-    return 4 * (parts * bm * hd + stages * stage_parts * kv_tile + lo) + 1024 + (96 if ws else 0)
+    vs = bn * hdv if ws and config.get("v_direct") else 0
+    return 4 * (parts * bm * hd + stages * stage_parts * kv_tile + lo + vs) + 1024 + ((112 if vs else 96) if ws else 0)
 
 
 def _ws(plain: dict) -> dict | None:
@@ -83,6 +85,8 @@ def warp_specialized(w: AttentionWorkload, max_n: int) -> list[dict]:
         if c is not None:
             out += [c, {k: v for k, v in c.items() if k != "pingpong"}] if c.get("pingpong") else [c]
             out += [dict(x, tma_kv=1) for x in _turns_first(c)]   # K and V by TMA, both turns
+            out += [x for x in (dict(x, tma_kv=1, v_direct=1) for x in _turns_first(c))   # V as it is, where it fits
+                    if smem_bytes(x) <= SMEM_LIMIT]
     return out
 
 
@@ -141,6 +145,7 @@ def label(config: dict) -> str:
     split += " kv1" if config.get("warp_specialized") and config.get("kv_stages", 2) == 1 else ""
     split += " pp" if config.get("pingpong") else ""
     split += " tma" if config.get("tma_kv") else ""
+    split += " vd" if config.get("v_direct") else ""
     return f"fmha_fp32wg q{config['block_m']} k{config['block_n']} {hd} p{config['promote_k']}{split}{terms}"
 
 
