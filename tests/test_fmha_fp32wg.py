@@ -124,10 +124,10 @@ def test_warp_specialized_configs_fit_shared_memory_and_come_first():
     assert "kWS = true;" in src.code and "kWS = false;" in fmha_fp32wg.source(MINGPT, plain).code
     assert "kPingPongAsked = true;" in src.code and "kPingPongAsked = false;" in fmha_fp32wg.source(MINGPT, ws[1]).code
     assert "kKVStagesAsked = 1;" in src.code and "kKVStagesAsked = 2;" in fmha_fp32wg.source(MINGPT, k32).code
-    checked = [c for c in fmha_fp32wg.warp_specialized(MINGPT, 9) if not c.get("v_direct")]
+    checked = fmha_fp32wg.warp_specialized(MINGPT, 9)
     assert sorted(map(fmha_fp32wg.label, checked)) == \
         sorted(fmha_fp32wg.label(c) for c in offered if c.get("warp_specialized")), \
-        "the tuner gets those with turns and without where there are two consumers, with TMA and without"
+        "the tuner gets those with turns and without where there are two consumers, with TMA (V direct or not) and without"
 
 
 def test_64_key_tiles_come_first_where_they_fit():
@@ -168,16 +168,20 @@ def test_tma_kv_comes_first_with_both_turns():
     """K and V by TMA (`tma_kv`, measured faster at every head dim on an H200: 0.940 ms against
     1.206 at minGPT's shape) is offered to the tuner before the same configs without it, with
     and without turns in `_turns_first`'s order, under both three-product policies; the checks
-    get both turns for every tile; the template is told so."""
+    get both turns for every tile; the template is told so. Between the two, V as v stores it
+    (`v_direct`) where its staging tile fits, in the same order."""
     for w in (MINGPT, LLAMA, MINGPT.with_(d=64, dv=64), MINGPT.with_(policy="tf32x3")):
         ws = [c for c in fmha_fp32wg.configs(w, 99) if c.get("warp_specialized")]
         tiles = {(c["block_m"], c["block_n"], c["promote_k"]) for c in ws}
         for t in tiles:
             same = [c for c in ws if (c["block_m"], c["block_n"], c["promote_k"]) == t]
-            n = len(same) // 2
-            assert n and [bool(c.get("tma_kv")) for c in same] == [True] * n + [False] * n
-            assert [{k: v for k, v in c.items() if k != "tma_kv"} for c in same[:n]] == same[n:]
-        assert ws[0].get("tma_kv")
+            plain = [c for c in same if not c.get("tma_kv")]
+            tma = [c for c in same if c.get("tma_kv") and not c.get("v_direct")]
+            vd = [c for c in same if c.get("v_direct")]
+            assert plain and same == tma + vd + plain
+            assert [{k: v for k, v in c.items() if k != "tma_kv"} for c in tma] == plain
+            assert [{k: v for k, v in c.items() if k != "v_direct"} for c in vd] == tma[:len(vd)]
+        assert ws[0].get("tma_kv") and not ws[0].get("v_direct")
     tma = [c for c in fmha_fp32wg.warp_specialized(MINGPT, 9) if c.get("tma_kv")]
     assert not tma[0].get("pingpong") and tma[1].get("pingpong") and tma[0]["kv_stages"] == 1
     assert "kTmaKVAsked = true;" in fmha_fp32wg.source(MINGPT, tma[0]).code
@@ -186,7 +190,7 @@ def test_tma_kv_comes_first_with_both_turns():
     assert not any(c.get("tma_kv") for c in fmha_fp32wg.configs(MINGPT.with_(policy="tf32"), 99))
 
 
-def test_v_direct_is_checked_beside_tma_kv_where_its_staging_tile_fits():
+def test_v_direct_is_checked_and_offered_after_tma_kv_where_its_staging_tile_fits():
     """`v_direct` (V by TMA as v stores it into a staging tile of block_n x head_dim_v, transposed
     and split by the producer: no pass over V) comes in the check list after the TMA configs of
     each tile, both turns, where the staging tile still fits; its shared memory is tma_kv's plus
@@ -200,6 +204,10 @@ def test_v_direct_is_checked_beside_tma_kv_where_its_staging_tile_fits():
             assert base in checked and checked.index(base) < checked.index(c)
             assert fmha_fp32wg.smem_bytes(c) == fmha_fp32wg.smem_bytes(base) + 4 * c["block_n"] * c["head_dim_v"] + 16
             assert fmha_fp32wg.label(c) == fmha_fp32wg.label(base) + " vd"
+    # offered to the tuner right after the tile's TMA configs (faster at minGPT's shape, slower at
+    # the Llama decoder's: the tuner times both)
+    assert [fmha_fp32wg.label(c)[len("fmha_fp32wg q128 k64 hd96 p32 smemsplit ws kv1"):]
+            for c in fmha_fp32wg.configs(MINGPT, 4)] == [" tma", " pp tma", " tma vd", " pp tma vd"]
     first = next(c for c in fmha_fp32wg.warp_specialized(MINGPT, 1) if c.get("v_direct"))
     assert (first["block_n"], first["kv_stages"]) == (64, 1)
     assert fmha_fp32wg.smem_bytes(first) == 4 * (2 * 128 * 96 + 2 * 2 * 64 * 96 + 64 * 96) + 1024 + 112

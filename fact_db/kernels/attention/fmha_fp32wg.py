@@ -15,8 +15,9 @@ its own mbarrier, consumer warpgroups compute with no block-wide barrier and, tw
 turns at the tensor cores; one K/V stage where two do not fit, which lets 64-key tiles fit at
 head dim 96), K and V by TMA first (`tma_kv`: one producer thread issues a tile's 128-byte
 column boxes into the swizzled stage and the producer's threads only split once the tile's
-bytes have arrived; cp.async where a tensor map cannot be encoded), then the configs without a
-producer.
+bytes have arrived; cp.async where a tensor map cannot be encoded), then V by TMA as v stores
+it (`v_direct`: into a staging tile the producer's threads transpose and split, no pass over V;
+the pass where v's rows are not 16-byte aligned), then the configs without a producer.
 
 >>> w = AttentionWorkload(128, 8, 8, 512, 512, 96, 96, causal=True)
 >>> applies(w, "sm90a") is None
@@ -120,19 +121,28 @@ def _turns_first(ws: dict) -> list[dict]:
 
 def configs(w: AttentionWorkload, max_n: int) -> list[dict]:
     """Parameter sets, best guess first: per promotion and tile (TILES order), the
-    warp-specialized configs (three products: `_ws`) with K and V by TMA (`tma_kv`), then the
-    same without, each with and without turns in the order `_turns_first` gives, then those
+    warp-specialized configs (three products: `_ws`) with K and V by TMA (`tma_kv`), then those
+    with V by TMA as it is stored (`v_direct`) where its staging tile fits, then the same
+    without either, each with and without turns in the order `_turns_first` gives, then those
     without a producer. Measured on an H200 (raw/h200-2026-11-28-s18a-fmha-ws.json, the lean
     softmax), the warp-specialized config was the fastest at every head dim: 1.199 ms against
     1.355 at minGPT's shape (64-key tiles, one K/V stage), 1.197 against 1.399 at the Llama
     decoder's (128 rows, one stage), 0.900 against 1.100 at head dim 64; and with K and V by TMA
     (raw/h200-2026-11-29-s24a-fmha-ws.json) 0.940 against 1.206, 0.972 against 1.171 and 0.761
-    against 0.903."""
+    against 0.903. V as v stores it (`v_direct`, no pass over V) comes after each tile's TMA
+    configs: measured 0.877-0.883 ms against 0.931-0.939 at minGPT's shape, but slower at the
+    Llama decoder's (1.09-1.12 against 0.98) and at head dim 64 (0.775-0.790 against
+    0.752-0.761; raw/h200-2026-11-29-s25c-fmha-ws.json): every CTA transposes the V tiles it
+    reads where the pass did each once, which pays only where the pass's trip through memory
+    costs more (the Llama decoder's V is a quarter of its Q, four query heads a KV head), so
+    the tuner times both."""
     out = []
     for c in _plain(w):
         ws = _ws(c) if c["split_in_smem"] else None
         both = _turns_first(ws) if ws is not None else []
-        out += [x for x in [dict(x, tma_kv=1) for x in both] + both if x not in out]
+        tma = [dict(x, tma_kv=1) for x in both]
+        vd = [x for x in (dict(x, v_direct=1) for x in tma) if smem_bytes(x) <= SMEM_LIMIT]
+        out += [x for x in tma + vd + both if x not in out]
         out += [c] if smem_bytes(c) <= SMEM_LIMIT else []
     return out[:max(0, max_n)]
 
