@@ -35,7 +35,7 @@ def test_refuses_with_a_reason(w, arch, why):
 def test_fp32_always_promotes_and_tf32_makes_one_product():
     fp32 = fmha_fp32wg.configs(MINGPT, 99)
     assert fp32[0] == {"head_dim": 96, "head_dim_v": 96, "block_m": 128, "block_n": 64, "promote_k": 32, "terms": 3,
-                       "split_in_smem": 1, "warp_specialized": 1, "kv_stages": 1, "tma_kv": 1}
+                       "split_in_smem": 1, "warp_specialized": 1, "kv_stages": 1, "tma_kv": 1, "v_direct": 1}
     assert {c["split_in_smem"] for c in fp32} == {0, 1}
     assert {c["promote_k"] for c in fp32} == {32} and {c["terms"] for c in fp32} == {3}
     tf32x3 = fmha_fp32wg.configs(MINGPT.with_(policy="tf32x3"), 99)
@@ -73,7 +73,7 @@ def test_labels_are_distinct():
     configs = [c for p in fmha_fp32wg.POLICIES for c in fmha_fp32wg.configs(MINGPT.with_(policy=p), 99)]
     distinct = {tuple(sorted(c.items())) for c in configs}
     assert len({fmha_fp32wg.label(c) for c in configs}) == len(distinct) > 6
-    assert fmha_fp32wg.label(fmha_fp32wg.configs(MINGPT, 1)[0]) == "fmha_fp32wg q128 k64 hd96 p32 smemsplit ws kv1 tma"
+    assert fmha_fp32wg.label(fmha_fp32wg.configs(MINGPT, 1)[0]) == "fmha_fp32wg q128 k64 hd96 p32 smemsplit ws kv1 tma vd"
 
 
 def test_source_renders_the_abi_with_the_config():
@@ -97,8 +97,8 @@ def test_warp_specialized_configs_fit_shared_memory_and_come_first():
     the template told so; with two consumers with turns (pingpong) and without, both offered
     (`_turns_first`'s order) as `warp_specialized` lists them for the checks."""
     offered = fmha_fp32wg.configs(MINGPT, 99)
-    assert offered[0]["warp_specialized"] and not offered[0].get("pingpong") and offered[1]["pingpong"]
-    assert offered[0].get("tma_kv") and offered[1].get("tma_kv")   # K and V by TMA first: the test below
+    assert offered[0]["warp_specialized"] and not offered[0].get("pingpong") and offered[2]["pingpong"]
+    assert all(c.get("tma_kv") for c in offered[:4])   # K and V by TMA first: the tests below
     assert not any(c.get("warp_specialized") for c in fmha_fp32wg.configs(MINGPT.with_(policy="tf32"), 99))
     ws = [c for c in fmha_fp32wg.warp_specialized(MINGPT, 9) if not c.get("tma_kv")]   # tma_kv: the test below
     assert ws and all(c["warp_specialized"] and c["split_in_smem"] for c in ws)
@@ -158,6 +158,7 @@ def test_turns_come_first_only_where_they_measured_faster():
     (head dim 64), as five H200 runs measured."""
     for w, first_turns in ((MINGPT, False), (LLAMA, False), (MINGPT.with_(d=64, dv=64), True)):
         ws = [c for c in fmha_fp32wg.configs(w, 99) if c.get("warp_specialized") and c["block_m"] == 128]
+        ws = [c for c in ws if bool(c.get("v_direct")) == bool(ws[0].get("v_direct"))]   # V direct or not, as ranked
         first, second = ws[0], ws[1]
         assert {k: v for k, v in first.items() if k != "pingpong"} == {k: v for k, v in second.items() if k != "pingpong"}
         assert bool(first.get("pingpong")) == first_turns and bool(second.get("pingpong")) != first_turns
@@ -178,10 +179,11 @@ def test_tma_kv_comes_first_with_both_turns():
             plain = [c for c in same if not c.get("tma_kv")]
             tma = [c for c in same if c.get("tma_kv") and not c.get("v_direct")]
             vd = [c for c in same if c.get("v_direct")]
-            assert plain and same == tma + vd + plain
+            few = vd and fmha_fp32wg.v_readers(w, t[0]) <= fmha_fp32wg.VD_MAX_READERS   # then they alternate
+            assert plain and same == ([x for p in zip(vd, tma) for x in p] if few else tma + vd) + plain
             assert [{k: v for k, v in c.items() if k != "tma_kv"} for c in tma] == plain
             assert [{k: v for k, v in c.items() if k != "v_direct"} for c in vd] == tma[:len(vd)]
-        assert ws[0].get("tma_kv") and not ws[0].get("v_direct")
+        assert ws[0].get("tma_kv")
     tma = [c for c in fmha_fp32wg.warp_specialized(MINGPT, 9) if c.get("tma_kv")]
     assert not tma[0].get("pingpong") and tma[1].get("pingpong") and tma[0]["kv_stages"] == 1
     assert "kTmaKVAsked = true;" in fmha_fp32wg.source(MINGPT, tma[0]).code
@@ -204,10 +206,15 @@ def test_v_direct_is_checked_and_offered_after_tma_kv_where_its_staging_tile_fit
             assert base in checked and checked.index(base) < checked.index(c)
             assert fmha_fp32wg.smem_bytes(c) == fmha_fp32wg.smem_bytes(base) + 4 * c["block_n"] * c["head_dim_v"] + 16
             assert fmha_fp32wg.label(c) == fmha_fp32wg.label(base) + " vd"
-    # offered to the tuner right after the tile's TMA configs (faster at minGPT's shape, slower at
-    # the Llama decoder's: the tuner times both)
+    # offered to the tuner with the tile's TMA configs: alternating with them, first, where each V
+    # tile has few readers (minGPT's shape: four query blocks, measured faster), after them where
+    # it has many (the Llama decoder's: 4 query heads a KV head x 16 blocks, measured slower)
     assert [fmha_fp32wg.label(c)[len("fmha_fp32wg q128 k64 hd96 p32 smemsplit ws kv1"):]
-            for c in fmha_fp32wg.configs(MINGPT, 4)] == [" tma", " pp tma", " tma vd", " pp tma vd"]
+            for c in fmha_fp32wg.configs(MINGPT, 4)] == [" tma vd", " tma", " pp tma vd", " pp tma"]
+    assert fmha_fp32wg.v_readers(MINGPT, 128) == 4 and fmha_fp32wg.v_readers(LLAMA, 128) == 64
+    assert [fmha_fp32wg.label(c)[len("fmha_fp32wg q128 k32 hd128 p32 smemsplit ws kv1"):]
+            for c in fmha_fp32wg.configs(LLAMA, 4)] == [" tma", " pp tma", " tma vd", " pp tma vd"]
+    assert not fmha_fp32wg.configs(MINGPT.with_(lq=1024, lk=1024), 1)[0].get("v_direct")   # 8 readers
     first = next(c for c in fmha_fp32wg.warp_specialized(MINGPT, 1) if c.get("v_direct"))
     assert (first["block_n"], first["kv_stages"]) == (64, 1)
     assert fmha_fp32wg.smem_bytes(first) == 4 * (2 * 128 * 96 + 2 * 2 * 64 * 96 + 64 * 96) + 1024 + 112

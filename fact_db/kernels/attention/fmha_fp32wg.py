@@ -23,7 +23,7 @@ the pass where v's rows are not 16-byte aligned), then the configs without a pro
 >>> applies(w, "sm90a") is None
 True
 >>> label(configs(w, 4)[0])
-'fmha_fp32wg q128 k64 hd96 p32 smemsplit ws kv1 tma'
+'fmha_fp32wg q128 k64 hd96 p32 smemsplit ws kv1 tma vd'
 """
 from __future__ import annotations
 
@@ -45,6 +45,11 @@ TERMS = {"fp32": 3, "tf32x3": 3, "tf32": 1}
 # (raw/h200-2026-11-28-s17a-fmha-ws.json; Q K^T's n32 products are bound by shared-memory reads of Q)
 TILES = ((128, 64), (128, 32), (64, 64), (64, 32))
 SMEM_LIMIT = 227 * 1024
+# v_direct ranks before tma_kv where each V tile is read by at most this many CTAs (query heads a
+# KV head x query blocks): its producer transposes every tile it reads where the pass did each
+# once. Measured (raw/h200-2026-11-29-s25c-fmha-ws.json): 4 readers (minGPT's shape) 6% faster,
+# 8 (head dim 64, 1024 rows) 2-4% slower, 64 (the Llama decoder's) 12-15% slower.
+VD_MAX_READERS = 4
 
 
 def smem_bytes(config: dict) -> int:
@@ -119,10 +124,16 @@ def _turns_first(ws: dict) -> list[dict]:
     return [without, ws] if ws.get("kv_stages", 2) == 1 else [ws, without]
 
 
+def v_readers(w: AttentionWorkload, block_m: int) -> int:
+    """The CTAs that read each V tile: the query heads sharing its KV head times the query blocks."""
+    return w.heads // w.kv_heads * -(-w.lq // block_m)
+
+
 def configs(w: AttentionWorkload, max_n: int) -> list[dict]:
     """Parameter sets, best guess first: per promotion and tile (TILES order), the
     warp-specialized configs (three products: `_ws`) with K and V by TMA (`tma_kv`), then those
-    with V by TMA as it is stored (`v_direct`) where its staging tile fits, then the same
+    with V by TMA as it is stored (`v_direct`) where its staging tile fits (alternating with
+    them, first, where few CTAs read each V tile: `VD_MAX_READERS`), then the same
     without either, each with and without turns in the order `_turns_first` gives, then those
     without a producer. Measured on an H200 (raw/h200-2026-11-28-s18a-fmha-ws.json, the lean
     softmax), the warp-specialized config was the fastest at every head dim: 1.199 ms against
@@ -135,13 +146,16 @@ def configs(w: AttentionWorkload, max_n: int) -> list[dict]:
     0.752-0.761; raw/h200-2026-11-29-s25c-fmha-ws.json): every CTA transposes the V tiles it
     reads where the pass did each once, which pays only where the pass's trip through memory
     costs more (the Llama decoder's V is a quarter of its Q, four query heads a KV head), so
-    the tuner times both."""
+    it ranks first only where each V tile has few readers, and the tuner times both."""
     out = []
     for c in _plain(w):
         ws = _ws(c) if c["split_in_smem"] else None
         both = _turns_first(ws) if ws is not None else []
         tma = [dict(x, tma_kv=1) for x in both]
         vd = [x for x in (dict(x, v_direct=1) for x in tma) if smem_bytes(x) <= SMEM_LIMIT]
+        if vd and v_readers(w, c["block_m"]) <= VD_MAX_READERS:   # V direct and TMA alternate, V direct first
+            tma = [x for pair in zip(vd, tma) for x in pair]
+            vd = []
         out += [x for x in tma + vd + both if x not in out]
         out += [c] if smem_bytes(c) <= SMEM_LIMIT else []
     return out[:max(0, max_n)]
