@@ -169,8 +169,9 @@ def test_tma_kv_comes_first_with_both_turns():
     """K and V by TMA (`tma_kv`, measured faster at every head dim on an H200: 0.940 ms against
     1.206 at minGPT's shape) is offered to the tuner before the same configs without it, with
     and without turns in `_turns_first`'s order, under both three-product policies; the checks
-    get both turns for every tile; the template is told so. Between the two, V as v stores it
-    (`v_direct`) where its staging tile fits, in the same order."""
+    get both turns for every tile; the template is told so. Before those without TMA, V as v
+    stores it (`v_direct`) where its staging tile fits, in the same order: after the TMA configs,
+    or alternating with them, first, where each V tile has few readers."""
     for w in (MINGPT, LLAMA, MINGPT.with_(d=64, dv=64), MINGPT.with_(policy="tf32x3")):
         ws = [c for c in fmha_fp32wg.configs(w, 99) if c.get("warp_specialized")]
         tiles = {(c["block_m"], c["block_n"], c["promote_k"]) for c in ws}
@@ -192,11 +193,12 @@ def test_tma_kv_comes_first_with_both_turns():
     assert not any(c.get("tma_kv") for c in fmha_fp32wg.configs(MINGPT.with_(policy="tf32"), 99))
 
 
-def test_v_direct_is_checked_and_offered_after_tma_kv_where_its_staging_tile_fits():
+def test_v_direct_is_checked_and_offered_beside_tma_kv_where_its_staging_tile_fits():
     """`v_direct` (V by TMA as v stores it into a staging tile of block_n x head_dim_v, transposed
     and split by the producer: no pass over V) comes in the check list after the TMA configs of
-    each tile, both turns, where the staging tile still fits; its shared memory is tma_kv's plus
-    that tile and one more mbarrier (16 bytes with the rounding); the template is told so."""
+    each tile, both turns, where the staging tile still fits, and to the tuner beside them; its
+    shared memory is tma_kv's plus that tile and one more mbarrier (16 bytes with the rounding);
+    the template is told so."""
     for w in (MINGPT, LLAMA, MINGPT.with_(d=64, dv=64)):
         checked = fmha_fp32wg.warp_specialized(w, 9)
         vd = [c for c in checked if c.get("v_direct")]

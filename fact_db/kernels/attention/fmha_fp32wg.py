@@ -48,7 +48,7 @@ SMEM_LIMIT = 227 * 1024
 # v_direct ranks before tma_kv where each V tile is read by at most this many CTAs (query heads a
 # KV head x query blocks): its producer transposes every tile it reads where the pass did each
 # once. Measured (raw/h200-2026-11-29-s25c-fmha-ws.json): 4 readers (minGPT's shape) 6% faster,
-# 8 (head dim 64, 1024 rows) 2-4% slower, 64 (the Llama decoder's) 12-15% slower.
+# 8 (head dim 64, 1024 rows) 2-5% slower, 64 (the Llama decoder's) 12-19% slower.
 VD_MAX_READERS = 4
 
 
@@ -82,7 +82,8 @@ def _ws(plain: dict) -> dict | None:
 
 def warp_specialized(w: AttentionWorkload, max_n: int) -> list[dict]:
     """The warp-specialized configs of the first `max_n` tiles that fit, those with two consumers
-    with turns (as `configs` offers them) and without: for the check script and the GPU tests."""
+    with turns (as `configs` offers them) and without, each with K and V by cp.async, by TMA, and
+    with V by TMA as stored where its staging tile fits: for the check script and the GPU tests."""
     out = []
     for tile in _plain(w):
         if not tile["split_in_smem"] or len({(o["block_m"], o["block_n"]) for o in out}) >= max(0, max_n):
@@ -140,13 +141,12 @@ def configs(w: AttentionWorkload, max_n: int) -> list[dict]:
     1.355 at minGPT's shape (64-key tiles, one K/V stage), 1.197 against 1.399 at the Llama
     decoder's (128 rows, one stage), 0.900 against 1.100 at head dim 64; and with K and V by TMA
     (raw/h200-2026-11-29-s24a-fmha-ws.json) 0.940 against 1.206, 0.972 against 1.171 and 0.761
-    against 0.903. V as v stores it (`v_direct`, no pass over V) comes after each tile's TMA
-    configs: measured 0.877-0.883 ms against 0.931-0.939 at minGPT's shape, but slower at the
+    against 0.903. V as v stores it (`v_direct`, no pass over V) was measured 0.877-0.883 ms against 0.931-0.939 at minGPT's shape, but slower at the
     Llama decoder's (1.09-1.12 against 0.98) and at head dim 64 (0.775-0.790 against
     0.752-0.761; raw/h200-2026-11-29-s25c-fmha-ws.json): every CTA transposes the V tiles it
     reads where the pass did each once, which pays only where the pass's trip through memory
     costs more (the Llama decoder's V is a quarter of its Q, four query heads a KV head), so
-    it ranks first only where each V tile has few readers, and the tuner times both."""
+    it ranks first only where each V tile has few readers; the tuner times both."""
     out = []
     for c in _plain(w):
         ws = _ws(c) if c["split_in_smem"] else None
