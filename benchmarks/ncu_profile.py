@@ -274,7 +274,8 @@ def _attention_child(a) -> None:
            "block_m": bm, "block_n": bn, "promote_k": a.promote, "terms": fmha_fp32wg.TERMS[a.policy],
            "split_in_smem": int("smemsplit" in flags or "ws" in flags), "warp_specialized": int("ws" in flags),
            "pingpong": int("pp" in flags), "kv_stages": 1 if "kv1" in flags else 2,
-           "tma_kv": int("tma" in flags), "v_direct": int("vd" in flags)}
+           "tma_kv": int("tma" in flags), "v_direct": int("vd" in flags),
+           "k_early": int("ke" in flags)}
     (built,) = build.build([fmha_fp32wg.source(w, cfg)], progress=False)
     if not built.ok:
         sys.exit(f"build failed: {built.error[:500]}")
@@ -372,9 +373,10 @@ def main(argv=None) -> int:
     ap.add_argument("--tile", default="128x128x16", help="gemm CTA tile")
     ap.add_argument("--config", default="256x128x64:coop",
                     help="conv: TMxTNxTK[:coop|ws|gemm] (gemm: the pointwise fp32 kernel); "
-                         "attention: BLOCK_MxBLOCK_N[:smemsplit][:ws][:kv1][:pp][:tma][:vd] (ws: warp-specialized, "
+                         "attention: BLOCK_MxBLOCK_N[:smemsplit][:ws][:kv1][:pp][:tma][:vd][:ke] (ws: warp-specialized, "
                          "split in smem; kv1: one K/V stage; pp: its two consumers taking turns; tma: K and V "
-                         "by TMA; vd: with tma, V by TMA as v stores it, no pass over V)")
+                         "by TMA; vd: with tma, V by TMA as v stores it, no pass over V; ke: with tma, the next "
+                         "tile's K copied during V's split)")
     ap.add_argument("--policy", default=None,
                     help="conv: bf16 (default), fp16, tf32, fp32; attention and gemm-op: fp32 (default), "
                          "tf32x3, tf32")

@@ -76,6 +76,13 @@ CONFIGS = [  # both block_m, both block_n, each padded head dim, with and withou
                    "split_in_smem": 1, "warp_specialized": 1, "kv_stages": 1, "tma_kv": 1, "v_direct": 1}),
     (fmha_fp32wg, {"head_dim": 64, "head_dim_v": 64, "block_m": 128, "block_n": 64, "promote_k": 32, "terms": 3,
                    "split_in_smem": 1, "warp_specialized": 1, "pingpong": 1, "tma_kv": 1, "v_direct": 1}),
+    # and the next tile's K copied early (k_early): V direct at 96, V from the pass at 128, two stages at 64
+    (fmha_fp32wg, {"head_dim": 96, "head_dim_v": 96, "block_m": 128, "block_n": 64, "promote_k": 32, "terms": 3,
+                   "split_in_smem": 1, "warp_specialized": 1, "kv_stages": 1, "tma_kv": 1, "v_direct": 1, "k_early": 1}),
+    (fmha_fp32wg, {"head_dim": 128, "head_dim_v": 128, "block_m": 128, "block_n": 32, "promote_k": 32, "terms": 3,
+                   "split_in_smem": 1, "warp_specialized": 1, "kv_stages": 1, "tma_kv": 1, "k_early": 1}),
+    (fmha_fp32wg, {"head_dim": 64, "head_dim_v": 64, "block_m": 128, "block_n": 64, "promote_k": 32, "terms": 3,
+                   "split_in_smem": 1, "warp_specialized": 1, "pingpong": 1, "tma_kv": 1, "k_early": 1}),
     # promote_k 0 with the low parts from the pass, at head dim 128
     (fmha_fp32wg, {"head_dim": 128, "head_dim_v": 128, "block_m": 64, "block_n": 32, "promote_k": 0, "terms": 3,
                    "split_in_smem": 0}),

@@ -124,7 +124,7 @@ def test_warp_specialized_configs_fit_shared_memory_and_come_first():
     assert "kWS = true;" in src.code and "kWS = false;" in fmha_fp32wg.source(MINGPT, plain).code
     assert "kPingPongAsked = true;" in src.code and "kPingPongAsked = false;" in fmha_fp32wg.source(MINGPT, ws[1]).code
     assert "kKVStagesAsked = 1;" in src.code and "kKVStagesAsked = 2;" in fmha_fp32wg.source(MINGPT, k32).code
-    checked = fmha_fp32wg.warp_specialized(MINGPT, 9)
+    checked = [c for c in fmha_fp32wg.warp_specialized(MINGPT, 9) if not c.get("k_early")]   # not offered yet
     assert sorted(map(fmha_fp32wg.label, checked)) == \
         sorted(fmha_fp32wg.label(c) for c in offered if c.get("warp_specialized")), \
         "the tuner gets those with turns and without where there are two consumers, with TMA (V direct or not) and without"
@@ -201,7 +201,7 @@ def test_v_direct_is_checked_and_offered_beside_tma_kv_where_its_staging_tile_fi
     the template is told so."""
     for w in (MINGPT, LLAMA, MINGPT.with_(d=64, dv=64)):
         checked = fmha_fp32wg.warp_specialized(w, 9)
-        vd = [c for c in checked if c.get("v_direct")]
+        vd = [c for c in checked if c.get("v_direct") and not c.get("k_early")]   # k_early: its own test
         assert vd and all(c["tma_kv"] and fmha_fp32wg.smem_bytes(c) <= fmha_fp32wg.SMEM_LIMIT for c in vd)
         for c in vd:
             base = {k: v for k, v in c.items() if k != "v_direct"}
@@ -222,3 +222,20 @@ def test_v_direct_is_checked_and_offered_beside_tma_kv_where_its_staging_tile_fi
     assert fmha_fp32wg.smem_bytes(first) == 4 * (2 * 128 * 96 + 2 * 2 * 64 * 96 + 64 * 96) + 1024 + 112
     assert "kVDirectAsked = true;" in fmha_fp32wg.source(MINGPT, first).code
     assert "kVDirectAsked = false;" in fmha_fp32wg.source(MINGPT, dict(first, v_direct=0)).code
+
+
+def test_k_early_is_checked_and_not_yet_offered():
+    """`k_early` (the issuing thread copies the next tile's K as soon as its stage is consumed,
+    testing for it during V's split, instead of after it): in the check list and the GPU tests
+    for every TMA config, V direct or not, both turns; not offered to the tuner until a GPU run
+    has timed it; the same shared memory; the template is told so."""
+    for w in (MINGPT, LLAMA, MINGPT.with_(d=64, dv=64)):
+        checked = fmha_fp32wg.warp_specialized(w, 9)
+        early = [c for c in checked if c.get("k_early")]
+        tma = [c for c in checked if c.get("tma_kv") and not c.get("k_early")]
+        assert sorted(map(fmha_fp32wg.label, early)) == sorted(fmha_fp32wg.label(c) + " ke" for c in tma)
+        assert all(fmha_fp32wg.smem_bytes(c) == fmha_fp32wg.smem_bytes(dict(c, k_early=0)) for c in early)
+        assert not any(c.get("k_early") for c in fmha_fp32wg.configs(w, 99))
+    c = next(c for c in fmha_fp32wg.warp_specialized(MINGPT, 1) if c.get("k_early"))
+    assert "kKEarlyAsked = true;" in fmha_fp32wg.source(MINGPT, c).code
+    assert "kKEarlyAsked = false;" in fmha_fp32wg.source(MINGPT, dict(c, k_early=0)).code

@@ -83,7 +83,9 @@ def _ws(plain: dict) -> dict | None:
 def warp_specialized(w: AttentionWorkload, max_n: int) -> list[dict]:
     """The warp-specialized configs of the first `max_n` tiles that fit, those with two consumers
     with turns (as `configs` offers them) and without, each with K and V by cp.async, by TMA, and
-    with V by TMA as stored where its staging tile fits: for the check script and the GPU tests."""
+    with V by TMA as stored where its staging tile fits; and the TMA ones again with the next
+    tile's K copied early (`k_early`, not offered to the tuner until a GPU run has timed it): for
+    the check script and the GPU tests."""
     out = []
     for tile in _plain(w):
         if not tile["split_in_smem"] or len({(o["block_m"], o["block_n"]) for o in out}) >= max(0, max_n):
@@ -92,8 +94,10 @@ def warp_specialized(w: AttentionWorkload, max_n: int) -> list[dict]:
         if c is not None:
             out += [c, {k: v for k, v in c.items() if k != "pingpong"}] if c.get("pingpong") else [c]
             out += [dict(x, tma_kv=1) for x in _turns_first(c)]   # K and V by TMA, both turns
-            out += [x for x in (dict(x, tma_kv=1, v_direct=1) for x in _turns_first(c))   # V as it is, where it fits
-                    if smem_bytes(x) <= SMEM_LIMIT]
+            vd = [x for x in (dict(x, tma_kv=1, v_direct=1) for x in _turns_first(c))   # V as it is, where it fits
+                  if smem_bytes(x) <= SMEM_LIMIT]
+            out += vd
+            out += [dict(x, tma_kv=1, k_early=1) for x in _turns_first(c)] + [dict(x, k_early=1) for x in vd]
     return out
 
 
@@ -170,6 +174,7 @@ def label(config: dict) -> str:
     split += " pp" if config.get("pingpong") else ""
     split += " tma" if config.get("tma_kv") else ""
     split += " vd" if config.get("v_direct") else ""
+    split += " ke" if config.get("k_early") else ""
     return f"fmha_fp32wg q{config['block_m']} k{config['block_n']} {hd} p{config['promote_k']}{split}{terms}"
 
 
