@@ -93,11 +93,8 @@ def warp_specialized(w: AttentionWorkload, max_n: int) -> list[dict]:
         c = _ws(tile)
         if c is not None:
             out += [c, {k: v for k, v in c.items() if k != "pingpong"}] if c.get("pingpong") else [c]
-            out += [dict(x, tma_kv=1) for x in _turns_first(c)]   # K and V by TMA, both turns
-            vd = [x for x in (dict(x, tma_kv=1, v_direct=1) for x in _turns_first(c))   # V as it is, where it fits
-                  if smem_bytes(x) <= SMEM_LIMIT]
-            out += vd
-            out += [dict(x, tma_kv=1, k_early=1) for x in _turns_first(c)] + [dict(x, k_early=1) for x in vd]
+            tma, vd = _tma(_turns_first(c))   # both turns
+            out += tma + vd + [dict(x, k_early=1) for x in tma + vd]
     return out
 
 
@@ -129,6 +126,13 @@ def _turns_first(ws: dict) -> list[dict]:
     return [without, ws] if ws.get("kv_stages", 2) == 1 else [ws, without]
 
 
+def _tma(ws: list[dict]) -> tuple[list[dict], list[dict]]:
+    """The warp-specialized configs `ws` with K and V by TMA, and with V by TMA as stored too where
+    its staging tile fits."""
+    tma = [dict(x, tma_kv=1) for x in ws]
+    return tma, [x for x in (dict(x, v_direct=1) for x in tma) if smem_bytes(x) <= SMEM_LIMIT]
+
+
 def v_readers(w: AttentionWorkload, block_m: int) -> int:
     """The CTAs that read each V tile: the query heads sharing its KV head times the query blocks."""
     return w.heads // w.kv_heads * -(-w.lq // block_m)
@@ -155,8 +159,7 @@ def configs(w: AttentionWorkload, max_n: int) -> list[dict]:
     for c in _plain(w):
         ws = _ws(c) if c["split_in_smem"] else None
         both = _turns_first(ws) if ws is not None else []
-        tma = [dict(x, tma_kv=1) for x in both]
-        vd = [x for x in (dict(x, v_direct=1) for x in tma) if smem_bytes(x) <= SMEM_LIMIT]
+        tma, vd = _tma(both)
         if vd and v_readers(w, c["block_m"]) <= VD_MAX_READERS:   # V direct and TMA alternate, V direct first
             tma = [x for pair in zip(vd, tma) for x in pair]
             vd = []
